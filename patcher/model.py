@@ -1,0 +1,108 @@
+"""What a patch is: declarations only, no I/O and no libcst work happens here."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:  # libcst is imported only where a codemod actually runs
+    from libcst.codemod import Codemod
+
+PATCH_ID = re.compile(r"^v(?P<number>[0-9]+)-[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+
+@dataclass(frozen=True)
+class TargetFile:
+    """A file inside site-packages that belongs to one distribution."""
+
+    distribution: str  # the name conditions use for it, e.g. "speculators"
+    path: str  # POSIX path relative to site-packages
+
+    @property
+    def module(self) -> str:
+        """Dotted module name of the file, e.g. speculators.data_generation.custom_worker."""
+        return self.path[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One codemod of a patch, gated by its own version condition.
+
+    `codemod` is a libcst Codemod class. It rewrites only the unpatched shape, leaves the
+    patched shape alone (and records that it saw it), and raises SkipFile naming the shape
+    it expected when it finds neither.
+    """
+
+    codemod: type["Codemod"]
+    when: Mapping[str, str] = field(default_factory=dict)  # {"vllm": ">=0.12.0"}
+    answers: str = ""  # the upstream API fact this edit answers, in words
+
+    @property
+    def name(self) -> str:
+        return self.codemod.__name__
+
+
+@dataclass(frozen=True)
+class Example:
+    """A before/after pair: applying every edit of the patch to `before` gives `after`."""
+
+    before: str
+    after: str
+
+
+@dataclass(frozen=True)
+class AttributeCall:
+    """An attribute call the verifier checks against a real vLLM callable.
+
+    `receiver` is the dotted expression in the patched file (e.g. "self.executor"), `method`
+    the attribute called on it, and `implementation` "module:Qualname.method" of the callable
+    the receiver really is at run time.
+    """
+
+    receiver: str
+    method: str
+    implementation: str
+
+
+@dataclass(frozen=True)
+class Patch:
+    id: str
+    title: str
+    target: TargetFile
+    requires: Mapping[str, str]  # conditions on installed distributions, PEP 440
+    edits: tuple[Edit, ...]
+    examples: tuple[Example, ...]
+    satisfied: tuple[str, ...]  # sources on which every edit is already satisfied
+    upstream: str  # the upstream change this patch answers (link or release)
+    fixed_in: str | None = None  # the speculators release that fixed it upstream
+    attribute_calls: tuple[AttributeCall, ...] = ()
+    note: str = ""  # what breaks without it, for README/list
+
+    def __post_init__(self) -> None:
+        if not PATCH_ID.match(self.id):
+            raise ValueError(f"patch id {self.id!r} is not of the form vN-slug")
+        if not self.edits:
+            raise ValueError(f"patch {self.id} declares no edits")
+        if not self.examples:
+            raise ValueError(f"patch {self.id} declares no before/after example")
+
+    @property
+    def number(self) -> int:
+        match = PATCH_ID.match(self.id)
+        assert match is not None
+        return int(match.group("number"))
+
+    @property
+    def short_id(self) -> str:
+        return f"v{self.number}"
+
+    def conditions(self) -> dict[str, list[str]]:
+        """Every distribution the patch or one of its edits looks at, with its specifiers."""
+        out: dict[str, list[str]] = {}
+        for name, spec in self.requires.items():
+            out.setdefault(name, []).append(spec)
+        for edit in self.edits:
+            for name, spec in edit.when.items():
+                out.setdefault(name, []).append(spec)
+        return out

@@ -1,0 +1,44 @@
+"""Find every patch declared in `patcher.patches`, in canonical order (by vN)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import lru_cache
+
+from .model import Patch
+
+
+class UnknownPatch(ValueError):
+    pass
+
+
+@lru_cache(maxsize=None)
+def load_patches(package: str = "patcher.patches") -> tuple[Patch, ...]:
+    pkg = importlib.import_module(package)
+    found: list[Patch] = []
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if not (info.name.startswith("v") and info.name[1:2].isdigit()):
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        patch = getattr(module, "PATCH", None)
+        if not isinstance(patch, Patch):
+            raise TypeError(f"{package}.{info.name} declares no PATCH")
+        found.append(patch)
+    found.sort(key=lambda p: p.number)
+    numbers = [p.number for p in found]
+    if len(set(numbers)) != len(numbers):
+        raise ValueError(f"two patches share a number: {[p.id for p in found]}")
+    return tuple(found)
+
+
+def resolve_ids(patches: tuple[Patch, ...], wanted: list[str]) -> list[str]:
+    """Map `vN` or full ids to full ids; unknown ones raise UnknownPatch."""
+    by_any = {p.id: p.id for p in patches} | {p.short_id: p.id for p in patches}
+    out = []
+    for item in wanted:
+        if item not in by_any:
+            known = ", ".join(p.id for p in patches)
+            raise UnknownPatch(f"unknown patch id {item!r}; known: {known} (or their vN short forms)")
+        out.append(by_any[item])
+    return out

@@ -1,0 +1,11 @@
+"""The files of speculators 0.3.0 that the patches rewrite."""
+
+from patcher.model import TargetFile
+
+GENERATOR = TargetFile(
+    "speculators", "speculators/data_generation/vllm_hidden_states_generator.py"
+)
+WORKER = TargetFile("speculators", "speculators/data_generation/custom_worker.py")
+
+# speculators 0.4.0 carries upstream's own fix; 0.5.0 no longer ships these files.
+SPECULATORS_0_3 = {"speculators": ">=0.3.0,<0.4.0"}

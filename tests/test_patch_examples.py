@@ -1,0 +1,54 @@
+"""Every patch's own examples, run automatically (Fixit-style): before -> after, after is a
+fixed point, "already satisfied" sources are left alone, unrelated code is reported."""
+
+import pytest
+
+from patcher.registry import load_patches
+from patcher.transforms import transform_source
+
+PATCHES = load_patches()
+EXAMPLES = [
+    pytest.param(patch, example, id=f"{patch.id}-{i}")
+    for patch in PATCHES
+    for i, example in enumerate(patch.examples)
+]
+SATISFIED = [
+    pytest.param(patch, source, id=f"{patch.id}-{i}")
+    for patch in PATCHES
+    for i, source in enumerate(patch.satisfied)
+]
+
+
+def run(patch, source):
+    return transform_source(source, [(patch, patch.edits)])
+
+
+@pytest.mark.parametrize("patch,example", EXAMPLES)
+def test_before_becomes_after(patch, example):
+    result = run(patch, example.before)
+    assert result.outcome(patch.id).outcome == "applied", result.outcomes
+    assert result.result == example.after
+
+
+@pytest.mark.parametrize("patch,example", EXAMPLES)
+def test_after_is_a_fixed_point(patch, example):
+    result = run(patch, example.after)
+    assert result.outcome(patch.id).outcome == "already-satisfied", result.outcomes
+    assert result.result == example.after
+
+
+@pytest.mark.parametrize("patch,source", SATISFIED)
+def test_already_satisfied_is_left_alone(patch, source):
+    result = run(patch, source)
+    assert result.outcome(patch.id).outcome == "already-satisfied", result.outcomes
+    assert result.result == source
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=[p.id for p in PATCHES])
+def test_unrelated_source_reports_anchor_missing(patch):
+    source = "def unrelated():\n    return 1\n"
+    result = run(patch, source)
+    outcome = result.outcome(patch.id)
+    assert outcome.outcome == "anchor-missing"
+    assert "anchor not found: expected" in outcome.message
+    assert result.result == source  # never a partial edit
