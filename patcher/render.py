@@ -1,0 +1,68 @@
+"""Terminal rendering (rich, to stderr). NO_COLOR is honoured by rich itself."""
+
+from __future__ import annotations
+
+import sys
+
+STATE_STYLE = {
+    "applied": "green",
+    "pending": "yellow",
+    "already-satisfied": "cyan",
+    "not-selected": "dim",
+    "stale": "magenta",
+    "modified": "red",
+    "anchor-missing": "red",
+    "failed": "red",
+}
+STATUS_STYLE = {"ok": "green", "changed": "green", "failed": "red", "unreachable": "red", "rolled-back": "red"}
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def render_patch_list(patches) -> None:
+    from rich.table import Table
+
+    table = Table(title="patches, in canonical order")
+    for column in ("id", "title", "file", "conditions", "upstream"):
+        table.add_column(column, overflow="fold")
+    for p in patches:
+        conditions = "; ".join(f"{n} {', '.join(s)}" for n, s in p.conditions().items())
+        table.add_row(p.id, p.title, p.target.path.split("/")[-1], conditions, p.upstream)
+    _console().print(table)
+
+
+def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
+    from rich.table import Table
+
+    console = _console()
+    for r in reports:
+        style = STATUS_STYLE.get(r.status, "")
+        if not quiet:
+            versions = ", ".join(
+                f"{n} {v}" + (f" ({r.distributions[n]})" if r.distributions.get(n, n) != n else "")
+                for n, v in sorted(r.versions.items())
+            )
+            console.print(f"[bold]{r.target}[/bold]  {versions}")
+            if r.patches:
+                table = Table(show_header=True, box=None, pad_edge=False)
+                table.add_column("patch")
+                table.add_column("state")
+                table.add_column("why", overflow="fold")
+                for p in r.patches:
+                    table.add_row(p.id, f"[{STATE_STYLE.get(p.state, '')}]{p.state}[/]", p.reason)
+                console.print(table)
+            for note in r.notes:
+                console.print(f"note: {note}")
+        for problem in r.problems[1:] if r.message else r.problems:
+            console.print(f"  [red]-[/red] {problem}", markup=True)
+        if r.message:
+            prefix = "error: " if r.exit_code not in (0, 6) else ""
+            console.print(f"[{style}]{r.status}[/]: {prefix}{r.message}")
+        if show_diff:
+            for f in r.files:
+                if f.get("diff"):
+                    sys.stdout.write(f["diff"])

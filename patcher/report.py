@@ -1,0 +1,77 @@
+"""What a run says about each target: the JSON contract (schema_version 1) and exit codes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .planning import PatchState
+
+SCHEMA_VERSION = 1
+
+# Exit codes (documented in README "Exit codes"); with several targets the highest wins.
+EXIT_OK = 0
+EXIT_FAILED = 1  # a patch or verification failed (rolled back), or the target is not writable
+EXIT_USAGE = 2  # bad invocation: not a Python, libraries missing, unknown patch id
+EXIT_CONFLICT = 3  # modified or anchor-missing file, damaged backup or state record
+EXIT_UNREACHABLE = 4
+EXIT_LOCKED = 5
+EXIT_PENDING = 6  # `plan` only: changes are pending (0 means nothing to do)
+
+# The agent's error kinds, mapped to the status and exit code they give a target.
+AGENT_ERRORS = {
+    "locked": ("failed", EXIT_LOCKED),
+    "conflict": ("failed", EXIT_CONFLICT),
+    "corrupt-state": ("failed", EXIT_CONFLICT),
+    "backup-missing": ("failed", EXIT_CONFLICT),
+    "hostile-path": ("failed", EXIT_CONFLICT),
+    "not-writable": ("failed", EXIT_FAILED),
+    "os-error": ("failed", EXIT_FAILED),
+    "python-too-old": ("failed", EXIT_USAGE),
+    "usage": ("failed", EXIT_USAGE),
+    "unreachable": ("unreachable", EXIT_UNREACHABLE),
+}
+
+
+@dataclass
+class TargetReport:
+    target: str
+    python: str | None = None
+    versions: dict = field(default_factory=dict)
+    distributions: dict = field(default_factory=dict)
+    status: str = "ok"  # ok|changed|failed|unreachable|rolled-back
+    exit_code: int = EXIT_OK
+    patches: list[PatchState] = field(default_factory=list)
+    message: str = ""
+    notes: list[str] = field(default_factory=list)
+    files: list[dict] = field(default_factory=list)  # what changed (or would), with diffs on request
+    problems: list[str] = field(default_factory=list)  # verification findings, conflicts
+    state_dir: str | None = None
+
+    def as_json(self) -> dict:
+        return {
+            "target": self.target,
+            "python": self.python,
+            "versions": self.versions,
+            "distributions": self.distributions,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "message": self.message,
+            "notes": self.notes,
+            "problems": self.problems,
+            "state_dir": self.state_dir,
+            "files": self.files,
+            "patches": [p.as_json() for p in self.patches],
+        }
+
+
+def document(command: str, reports: list[TargetReport]) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": command,
+        "exit_code": overall_exit(reports),
+        "targets": [r.as_json() for r in reports],
+    }
+
+
+def overall_exit(reports: list[TargetReport]) -> int:
+    return max((r.exit_code for r in reports), default=EXIT_OK)
