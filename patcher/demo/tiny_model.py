@@ -1,0 +1,163 @@
+"""A tiny Llama made on the spot, never downloaded: random weights (fixed seed), a local tokenizer.
+
+Two halves in one file:
+- `ensure_tiny_model()` runs in patcher's interpreter (standard library only): it reuses
+  <cache>/demo-model/<key> or runs this file as a script in the demo environment's python to
+  make it, into a temporary directory that is renamed into place when complete.
+- `python tiny_model.py OUT_DIR` runs inside the demo environment (transformers, tokenizers,
+  torch): it writes a model that both transformers and vLLM's CPU build load.
+
+Shape: head size 64 (vLLM's CPU attention takes 32, 64, 80, ...; not 16), float32 (the CPU
+attention supports it, and it keeps the comparison with transformers tight), 4 layers so the
+driver can ask for non-final layers and the final one, max_position_embeddings 2048 so prompts
+of ~1000 tokens fit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+PARAMS: dict = {
+    "recipe": 1,  # bump when build() changes what it writes
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 512,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "initializer_range": 0.1,  # larger than Llama's 0.02, so attention is not near-uniform
+    "torch_dtype": "float32",
+    "seed": 20240611,
+}
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2
+COMPLETE_MARKER = ".patcher-demo-complete"
+
+
+def model_key(params: dict = PARAMS) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def ensure_tiny_model(
+    python: Path | str,
+    cache_root: Path | None = None,
+    progress: Callable[[str], None] = print,
+) -> Path:
+    """Make (or reuse) the tiny model with the demo environment's `python`; return its directory."""
+    from .environment import resolve_cache
+
+    base = resolve_cache(cache_root) / "demo-model"
+    final = base / model_key()
+    if (final / COMPLETE_MARKER).is_file():
+        progress(f"tiny model: reusing {final}")
+        return final
+    base.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{model_key()}-build-", dir=base))
+    progress(f"tiny model: making {final} (Llama, {PARAMS['num_hidden_layers']} layers, random weights)")
+    try:
+        proc = subprocess.run(
+            [str(python), str(Path(__file__).resolve()), str(tmp)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"making the tiny model failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+            )
+        (tmp / COMPLETE_MARKER).write_text(json.dumps(PARAMS, sort_keys=True) + "\n")
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process put one there first
+            if not (final / COMPLETE_MARKER).is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    progress(f"tiny model: ready at {final}")
+    return final
+
+
+# --- inside the demo environment ----------------------------------------------------------
+
+
+def _synthetic_corpus(seed: int, sentences: int = 400) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "de", "po", "gu", "fe", "zi", "ba"]
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(300)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 20))) + "." for _ in range(sentences)]
+
+
+def build_tokenizer(out_dir: Path, params: dict = PARAMS):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=params["vocab_size"], special_tokens=list(SPECIAL_TOKENS), show_progress=False
+    )
+    tok.train_from_iterator(_synthetic_corpus(params["seed"]), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        model_max_length=params["max_position_embeddings"],
+    )
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build(out_dir: Path, params: dict = PARAMS) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out_dir, params)
+    if len(tokenizer) > params["vocab_size"]:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary")
+    config = LlamaConfig(
+        vocab_size=params["vocab_size"],
+        hidden_size=params["hidden_size"],
+        intermediate_size=params["intermediate_size"],
+        num_hidden_layers=params["num_hidden_layers"],
+        num_attention_heads=params["num_attention_heads"],
+        num_key_value_heads=params["num_key_value_heads"],
+        head_dim=params["head_dim"],
+        max_position_embeddings=params["max_position_embeddings"],
+        rms_norm_eps=params["rms_norm_eps"],
+        rope_theta=params["rope_theta"],
+        initializer_range=params["initializer_range"],
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        torch_dtype=params["torch_dtype"],
+    )
+    torch.manual_seed(params["seed"])
+    model = LlamaForCausalLM(config).to(getattr(torch, params["torch_dtype"]))
+    model.eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: {sys.argv[0]} OUT_DIR")
+    build(Path(sys.argv[1]))
