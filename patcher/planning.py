@@ -11,6 +11,7 @@ from .model import Patch
 from .selection import Selection, select_patches
 
 Mode = Literal["apply", "rollback"]
+STALE_SUFFIX = "; apply removes it"
 
 
 @dataclass
@@ -260,7 +261,8 @@ def plan_target(
                     ],
                 }
             )
-        if target_sha_matches or (new_content is None and kind != "patched"):
+        adopting = kind == "modified" and force  # recorded even when no byte changes
+        if not adopting and (target_sha_matches or (new_content is None and kind != "patched")):
             continue
         changes.append(
             FileChange(
@@ -303,7 +305,7 @@ def _idle_state(p: Patch, sel: Selection, applied: list[str], rel: str, mode: st
     if p.id in applied:
         if mode == "rollback":
             return PatchState(p.id, "pending", "rolled back by this run", rel)
-        return PatchState(p.id, "stale", f"applied but no longer selected ({sel.reason}); apply removes it", rel)
+        return PatchState(p.id, "stale", f"no longer selected: {sel.reason}{STALE_SUFFIX}", rel)
     if not sel.selected:
         return PatchState(p.id, "not-selected", sel.reason, rel)
     return PatchState(p.id, "pending", "selected; left out by --only/--skip", rel)

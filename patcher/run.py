@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .model import Patch
-from .planning import PatchState, TargetPlan, condition_names, plan_target, target_files
+from .planning import STALE_SUFFIX, PatchState, TargetPlan, condition_names, plan_target, target_files
 from .report import (
     AGENT_ERRORS,
     EXIT_CONFLICT,
@@ -126,13 +126,19 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         ]
         return report
     report.status = "changed"
-    report.patches = [
-        PatchState(p.id, "applied", p.reason, p.target) if p.state == "pending" and p.id in changed_ids and mode == "apply" else p
-        for p in plan.patches
-    ]
+    report.patches = [_after_write(p, changed_ids, mode) for p in plan.patches]
     verified = result.get("verification")
     report.message = f"{len(plan.changes)} file(s) written" + (", verified" if verified else ", not verified")
     return report
+
+
+def _after_write(p: PatchState, changed_ids: set[str], mode: str) -> PatchState:
+    """A patch's state once the agent has written the plan."""
+    if p.state == "pending" and p.id in changed_ids and mode == "apply":
+        return PatchState(p.id, "applied", p.reason, p.target)
+    if p.state == "stale":
+        return PatchState(p.id, "not-selected", p.reason.replace(STALE_SUFFIX, "; removed by this run"), p.target)
+    return p
 
 
 def _why_none(plan: TargetPlan) -> str:

@@ -1,0 +1,296 @@
+"""Extract hidden states with speculators' VllmHiddenStatesGenerator and check them against
+transformers' output_hidden_states of the same weights.
+
+Runs INSIDE the demo environment (vLLM, speculators, transformers, torch), as a script:
+
+    python extract.py --model DIR [--report PATH] [--calls all|...]
+
+One process, one generator, several generate() calls whose batches are what real training data
+looks like and what broke 0.3.0 on newer vLLM:
+  - prompts shorter and longer than one KV block (16 tokens);
+  - prompts sharing a "chat template" prefix of more than 16 tokens, within a batch and across
+    calls, and a prompt repeated from an earlier call;
+  - a batch of eleven prompts of 900-1000 tokens (over 10,000 tokens in all, more than the
+    step's token budget of max(8192, max_model_len) that speculators 0.3.0 sets), so that vLLM
+    splits a prompt across scheduler steps.
+
+For every prompt and requested layer: the result must have the prompt's full length, carry the
+prompt's own input_ids, and match transformers within TOLERANCE. speculators captures
+(hidden_states + residual) after layer i, which is transformers' hidden_states[i + 1] for a
+non-final layer; for the final layer transformers returns the state after the model's norm, so
+the capture is compared after applying that norm.
+
+The report is JSON, printed as the last line of stdout (and written to --report if given):
+{"ok": bool, "calls": [{"prompts": [{"rows", "expected_rows", "max_abs_diff", "status", ...}]}],
+ "error": {"type", "message", "phase"} or null, ...}. A failure inside speculators or vLLM is
+caught and reported with its exception type and message, so a test can assert the exact symptom.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+import traceback
+
+# Measured on vLLM 0.16.0 (CPU build) against transformers 4.57 in float32, tiny Llama of
+# patcher.demo.tiny_model: every prompt and layer agreed to about 2e-6 at a scale of about 10
+# (relative 2e-7, float32 rounding of different kernels). A row of another prompt, or a row
+# computed without its full context, differs by O(1). 1e-3 leaves three orders of magnitude to
+# either side. See README / the report's "tolerance" and "scale" fields for the figures of a run.
+TOLERANCE = 1e-3
+TEMPLATE_TEXT = (
+    "kalo mine rusa topo vide sa ba zi fe gu. mika lone ruto pasa deki viba zife gune. "
+    "tokalo minesa rupo vi de po."
+)
+
+
+def make_batches(tokenizer, vocab_size: int, seed: int = 7) -> list[list[list[int]]]:
+    """The generate() calls and their prompts (token ids)."""
+    rng = random.Random(seed)
+    first_free = max(tokenizer.all_special_ids) + 1
+
+    def rand(n: int) -> list[int]:
+        return [rng.randrange(first_free, vocab_size) for _ in range(n)]
+
+    # A "chat template": BOS and a system prompt shared by every templated sample.
+    template = [tokenizer.bos_token_id] + tokenizer.encode(TEMPLATE_TEXT, add_special_tokens=False)
+    assert len(template) > 16, len(template)
+
+    call1 = [
+        rand(4),  # shorter than a block
+        template + rand(5),  # shares the template with the two below
+        rand(9),
+        template + rand(20),
+        template + rand(2),
+        rand(100),
+        rand(16),  # exactly one block
+    ]
+    call2 = [
+        template + rand(12),  # template shared with call 1
+        call1[3],  # repeated from call 1
+        rand(33),
+        template + rand(40),
+        rand(5),
+    ]
+    # Eleven prompts of 900-1000 tokens: over the 8192-token step budget, so one is split.
+    call3 = [
+        (template + rand(rng.randint(900, 1000) - len(template))) if i % 3 == 0 else rand(rng.randint(900, 1000))
+        for i in range(11)
+    ]
+    call4 = [
+        template + rand(30),
+        rand(17),
+        call1[1],  # repeated again, after the long batch
+        call3[1][:64],  # a prefix of a long prompt of call 3
+    ]
+    return [call1, call2, call3, call4]
+
+
+class Reference:
+    """transformers' hidden states of the same weights, float32."""
+
+    def __init__(self, model_path: str, layer_ids: list[int]):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, torch_dtype=torch.float32, attn_implementation="eager"
+        )
+        self.model.eval()
+        self.num_layers = self.model.config.num_hidden_layers
+        self.layer_ids = layer_ids
+        self.cache: dict[tuple[int, ...], list] = {}
+
+    def layers(self, ids: list[int]) -> list:
+        """One [len(ids), hidden] tensor per requested layer, in speculators' terms."""
+        key = tuple(ids)
+        if key not in self.cache:
+            torch = self.torch
+            with torch.no_grad():
+                out = self.model(torch.tensor([ids]), output_hidden_states=True)
+            hidden = [h[0] for h in out.hidden_states]
+            self.cache[key] = [hidden[i + 1] for i in self.layer_ids]
+        return self.cache[key]
+
+    def comparable(self, layer_id: int, captured):
+        """speculators' capture of `layer_id` in the form transformers reports it."""
+        if layer_id == self.num_layers - 1:
+            with self.torch.no_grad():
+                return self.model.model.norm(captured.to(self.torch.float32))
+        return captured.to(self.torch.float32)
+
+
+def max_diff(a, b) -> float:
+    n = min(a.shape[0], b.shape[0])
+    if n == 0:
+        return float("inf")
+    return float((a[:n] - b[:n]).abs().max())
+
+
+def check_call(reference: Reference, prompts: list[list[int]], results: list[dict]) -> list[dict]:
+    rows_out = []
+    if len(results) != len(prompts):
+        raise AssertionError(f"generate() returned {len(results)} results for {len(prompts)} prompts")
+    for index, (ids, result) in enumerate(zip(prompts, results)):
+        captured = [reference.comparable(layer, h) for layer, h in zip(reference.layer_ids, result["hidden_states"])]
+        expected = reference.layers(ids)
+        rows = [int(h.shape[0]) for h in captured]
+        per_layer = [max_diff(c, e) for c, e in zip(captured, expected)]
+        scale = max(float(e.abs().max()) for e in expected)
+        same_ids = result["input_ids"].tolist() == ids
+        full = all(r == len(ids) for r in rows) and len(captured) == len(reference.layer_ids)
+        match = all(d <= TOLERANCE for d in per_layer)
+        if full and match and same_ids:
+            status = "ok"
+        elif any(r < len(ids) for r in rows):
+            status = "short" if match else "short-wrong"
+        elif any(r > len(ids) for r in rows):
+            status = "long"
+        else:
+            status = "wrong"
+        belongs_to = None
+        if status != "ok" and rows and rows[0] > 0:
+            # Whose rows are these? Another prompt of the same call, matched on the overlap.
+            for other, other_ids in enumerate(prompts):
+                if other == index:
+                    continue
+                other_expected = reference.layers(other_ids)
+                if all(max_diff(c, e) <= TOLERANCE for c, e in zip(captured, other_expected)):
+                    belongs_to = other
+                    break
+        rows_out.append(
+            {
+                "index": index,
+                "prompt_tokens": len(ids),
+                "rows": rows,
+                "max_abs_diff": max(per_layer) if per_layer else None,
+                "max_abs_diff_per_layer": per_layer,
+                "scale": scale,
+                "input_ids_ok": same_ids,
+                "status": status,
+                "rows_belong_to": belongs_to,
+            }
+        )
+    return rows_out
+
+
+def summarize(report: dict) -> None:
+    diffs = [p["max_abs_diff"] for c in report["calls"] for p in c["prompts"] if p["status"] == "ok"]
+    report["max_abs_diff"] = max(diffs) if diffs else None
+    report["scale"] = max((p["scale"] for c in report["calls"] for p in c["prompts"]), default=None)
+    report["ok"] = (
+        report["error"] is None
+        and len(report["calls"]) == report["planned_calls"]
+        and all(p["status"] == "ok" for c in report["calls"] for p in c["prompts"])
+    )
+
+
+def error_record(exc: BaseException, phase: str) -> dict:
+    chain = []
+    cur: BaseException | None = exc
+    while cur is not None and len(chain) < 5:
+        chain.append({"type": type(cur).__name__, "message": str(cur)[:3000]})
+        cur = cur.__cause__ or cur.__context__
+    return {
+        "type": type(exc).__name__,
+        "module": type(exc).__module__,
+        "message": str(exc)[:3000],
+        "phase": phase,
+        "chain": chain,
+        "traceback": traceback.format_exc()[-4000:],
+    }
+
+
+def run(args) -> dict:
+    report: dict = {
+        "ok": False,
+        "error": None,
+        "tolerance": TOLERANCE,
+        "layer_ids": args.layers,
+        "calls": [],
+        "timings": {},
+    }
+    phase = "import"
+    generator = None
+    started = time.monotonic()
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        from transformers import AutoConfig
+
+        vocab_size = AutoConfig.from_pretrained(args.model).vocab_size
+        batches = make_batches(tokenizer, vocab_size)
+        if args.calls != "all":
+            batches = [batches[int(i) - 1] for i in args.calls.split(",")]
+        report["planned_calls"] = len(batches)
+        report["prompts_per_call"] = [len(b) for b in batches]
+        report["tokens_per_call"] = [sum(len(p) for p in b) for b in batches]
+
+        from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+        phase = "init"
+        t0 = time.monotonic()
+        generator = VllmHiddenStatesGenerator(
+            args.model, layer_ids=args.layers, max_model_len=args.max_model_len
+        )
+        report["timings"]["init_s"] = round(time.monotonic() - t0, 2)
+
+        outputs = []
+        for number, prompts in enumerate(batches, 1):
+            phase = f"generate {number}"
+            t0 = time.monotonic()
+            outputs.append(generator.generate(prompts))
+            report["timings"][f"generate_{number}_s"] = round(time.monotonic() - t0, 2)
+
+        phase = "reference"
+        t0 = time.monotonic()
+        reference = Reference(args.model, args.layers)
+        for number, (prompts, results) in enumerate(zip(batches, outputs), 1):
+            report["calls"].append({"call": number, "prompts": check_call(reference, prompts, results)})
+        report["timings"]["reference_s"] = round(time.monotonic() - t0, 2)
+    except Exception as exc:  # the symptom is the result: report it
+        report["error"] = error_record(exc, phase)
+        traceback.print_exc(file=sys.stderr)
+    report.setdefault("planned_calls", 0)
+    report["timings"]["total_s"] = round(time.monotonic() - started, 2)
+    summarize(report)
+    report["_generator"] = generator
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--layers", default="0,2,3", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--calls", default="all", help="which calls to run, e.g. 1,2 (default all)")
+    parser.add_argument("--report", help="also write the JSON report to this file")
+    args = parser.parse_args()
+
+    report = run(args)
+    generator = report.pop("_generator")
+    text = json.dumps(report)
+    if args.report:
+        with open(args.report, "w") as handle:
+            handle.write(text + "\n")
+    # vLLM's workers may still log while shutting down: the report goes out last.
+    if generator is not None:
+        try:
+            generator.executor.shutdown()
+        except Exception:
+            pass
+    sys.stderr.flush()
+    sys.stdout.flush()
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    os._exit(0 if report["ok"] else 1)
+
+
+if __name__ == "__main__":  # vLLM starts its workers with spawn
+    main()

