@@ -1,0 +1,383 @@
+"""The target's Python started over ssh, with the system OpenSSH client.
+
+`SshTransport` only changes how the target process is started: `ssh ... -- HOST '<python> -c
+<bootstrap>'` instead of `<python> -c <bootstrap>`. The agent, its JSON and everything above the
+transport are the same as for a local target.
+
+- The user's ~/.ssh/config, ProxyJump, agent and known_hosts apply as for their own `ssh`.
+- Never prompt and never hang: BatchMode=yes (cannot be overridden), a connect timeout, server
+  keep-alives, host keys checked with StrictHostKeyChecking=accept-new by default (an unknown
+  host's key is recorded, a changed key is refused). Options given with --ssh-option come first on
+  the command line, so they win over these defaults (ssh uses the first value it sees).
+- One multiplexed connection per host (ControlMaster=auto, a socket in a private temporary
+  folder): the facts and apply round trips of a host share it; `close()` ends it.
+- Every word of the remote command is shell-quoted; the host comes after `--`, so nothing can
+  be read as an ssh option; host strings are checked before any process starts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from .transport import AgentFailure, LocalTransport, TransportError, bootstrap, parse_answer
+
+DEFAULT_REMOTE_PYTHON = "python3"
+DEFAULT_CONNECT_TIMEOUT = 10
+CONTROL_PERSIST = 60  # seconds a master connection outlives its last session if close() is never called
+
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\Z")
+_HOSTNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\Z")
+_OPTION_KEY = re.compile(r"[A-Za-z][A-Za-z0-9]*\Z")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class HostError(ValueError):
+    """A host string (or a remote path) that is refused before anything runs: exit 2."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """One target host. `name` is how reports and retry files call it; `address` is what ssh is
+    given (a name from ~/.ssh/config, a DNS name or an IP address)."""
+
+    name: str
+    address: str
+    user: str | None = None
+    port: int | None = None
+    python: str | None = None  # per-host interpreter (ansible_python_interpreter); None: --python
+
+    @property
+    def spec(self) -> str:
+        """`[user@]host[:port]` as it would be written on the command line."""
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return (f"{self.user}@" if self.user else "") + host + (f":{self.port}" if self.port else "")
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name ssh files the host key under (what `ssh-keygen -R` wants)."""
+        if self.port and self.port != 22:
+            return f"[{self.address}]:{self.port}"
+        return self.address
+
+
+def _check_free_text(what: str, text: str) -> None:
+    if not text:
+        raise HostError(f"empty {what}")
+    if text.startswith("-"):
+        raise HostError(f"refusing {what} {text!r}: it starts with '-' and could be read as an ssh option")
+    if _CONTROL.search(text):
+        raise HostError(f"refusing {what} {text!r}: it contains a control character")
+    if any(c.isspace() for c in text):
+        raise HostError(f"refusing {what} {text!r}: it contains whitespace")
+
+
+def check_user(user: str) -> str:
+    _check_free_text("user name", user)
+    if not _USER.match(user):
+        raise HostError(f"refusing user name {user!r}: only letters, digits, '.', '_' and '-' are allowed")
+    return user
+
+
+def check_address(address: str) -> str:
+    """A host name or an IP address (IPv6 without brackets)."""
+    _check_free_text("host", address)
+    if ":" in address:
+        literal = address.split("%", 1)
+        try:
+            ipaddress.IPv6Address(literal[0])
+        except ValueError:
+            raise HostError(f"refusing host {address!r}: not an IPv6 address") from None
+        if len(literal) == 2 and not re.fullmatch(r"[A-Za-z0-9_.-]+", literal[1]):
+            raise HostError(f"refusing host {address!r}: bad IPv6 zone")
+        return address
+    if not _HOSTNAME.match(address):
+        bad = sorted({c for c in address if not (c.isalnum() or c in "._-")})
+        raise HostError(
+            f"refusing host {address!r}: {' '.join(bad)} not allowed in a host name "
+            "(letters, digits, '.', '_' and '-' only)"
+        )
+    return address
+
+
+def check_port(port: str | int) -> int:
+    text = str(port)
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise HostError(f"refusing port {text!r}: a number from 1 to 65535")
+    return int(text)
+
+
+def check_remote_python(python: str) -> str:
+    """An interpreter path or a command name on the remote PATH. It is shell-quoted anyway;
+    this refuses what could only be a mistake or an attack."""
+    _check_free_text("remote python", python)
+    if "\\" in python:
+        raise HostError(f"refusing remote python {python!r}: backslash")
+    return python
+
+
+def parse_host(text: str, *, name: str | None = None, python: str | None = None) -> Host:
+    """`[user@]HOST[:PORT]`, `[user@][IPv6]:PORT`, or a bare IPv6 address."""
+    raw = text
+    _check_free_text("host", raw)
+    user = None
+    if "@" in text:
+        user, _, text = text.rpartition("@")
+        check_user(user)
+    port: int | None = None
+    if text.startswith("["):
+        inner, sep, rest = text[1:].partition("]")
+        if not sep:
+            raise HostError(f"refusing host {raw!r}: '[' without ']'")
+        if rest:
+            if not rest.startswith(":"):
+                raise HostError(f"refusing host {raw!r}: expected ':PORT' after ']'")
+            port = check_port(rest[1:])
+        address = inner
+    elif text.count(":") == 1:
+        address, _, port_text = text.partition(":")
+        port = check_port(port_text)
+    else:
+        address = text  # a host name, or an IPv6 address without port
+    check_address(address)
+    if name is not None:
+        _check_free_text("host name", name)
+    if python is not None:
+        check_remote_python(python)
+    return Host(name=name or raw, address=address, user=user, port=port, python=python)
+
+
+def check_ssh_option(option: str) -> str:
+    """`Key=Value` as for `ssh -o`."""
+    key, sep, value = option.partition("=")
+    key = key.strip()
+    if not sep or not _OPTION_KEY.match(key) or option.startswith("-") or _CONTROL.search(option):
+        raise HostError(f"refusing --ssh-option {option!r}: expected KEY=VALUE as for ssh -o, e.g. IdentityFile=~/.ssh/gpu")
+    if key.lower() == "batchmode":
+        raise HostError("refusing --ssh-option BatchMode: patcher never lets ssh prompt")
+    return f"{key}={value.strip()}"
+
+
+class ControlDir:
+    """A private folder for the multiplexing sockets of one run (mode 0700), removed at the end."""
+
+    def __init__(self) -> None:
+        base = tempfile.gettempdir()
+        if len(base) > 40:  # a unix socket path must stay under ~104 bytes
+            base = "/tmp"
+        self.path = tempfile.mkdtemp(prefix="patcher-ssh-", dir=base)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+@dataclass
+class SshSettings:
+    """What every host of a run shares."""
+
+    ssh: str = "ssh"
+    options: tuple[str, ...] = ()  # KEY=VALUE, from --ssh-option
+    config_file: str | None = None  # -F, from --ssh-config
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
+    sudo: bool = False
+    control_dir: str | None = None  # None: no multiplexing
+
+
+class SshTransport(LocalTransport):
+    """A target interpreter on another host, started with the system `ssh`."""
+
+    def __init__(self, host: Host, python: str | None, settings: SshSettings) -> None:
+        python = host.python or python or DEFAULT_REMOTE_PYTHON
+        check_remote_python(python)
+        super().__init__(python)
+        self.host = host
+        self.settings = settings
+        self.invocations = 0
+        self._op = ""
+
+    @property
+    def label(self) -> str:
+        return self.host.name
+
+    # -------------------------------------------------------------- the command line
+
+    def ssh_args(self) -> list[str]:
+        s = self.settings
+        args = [s.ssh]
+        if s.config_file:
+            args += ["-F", s.config_file]
+        args += ["-o", "BatchMode=yes"]  # first value wins in ssh: nothing can turn prompting back on
+        for option in s.options:
+            args += ["-o", option]
+        args += [
+            "-o", f"ConnectTimeout={s.connect_timeout}",
+            "-o", "StrictHostKeyChecking=accept-new",
+            "-o", "ServerAliveInterval=10",
+            "-o", "ServerAliveCountMax=3",
+        ]  # fmt: skip
+        if s.control_dir:
+            args += [
+                "-o", "ControlMaster=auto",
+                "-o", f"ControlPath={os.path.join(s.control_dir, '%C')}",
+                "-o", f"ControlPersist={CONTROL_PERSIST}",
+            ]  # fmt: skip
+        if self.host.port:
+            args += ["-p", str(self.host.port)]
+        if self.host.user:
+            args += ["-l", self.host.user]
+        return args
+
+    def remote_command(self) -> str:
+        words = [self.python, "-c", bootstrap()]
+        if self.settings.sudo:
+            words = ["sudo", "-n", "--", *words]
+        return " ".join(shlex.quote(w) for w in words)
+
+    def command(self) -> list[str]:
+        return [*self.ssh_args(), "--", self.host.address, self.remote_command()]
+
+    # -------------------------------------------------------------- one round trip
+
+    def call(self, request: dict, timeout: float = 900) -> dict:
+        import json
+
+        from .transport import agent_source
+
+        self._op = request.get("op", "")
+        payload = json.dumps({"agent": agent_source(), **request}).encode("utf-8")
+        self.invocations += 1
+        try:
+            proc = subprocess.run(
+                self.command(), input=payload, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout
+            )
+        except FileNotFoundError:
+            raise TransportError("usage", f"no `{self.settings.ssh}` client on this machine; install OpenSSH") from None
+        except subprocess.TimeoutExpired:
+            raise TransportError(
+                "unreachable",
+                f"{self.label}: no answer within {timeout:g}s" + self._outcome_hint(),
+            ) from None
+        if _has_answer(proc.stdout):
+            try:
+                return parse_answer(self.label, proc)
+            except AgentFailure as exc:
+                if exc.kind == "not-writable" and not self.settings.sudo:
+                    raise AgentFailure(exc.kind, exc.message + "; if the login user may sudo, try --sudo") from None
+                raise
+        raise self._classify(proc)
+
+    def _outcome_hint(self) -> str:
+        if self._op != "apply":
+            return ""
+        return (
+            f"; the outcome of this apply on {self.label} is unknown: every file there is either its old or its "
+            f"new bytes (written atomically); run `patcher status --host {self.host.spec}` to see which"
+        )
+
+    def _classify(self, proc: subprocess.CompletedProcess) -> TransportError:
+        """A failed ssh invocation, as a precise status and one line for the user."""
+        lines = [
+            line.strip()
+            for line in proc.stderr.decode("utf-8", "replace").splitlines()
+            if line.strip() and not line.startswith("Warning: Permanently added") and not set(line.strip()) <= {"@"}
+        ]
+        text = "\n".join(lines)
+        last = lines[-1] if lines else f"ssh exit status {proc.returncode}"
+        host = self.host
+        where = f"{host.address}" + (f" port {host.port}" if host.port else "")
+        if proc.returncode == 255:
+            if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text:
+                return TransportError(
+                    "unreachable",
+                    f"{self.label}: host key changed: check it, then remove the old key with "
+                    f"ssh-keygen -R '{host.known_hosts_name}'",
+                )
+            if "Host key verification failed" in text:
+                if re.search(r"No \S+ host key is known", text):
+                    return TransportError(
+                        "unreachable",
+                        f"{self.label}: host key unknown and strict checking is on: check the key, then add "
+                        f"it to known_hosts (ssh-keyscan), or use StrictHostKeyChecking=accept-new",
+                    )
+                return TransportError(
+                    "unreachable",
+                    f"{self.label}: host key changed: check it, then remove the old key with "
+                    f"ssh-keygen -R '{host.known_hosts_name}'",
+                )
+            if "Permission denied" in text or "Too many authentication failures" in text:
+                user = host.user or "the default user"
+                return TransportError(
+                    "unreachable",
+                    f"{self.label}: authentication refused for {user} ({last}); check the key "
+                    "(ssh-agent, IdentityFile) and the user",
+                )
+            if "Connection refused" in text:
+                return TransportError("unreachable", f"{self.label}: connection refused by {where}: is sshd running there?")
+            if "timed out" in text:
+                return TransportError("unreachable", f"{self.label}: connection to {where} timed out")
+            if "No route to host" in text or "Network is unreachable" in text:
+                return TransportError("unreachable", f"{self.label}: no route to {where}")
+            if "Could not resolve hostname" in text or "Name or service not known" in text:
+                return TransportError("unreachable", f"{self.label}: cannot resolve {host.address}")
+            return TransportError(
+                "unreachable", f"{self.label}: connection lost ({last})" + self._outcome_hint()
+            )
+        if self.settings.sudo:
+            if "a password is required" in text or "a terminal is required" in text:
+                return TransportError(
+                    "usage",
+                    f"{self.label}: sudo -n refused: {host.user or 'the login user'} may not run "
+                    f"{self.python} without a password there (sudoers NOPASSWD), or drop --sudo",
+                )
+            if "not in the sudoers" in text or "not allowed to execute" in text or "may not run sudo" in text:
+                return TransportError("usage", f"{self.label}: sudo refused: {last}")
+            if proc.returncode == 127 and re.search(r"\bsudo: (command )?not found|sudo: No such file", text):
+                return TransportError("usage", f"{self.label}: no sudo on {host.address}; drop --sudo")
+            if re.search(r"sudo: .*(command not found|No such file)", text):
+                return self._no_python()
+        if proc.returncode == 127:
+            return self._no_python()
+        if proc.returncode == 126:
+            return TransportError(
+                "usage", f"{self.label}: {self.python} cannot be executed on {host.address} ({last}); name the interpreter with --python"
+            )
+        return TransportError(
+            "usage",
+            f"{self.label}: {self.python} did not answer as a Python 3.9+ interpreter ({last}); "
+            "name one with --python",
+        )
+
+    def _no_python(self) -> TransportError:
+        return TransportError(
+            "usage",
+            f"{self.label}: no python at {self.python} on {self.host.address}; name it with --python "
+            "(or ansible_python_interpreter in the inventory)",
+        )
+
+    # -------------------------------------------------------------- end of the run
+
+    def close(self) -> None:
+        """End the host's master connection, if one was opened."""
+        if not self.settings.control_dir or not self.invocations:
+            return
+        try:
+            subprocess.run(
+                [*self.ssh_args(), "-O", "exit", "--", self.host.address],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+
+def _has_answer(stdout: bytes) -> bool:
+    lines = stdout.decode("utf-8", "replace").strip().splitlines()
+    return bool(lines) and lines[-1].startswith("{")
