@@ -183,5 +183,9 @@ def forget(python, forget_all, lock_timeout, json_mode, quiet) -> None:
     _run("forget", python, json_mode, quiet, forget_all=forget_all, lock_timeout=lock_timeout)
 
 
+from .demo.command import demo  # noqa: E402  (the main job: `patcher demo`)
+
+main.add_command(demo)
+
 if __name__ == "__main__":
     main()

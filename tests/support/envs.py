@@ -82,16 +82,10 @@ def reinstall_speculators(python: Path, version: str = "0.3.0") -> None:
     pip_install_no_deps(python.parent.parent, download_wheel("speculators", version, cache_dir() / "wheels"))
 
 
+
 def overlay_env(tmp_path: Path, base_python: Path, speculators: str = "0.3.0") -> Path:
-    """A venv of its own with speculators installed in it, seeing the real vLLM, torch and the
-    rest through a .pth file pointing at `base_python`'s site-packages. Its speculators files
-    shadow the base's, so a test patches its own copy and never the shared environment."""
-    env = tmp_path / "overlay"
-    subprocess.run([str(base_python), "-m", "venv", "--without-pip", str(env)], check=True)
-    base_site = subprocess.run(
-        [str(base_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    (_site_packages(env) / "_patcher_test_base.pth").write_text(base_site + "\n")
-    pip_install_no_deps(env, download_wheel("speculators", speculators, cache_dir() / "wheels"))
-    return env / "bin" / "python"
+    """A throwaway target on top of the real vLLM environment (see patcher.demo.overlay)."""
+    from patcher.demo.overlay import make_overlay
+
+    wheel = download_wheel("speculators", speculators, cache_dir() / "wheels")
+    return make_overlay(base_python, tmp_path / "overlay", str(wheel))
