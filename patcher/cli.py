@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -11,8 +12,9 @@ import click
 from . import __version__
 
 PYTHON_HELP = (
-    "the target environment's interpreter, e.g. /root/ml-env/bin/python3 "
-    "(default: the interpreter patcher runs in)"
+    "the target environment's interpreter, e.g. /root/ml-env/bin/python3 (default: the interpreter "
+    "patcher runs in; on --host targets: python3 on the remote PATH, and an inventory's "
+    "ansible_python_interpreter wins for its host)"
 )
 
 
@@ -49,7 +51,7 @@ def _resolve(ids: tuple[str, ...], out: Output) -> list[str]:
         sys.exit(2)
 
 
-def _run(command: str, python: str | None, json_mode: bool, quiet: bool, **kwargs) -> None:
+def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote: dict | None = None, **kwargs) -> None:
     from .registry import load_patches
     from .render import render_reports
     from .report import document, overall_exit
@@ -59,6 +61,11 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, **kwarg
     only = _resolve(kwargs.pop("only", ()), out)
     skip = _resolve(kwargs.pop("skip", ()), out)
     options = RunOptions(command=command, only=only, skip=skip, progress=out.progress, **kwargs)
+    if remote and (remote["hosts"] or remote["inventories"]):
+        _run_fleet(command, python, json_mode, quiet, remote, options, out)
+        return
+    if remote:
+        _refuse_remote_only(remote, out)
     report = run_target(_transport(python), load_patches(), options)
     reports = [report]
     if json_mode:
@@ -66,6 +73,92 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, **kwarg
     if not quiet or report.exit_code not in (0, 6):
         render_reports(command, reports, show_diff=options.diff and not json_mode, quiet=quiet)
     sys.exit(overall_exit(reports))
+
+
+REMOTE_ONLY = {
+    "sudo": "--sudo",
+    "ssh_options": "--ssh-option",
+    "ssh_config": "--ssh-config",
+    "serial": "--serial",
+    "max_fail": "--max-fail",
+}
+
+
+def _refuse_remote_only(remote: dict, out: Output) -> None:
+    given = [flag for key, flag in REMOTE_ONLY.items() if remote.get(key)]
+    if given:
+        out.error(f"{', '.join(given)} only apply to remote hosts; name them with --host or --inventory")
+        sys.exit(2)
+
+
+def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict, options, out: Output) -> None:
+    from .fleet import FleetInterrupted, FleetOptions, batch_size, fleet_document, run_fleet, succeeded
+    from .fleetview import LiveProgress, PlainProgress, render_summary
+    from .inventory import InventoryError, hosts_from_options, is_retry_file, write_retry_file
+    from .registry import load_patches
+    from .render import render_reports
+    from .report import overall_exit
+    from .ssh import HostError, SshSettings, check_remote_python, check_ssh_option
+    from .transforms import shared_transforms
+
+    try:
+        hosts = hosts_from_options(remote["hosts"], remote["inventories"])
+        if python is not None:
+            check_remote_python(python)
+        settings = SshSettings(
+            options=tuple(check_ssh_option(o) for o in remote["ssh_options"]),
+            config_file=remote["ssh_config"],
+            connect_timeout=remote["connect_timeout"],
+            sudo=remote["sudo"],
+        )
+        fleet = FleetOptions(forks=remote["forks"], serial=remote["serial"], max_fail=remote["max_fail"])
+        batch_size(fleet.serial, len(hosts))
+    except (HostError, InventoryError, ValueError) as exc:
+        out.error(str(exc))
+        sys.exit(2)
+    for option in settings.options:
+        if option.lower().replace(" ", "") in ("stricthostkeychecking=no", "stricthostkeychecking=off"):
+            out.progress("note: host keys are not checked (--ssh-option StrictHostKeyChecking=no)")
+    if quiet:
+        progress = None
+    elif sys.stderr.isatty() and not os.environ.get("TERM", "") == "dumb":
+        progress = LiveProgress()
+    else:
+        progress = PlainProgress(out.progress)
+    interrupted = False
+    with shared_transforms():
+        try:
+            results = run_fleet(hosts, python, settings, load_patches(), options, fleet, progress)
+        except FleetInterrupted as exc:
+            results, interrupted = exc.results, True
+    reports = [r.report for r in results]
+    if json_mode:
+        click.echo(json.dumps(fleet_document(command, results), indent=2))
+    if len(results) == 1:
+        report = reports[0]
+        if not quiet or report.exit_code not in (0, 6):
+            render_reports(command, reports, show_diff=options.diff and not json_mode, quiet=quiet)
+    else:
+        if options.diff and not json_mode:
+            for result in results:
+                for f in result.report.files:
+                    if f.get("diff"):
+                        sys.stdout.write(f"# {result.host.name}\n" + f["diff"])
+        if not quiet or any(not succeeded(r) for r in reports):
+            render_summary(command, results)
+    retry = remote["retry_file"]
+    failed = [(r.host, f"{r.report.status}: {r.report.message}") for r in results if not succeeded(r.report)]
+    if retry:
+        try:
+            if failed:
+                write_retry_file(retry, command, failed)
+                out.progress(f"{len(failed)} host(s) did not succeed; listed in {retry} (use it with --inventory {retry})")
+            elif os.path.exists(retry) and is_retry_file(retry):
+                os.unlink(retry)
+                out.progress(f"every host succeeded; removed the old {retry}")
+        except OSError as exc:
+            out.error(f"cannot write the retry file {retry}: {exc}")
+    sys.exit(130 if interrupted else overall_exit(reports))
 
 
 python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP)
@@ -76,6 +169,60 @@ skip_option = click.option("--skip", multiple=True, metavar="ID", help="leave th
 lock_option = click.option(
     "--lock-timeout", default=10.0, show_default=True, metavar="SECONDS", help="wait this long for another run's lock"
 )
+
+
+REMOTE_OPTIONS = [
+    click.option(
+        "--host", "hosts", multiple=True, metavar="[USER@]HOST[:PORT]",
+        help="a remote host, reached with the system ssh (e.g. root@10.1.2.3); repeatable",
+    ),
+    click.option(
+        "--inventory", "-i", "inventories", multiple=True, metavar="FILE",
+        help="hosts from a file: one per line, or an Ansible INI/YAML inventory; repeatable",
+    ),
+    click.option(
+        "--forks", "-f", default=8, show_default=True, type=click.IntRange(1, 1024), metavar="N",
+        help="hosts worked on at the same time",
+    ),
+    click.option("--serial", metavar="N|N%", help="roll out in batches of N hosts (or N% of them), one batch after another"),
+    click.option(
+        "--max-fail", type=click.FloatRange(0, 100), metavar="PERCENT",
+        help="stop starting hosts once more than PERCENT of a batch did not succeed (0: at the first failure)",
+    ),
+    click.option("--sudo", is_flag=True, help="run the remote side through `sudo -n` (never prompts)"),
+    click.option(
+        "--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE",
+        help="an ssh -o option, e.g. IdentityFile=~/.ssh/gpu; wins over patcher's defaults; repeatable",
+    ),
+    click.option("--ssh-config", metavar="FILE", help="ssh -F FILE instead of ~/.ssh/config"),
+    click.option(
+        "--connect-timeout", default=10, show_default=True, type=click.IntRange(1, 3600), metavar="SECONDS",
+        help="ssh ConnectTimeout",
+    ),
+    click.option(
+        "--retry-file", default="patcher.retry", show_default=True, metavar="FILE",
+        help="where to list the hosts that did not succeed (an inventory for the next run)",
+    ),
+    click.option("--no-retry-file", is_flag=True, help="write no retry file"),
+]  # fmt: skip
+
+
+def remote_options(f):
+    """--host, --inventory and the fleet and ssh options, gathered into `remote=`."""
+
+    @functools.wraps(f)
+    def wrapper(*args, hosts, inventories, forks, serial, max_fail, sudo, ssh_options, ssh_config,
+                connect_timeout, retry_file, no_retry_file, **kwargs):  # fmt: skip
+        remote = {
+            "hosts": hosts, "inventories": inventories, "forks": forks, "serial": serial,
+            "max_fail": max_fail, "sudo": sudo, "ssh_options": ssh_options, "ssh_config": ssh_config,
+            "connect_timeout": connect_timeout, "retry_file": None if no_retry_file else retry_file,
+        }  # fmt: skip
+        return f(*args, remote=remote, **kwargs)
+
+    for option in reversed(REMOTE_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -120,28 +267,31 @@ def list_patches(json_mode: bool) -> None:
 
 @main.command()
 @python_option
+@remote_options
 @json_option
 @quiet_option
-def status(python, json_mode, quiet) -> None:
+def status(python, remote, json_mode, quiet) -> None:
     """Detected versions; per patch: selected or why not, and its state on disk."""
-    _run("status", python, json_mode, quiet)
+    _run("status", python, json_mode, quiet, remote)
 
 
 @main.command()
 @python_option
+@remote_options
 @click.option("--diff", is_flag=True, help="show the unified diff of every file that would change")
 @only_option
 @skip_option
 @click.option("--force", is_flag=True, help="as apply --force")
 @json_option
 @quiet_option
-def plan(python, diff, only, skip, force, json_mode, quiet) -> None:
+def plan(python, remote, diff, only, skip, force, json_mode, quiet) -> None:
     """What apply would change; writes nothing. Exit 6 when changes are pending, 0 when none."""
-    _run("plan", python, json_mode, quiet, diff=diff, only=only, skip=skip, force=force)
+    _run("plan", python, json_mode, quiet, remote, diff=diff, only=only, skip=skip, force=force)
 
 
 @main.command()
 @python_option
+@remote_options
 @only_option
 @skip_option
 @click.option("--no-verify", is_flag=True, help="skip verification in a fresh target interpreter")
@@ -153,34 +303,36 @@ def plan(python, diff, only, skip, force, json_mode, quiet) -> None:
 @lock_option
 @json_option
 @quiet_option
-def apply(python, only, skip, no_verify, force, lock_timeout, json_mode, quiet) -> None:
+def apply(python, remote, only, skip, no_verify, force, lock_timeout, json_mode, quiet) -> None:
     """Apply the selected patches, verify, record; on a failed verification, restore."""
     _run(
-        "apply", python, json_mode, quiet, only=only, skip=skip, verify=not no_verify, force=force,
+        "apply", python, json_mode, quiet, remote, only=only, skip=skip, verify=not no_verify, force=force,
         lock_timeout=lock_timeout,
     )
 
 
 @main.command()
 @python_option
+@remote_options
 @only_option
 @lock_option
 @json_option
 @quiet_option
-def rollback(python, only, lock_timeout, json_mode, quiet) -> None:
+def rollback(python, remote, only, lock_timeout, json_mode, quiet) -> None:
     """Restore the original files (byte-identical); --only takes out single patches."""
-    _run("rollback", python, json_mode, quiet, only=only, lock_timeout=lock_timeout)
+    _run("rollback", python, json_mode, quiet, remote, only=only, lock_timeout=lock_timeout)
 
 
 @main.command()
 @python_option
+@remote_options
 @click.option("--all", "forget_all", is_flag=True, help="forget every record, not only those pip made obsolete")
 @lock_option
 @json_option
 @quiet_option
-def forget(python, forget_all, lock_timeout, json_mode, quiet) -> None:
+def forget(python, remote, forget_all, lock_timeout, json_mode, quiet) -> None:
     """Clear the records of files pip has replaced since patcher wrote them."""
-    _run("forget", python, json_mode, quiet, forget_all=forget_all, lock_timeout=lock_timeout)
+    _run("forget", python, json_mode, quiet, remote, forget_all=forget_all, lock_timeout=lock_timeout)
 
 
 from .demo.command import demo  # noqa: E402  (the main job: `patcher demo`)

@@ -116,7 +116,12 @@ def check_port(port: str | int) -> int:
 def check_remote_python(python: str) -> str:
     """An interpreter path or a command name on the remote PATH. It is shell-quoted anyway;
     this refuses what could only be a mistake or an attack."""
-    _check_free_text("remote python", python)
+    if not python:
+        raise HostError("empty remote python")
+    if python.startswith("-"):
+        raise HostError(f"refusing remote python {python!r}: it starts with '-' and could be read as an option")
+    if _CONTROL.search(python):
+        raise HostError(f"refusing remote python {python!r}: it contains a control character")
     if "\\" in python:
         raise HostError(f"refusing remote python {python!r}: backslash")
     return python
@@ -261,7 +266,7 @@ class SshTransport(LocalTransport):
         except subprocess.TimeoutExpired:
             raise TransportError(
                 "unreachable",
-                f"{self.label}: no answer within {timeout:g}s" + self._outcome_hint(),
+                f"no answer within {timeout:g}s" + self._outcome_hint(),
             ) from None
         if _has_answer(proc.stdout):
             try:
@@ -295,68 +300,68 @@ class SshTransport(LocalTransport):
             if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text:
                 return TransportError(
                     "unreachable",
-                    f"{self.label}: host key changed: check it, then remove the old key with "
+                    f"host key changed: check it, then remove the old key with "
                     f"ssh-keygen -R '{host.known_hosts_name}'",
                 )
             if "Host key verification failed" in text:
                 if re.search(r"No \S+ host key is known", text):
                     return TransportError(
                         "unreachable",
-                        f"{self.label}: host key unknown and strict checking is on: check the key, then add "
+                        f"host key unknown and strict checking is on: check the key, then add "
                         f"it to known_hosts (ssh-keyscan), or use StrictHostKeyChecking=accept-new",
                     )
                 return TransportError(
                     "unreachable",
-                    f"{self.label}: host key changed: check it, then remove the old key with "
+                    f"host key changed: check it, then remove the old key with "
                     f"ssh-keygen -R '{host.known_hosts_name}'",
                 )
             if "Permission denied" in text or "Too many authentication failures" in text:
                 user = host.user or "the default user"
                 return TransportError(
                     "unreachable",
-                    f"{self.label}: authentication refused for {user} ({last}); check the key "
+                    f"authentication refused for {user} ({last}); check the key "
                     "(ssh-agent, IdentityFile) and the user",
                 )
             if "Connection refused" in text:
-                return TransportError("unreachable", f"{self.label}: connection refused by {where}: is sshd running there?")
+                return TransportError("unreachable", f"connection refused by {where}: is sshd running there?")
             if "timed out" in text:
-                return TransportError("unreachable", f"{self.label}: connection to {where} timed out")
+                return TransportError("unreachable", f"connection to {where} timed out")
             if "No route to host" in text or "Network is unreachable" in text:
-                return TransportError("unreachable", f"{self.label}: no route to {where}")
+                return TransportError("unreachable", f"no route to {where}")
             if "Could not resolve hostname" in text or "Name or service not known" in text:
-                return TransportError("unreachable", f"{self.label}: cannot resolve {host.address}")
+                return TransportError("unreachable", f"cannot resolve {host.address}")
             return TransportError(
-                "unreachable", f"{self.label}: connection lost ({last})" + self._outcome_hint()
+                "unreachable", f"connection lost ({last})" + self._outcome_hint()
             )
         if self.settings.sudo:
             if "a password is required" in text or "a terminal is required" in text:
                 return TransportError(
                     "usage",
-                    f"{self.label}: sudo -n refused: {host.user or 'the login user'} may not run "
+                    f"sudo -n refused: {host.user or 'the login user'} may not run "
                     f"{self.python} without a password there (sudoers NOPASSWD), or drop --sudo",
                 )
             if "not in the sudoers" in text or "not allowed to execute" in text or "may not run sudo" in text:
-                return TransportError("usage", f"{self.label}: sudo refused: {last}")
+                return TransportError("usage", f"sudo refused: {last}")
             if proc.returncode == 127 and re.search(r"\bsudo: (command )?not found|sudo: No such file", text):
-                return TransportError("usage", f"{self.label}: no sudo on {host.address}; drop --sudo")
+                return TransportError("usage", f"no sudo on {host.address}; drop --sudo")
             if re.search(r"sudo: .*(command not found|No such file)", text):
                 return self._no_python()
         if proc.returncode == 127:
             return self._no_python()
         if proc.returncode == 126:
             return TransportError(
-                "usage", f"{self.label}: {self.python} cannot be executed on {host.address} ({last}); name the interpreter with --python"
+                "usage", f"{self.python} cannot be executed on {host.address} ({last}); name the interpreter with --python"
             )
         return TransportError(
             "usage",
-            f"{self.label}: {self.python} did not answer as a Python 3.9+ interpreter ({last}); "
+            f"{self.python} did not answer as a Python 3.9+ interpreter ({last}); "
             "name one with --python",
         )
 
     def _no_python(self) -> TransportError:
         return TransportError(
             "usage",
-            f"{self.label}: no python at {self.python} on {self.host.address}; name it with --python "
+            f"no python at {self.python} on {self.host.address}; name it with --python "
             "(or ansible_python_interpreter in the inventory)",
         )
 

@@ -1,0 +1,214 @@
+"""Many hosts at once: `run_target` per host over ssh, in parallel, in batches, stopping a
+rollout that fails too often. Each host's work is two ssh round trips (subprocesses), so
+threads are enough; the codemods run once per distinct file thanks to the transform cache.
+
+- `--forks N`: at most N hosts in flight.
+- `--serial N` (or `N%`): batches of N hosts; a batch starts when the previous one is done.
+- `--max-fail P`: when more than P% of a batch's hosts did not succeed, no further host is
+  started (hosts already running finish); the rest are reported as `skipped`, not started.
+A host "succeeds" when its exit code is 0, or 6 for `plan` (changes pending).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .report import EXIT_FAILED, EXIT_PENDING, TargetReport, document
+from .run import RunOptions, run_target
+from .ssh import ControlDir, Host, SshSettings, SshTransport
+
+DEFAULT_FORKS = 8
+SKIPPED = "skipped"
+
+
+@dataclass
+class FleetOptions:
+    forks: int = DEFAULT_FORKS
+    serial: str | None = None  # "N" hosts or "N%" of them per batch; None: one batch
+    max_fail: float | None = None  # percent of a batch; None: never stop
+
+
+@dataclass
+class HostResult:
+    host: Host
+    report: TargetReport
+    started: bool = True
+    ssh_invocations: int = 0
+
+
+class FleetProgress:
+    """What a fleet run tells as it goes. The default tells nothing."""
+
+    def start(self, total: int) -> None: ...
+
+    def host_started(self, host: Host) -> None: ...
+
+    def host_step(self, host: Host, message: str) -> None: ...
+
+    def host_done(self, result: HostResult) -> None: ...
+
+    def stopped(self, message: str) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def succeeded(report: TargetReport) -> bool:
+    return report.exit_code == 0 or report.exit_code == EXIT_PENDING
+
+
+def batch_size(serial: str | None, total: int) -> int:
+    if not serial:
+        return max(total, 1)
+    text = serial.strip()
+    if text.endswith("%"):
+        percent = float(text[:-1])
+        if not 0 < percent <= 100:
+            raise ValueError(f"--serial {serial}: a percentage must be above 0 and at most 100")
+        return max(1, int(total * percent / 100))
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--serial {serial}: expected a number of hosts (1 or more) or a percentage like 25%")
+    return int(text)
+
+
+def skipped_report(host: Host, python: str | None, why: str) -> TargetReport:
+    report = TargetReport(target=host.name, python=host.python or python)
+    report.status = SKIPPED
+    report.exit_code = EXIT_FAILED
+    report.message = why
+    return report
+
+
+def run_fleet(
+    hosts: Sequence[Host],
+    python: str | None,
+    settings: SshSettings,
+    patches,
+    options: RunOptions,
+    fleet: FleetOptions,
+    progress: FleetProgress | None = None,
+    transport_factory: Callable[[Host, str | None, SshSettings], SshTransport] = SshTransport,
+) -> list[HostResult]:
+    """Run `options.command` on every host; results in the hosts' order."""
+    progress = progress or FleetProgress()
+    size = batch_size(fleet.serial, len(hosts))
+    batches = [list(range(i, min(i + size, len(hosts)))) for i in range(0, len(hosts), size)]
+    results: dict[int, HostResult] = {}
+    stop_reason = ""
+    control = ControlDir() if settings.control_dir is None else None
+    if control is not None:
+        settings = dataclasses.replace(settings, control_dir=control.path)
+    lock = threading.Lock()
+
+    def one(index: int) -> HostResult:
+        host = hosts[index]
+        progress.host_started(host)
+        prefix = f"{host.name}: "
+
+        def step(message: str) -> None:
+            progress.host_step(host, message[len(prefix):] if message.startswith(prefix) else message)
+
+        transport = None
+        try:
+            transport = transport_factory(host, python, settings)
+            report = run_target(transport, patches, dataclasses.replace(options, progress=step))
+        except Exception as exc:  # a bug must not take the other hosts down
+            report = TargetReport(target=host.name, python=host.python or python)
+            report.status, report.exit_code = "failed", EXIT_FAILED
+            report.message = f"internal error: {type(exc).__name__}: {exc}"
+        finally:
+            if transport is not None:
+                transport.close()
+        result = HostResult(host, report, True, getattr(transport, "invocations", 0))
+        progress.host_done(result)
+        return result
+
+    progress.start(len(hosts))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, fleet.forks), thread_name_prefix="patcher-host") as pool:
+            for number, batch in enumerate(batches, 1):
+                if stop_reason:
+                    break
+                waiting = list(batch)
+                running: dict[Future, int] = {}
+                failed = 0
+                try:
+                    while waiting or running:
+                        while waiting and len(running) < fleet.forks and not stop_reason:
+                            index = waiting.pop(0)
+                            running[pool.submit(one, index)] = index
+                        if not running:
+                            break
+                        done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                        for future in done:
+                            index = running.pop(future)
+                            results[index] = future.result()
+                            if not succeeded(results[index].report):
+                                failed += 1
+                        if (
+                            fleet.max_fail is not None
+                            and not stop_reason
+                            and failed * 100 / len(batch) > fleet.max_fail
+                        ):
+                            with lock:
+                                stop_reason = (
+                                    f"not started: the rollout stopped because {failed} of {len(batch)} host(s) "
+                                    f"in batch {number} did not succeed (more than --max-fail {fleet.max_fail:g}%)"
+                                )
+                            progress.stopped(stop_reason)
+                except KeyboardInterrupt:
+                    stop_reason = "not started: interrupted"
+                    progress.stopped(stop_reason)
+                    for future, index in running.items():
+                        results[index] = future.result()
+                    raise
+    except KeyboardInterrupt:
+        interrupted = True
+    else:
+        interrupted = False
+    finally:
+        progress.finish()
+        if control is not None:
+            control.cleanup()
+    ordered = []
+    for index, host in enumerate(hosts):
+        if index in results:
+            ordered.append(results[index])
+        else:
+            ordered.append(HostResult(host, skipped_report(host, python, stop_reason or "not started"), False))
+    if interrupted:
+        raise FleetInterrupted(ordered)
+    return ordered
+
+
+class FleetInterrupted(KeyboardInterrupt):
+    def __init__(self, results: list[HostResult]) -> None:
+        super().__init__("interrupted")
+        self.results = results
+
+
+# ------------------------------------------------------------------ reporting
+
+
+TALLY_ORDER = ("ok", "changed", "failed", "unreachable", "rolled-back", SKIPPED)
+
+
+def tally(results: Sequence[HostResult]) -> dict[str, int]:
+    counts = {status: 0 for status in TALLY_ORDER}
+    for result in results:
+        counts[result.report.status] = counts.get(result.report.status, 0) + 1
+    return counts
+
+
+def fleet_document(command: str, results: Sequence[HostResult]) -> dict:
+    """The engine's JSON document (schema_version 1), one entry per host, with fields added:
+    per target `host` (the ssh address) and `started`; at the top, `summary` (count per status)."""
+    doc = document(command, [r.report for r in results])
+    for entry, result in zip(doc["targets"], results):
+        entry["host"] = result.host.spec
+        entry["started"] = result.started
+    doc["summary"] = tally(results)
+    return doc

@@ -1,0 +1,139 @@
+"""How a fleet run looks on stderr: live progress on a terminal (rich), plain lines otherwise,
+and the per-host summary at the end."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .fleet import SKIPPED, TALLY_ORDER, FleetProgress, HostResult, tally
+from .render import STATUS_STYLE, _console
+
+STYLE = {**STATUS_STYLE, SKIPPED: "yellow"}
+
+
+def _label(status: str) -> str:
+    return status.replace("-", " ")
+
+
+class PlainProgress(FleetProgress):
+    """One line per step and per finished host: for logs and pipes."""
+
+    def __init__(self, echo) -> None:
+        self.echo = echo
+        self.lock = threading.Lock()
+
+    def host_step(self, host, message: str) -> None:
+        with self.lock:
+            self.echo(f"{host.name}: {message}")
+
+    def host_done(self, result: HostResult) -> None:
+        r = result.report
+        with self.lock:
+            self.echo(f"{result.host.name}: {_label(r.status)}" + (f": {r.message}" if r.message else ""))
+
+    def stopped(self, message: str) -> None:
+        with self.lock:
+            self.echo(message.replace("not started: ", "", 1))
+
+
+class LiveProgress(FleetProgress):
+    """A terminal: hosts in flight with their current step, a bar, and the tally so far; each
+    finished host is printed above the live area."""
+
+    def __init__(self) -> None:
+        from rich.live import Live
+
+        self.console = _console()
+        self.lock = threading.RLock()
+        self.total = 0
+        self.active: dict[str, tuple[str, float]] = {}
+        self.done: list[HostResult] = []
+        self.note = ""
+        self.live = Live(console=self.console, refresh_per_second=8, transient=True, get_renderable=self._render)
+
+    def _render(self):
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        with self.lock:
+            counts = tally(self.done)
+            bar = Table.grid(padding=(0, 1))
+            bar.add_row(
+                ProgressBar(total=max(self.total, 1), completed=len(self.done), width=30),
+                Text(f"{len(self.done)}/{self.total} hosts  ")
+                + Text("  ".join(f"{_label(s)} {counts[s]}" for s in TALLY_ORDER if counts[s])),
+            )
+            rows = Table.grid(padding=(0, 2))
+            now = time.monotonic()
+            for name, (step, since) in list(self.active.items())[:12]:
+                rows.add_row(f"[bold]{name}[/]", f"{now - since:4.1f}s", step)
+            if len(self.active) > 12:
+                rows.add_row("", "", f"... and {len(self.active) - 12} more")
+            parts = [bar, rows]
+            if self.note:
+                parts.append(Text(self.note, style="yellow"))
+            return Group(*parts)
+
+    def start(self, total: int) -> None:
+        self.total = total
+        self.live.start()
+
+    def host_started(self, host) -> None:
+        with self.lock:
+            self.active[host.name] = ("connecting", time.monotonic())
+
+    def host_step(self, host, message: str) -> None:
+        with self.lock:
+            since = self.active.get(host.name, ("", time.monotonic()))[1]
+            self.active[host.name] = (message, since)
+
+    def host_done(self, result: HostResult) -> None:
+        r = result.report
+        with self.lock:
+            self.active.pop(result.host.name, None)
+            self.done.append(result)
+            style = STYLE.get(r.status, "")
+            self.console.print(
+                f"[bold]{result.host.name}[/]  [{style}]{_label(r.status)}[/]" + (f"  {r.message}" if r.message else ""),
+                highlight=False,
+            )
+
+    def stopped(self, message: str) -> None:
+        with self.lock:
+            self.note = message.replace("not started: ", "", 1)
+
+    def finish(self) -> None:
+        self.live.stop()
+
+
+def render_summary(command: str, results: list[HostResult]) -> None:
+    """The per-host table and the tally."""
+    from rich.table import Table
+
+    console = _console()
+    table = Table(title=f"patcher {command}: {len(results)} host(s)", title_justify="left")
+    table.add_column("host", overflow="fold")
+    table.add_column("status")
+    table.add_column("exit", justify="right")
+    table.add_column("patches", overflow="fold")
+    table.add_column("message", overflow="fold")
+    for result in results:
+        r = result.report
+        states: dict[str, int] = {}
+        for p in r.patches:
+            states[p.state] = states.get(p.state, 0) + 1
+        table.add_row(
+            result.host.name,
+            f"[{STYLE.get(r.status, '')}]{_label(r.status)}[/]",
+            str(r.exit_code),
+            ", ".join(f"{n} {s}" for s, n in states.items()),
+            r.message,
+        )
+    console.print(table)
+    counts = tally(results)
+    console.print(
+        "  ".join(f"[{STYLE.get(s, '')}]{_label(s)}[/] {counts[s]}" for s in TALLY_ORDER if counts[s] or s != SKIPPED)
+    )
