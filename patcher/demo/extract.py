@@ -36,12 +36,15 @@ import sys
 import time
 import traceback
 
-# Measured on vLLM 0.16.0 (CPU build) against transformers 4.57 in float32, tiny Llama of
-# patcher.demo.tiny_model: every prompt and layer agreed to about 2e-6 at a scale of about 10
-# (relative 2e-7, float32 rounding of different kernels). A row of another prompt, or a row
-# computed without its full context, differs by O(1). 1e-3 leaves three orders of magnitude to
-# either side. See README / the report's "tolerance" and "scale" fields for the figures of a run.
-TOLERANCE = 1e-3
+# vLLM runs the model in bfloat16 whatever we save: speculators passes dtype="auto", and vLLM's
+# "auto" downcasts float32 checkpoints to the platform's first half type (bfloat16 on this CPU
+# build). So the tiny model's weights are bfloat16 (exactly the same weights on both sides) and
+# the reference is transformers in float32: the difference is vLLM's bfloat16 arithmetic.
+# The measure is per row: max_j |captured - reference| / max_j |reference|. Measured on vLLM
+# 0.16.0 CPU, every prompt and layer of the demo: at most 0.069 (median 0.02-0.04); transformers'
+# own bfloat16 run against its float32 run: at most 0.042. A row of another prompt (past their
+# shared prefix): at least 0.66. 0.25 sits between them with a factor of about 3 to each side.
+TOLERANCE = 0.25
 TEMPLATE_TEXT = (
     "kalo mine rusa topo vide sa ba zi fe gu. mika lone ruto pasa deki viba zife gune. "
     "tokalo minesa rupo vi de po."
@@ -126,10 +129,20 @@ class Reference:
 
 
 def max_diff(a, b) -> float:
+    """Largest absolute difference over the rows both have."""
     n = min(a.shape[0], b.shape[0])
     if n == 0:
         return float("inf")
     return float((a[:n] - b[:n]).abs().max())
+
+
+def max_rel_diff(captured, expected) -> float:
+    """Largest per-row relative difference, max_j |c - e| / max_j |e|, over the rows both have."""
+    n = min(captured.shape[0], expected.shape[0])
+    if n == 0:
+        return float("inf")
+    diff = (captured[:n] - expected[:n]).abs().max(dim=1).values
+    return float((diff / expected[:n].abs().max(dim=1).values.clamp_min(1e-12)).max())
 
 
 def check_call(reference: Reference, prompts: list[list[int]], results: list[dict]) -> list[dict]:
@@ -141,10 +154,11 @@ def check_call(reference: Reference, prompts: list[list[int]], results: list[dic
         expected = reference.layers(ids)
         rows = [int(h.shape[0]) for h in captured]
         per_layer = [max_diff(c, e) for c, e in zip(captured, expected)]
+        per_layer_rel = [max_rel_diff(c, e) for c, e in zip(captured, expected)]
         scale = max(float(e.abs().max()) for e in expected)
         same_ids = result["input_ids"].tolist() == ids
         full = all(r == len(ids) for r in rows) and len(captured) == len(reference.layer_ids)
-        match = all(d <= TOLERANCE for d in per_layer)
+        match = all(d <= TOLERANCE for d in per_layer_rel)
         if full and match and same_ids:
             status = "ok"
         elif any(r < len(ids) for r in rows):
@@ -160,7 +174,7 @@ def check_call(reference: Reference, prompts: list[list[int]], results: list[dic
                 if other == index:
                     continue
                 other_expected = reference.layers(other_ids)
-                if all(max_diff(c, e) <= TOLERANCE for c, e in zip(captured, other_expected)):
+                if all(max_rel_diff(c, e) <= TOLERANCE for c, e in zip(captured, other_expected)):
                     belongs_to = other
                     break
         rows_out.append(
@@ -170,6 +184,8 @@ def check_call(reference: Reference, prompts: list[list[int]], results: list[dic
                 "rows": rows,
                 "max_abs_diff": max(per_layer) if per_layer else None,
                 "max_abs_diff_per_layer": per_layer,
+                "max_rel_diff": max(per_layer_rel) if per_layer_rel else None,
+                "max_rel_diff_per_layer": per_layer_rel,
                 "scale": scale,
                 "input_ids_ok": same_ids,
                 "status": status,
@@ -180,8 +196,11 @@ def check_call(reference: Reference, prompts: list[list[int]], results: list[dic
 
 
 def summarize(report: dict) -> None:
-    diffs = [p["max_abs_diff"] for c in report["calls"] for p in c["prompts"] if p["status"] == "ok"]
-    report["max_abs_diff"] = max(diffs) if diffs else None
+    good = [p for c in report["calls"] for p in c["prompts"] if p["status"] == "ok"]
+    report["max_abs_diff"] = max((p["max_abs_diff"] for p in good), default=None)
+    report["max_rel_diff"] = max((p["max_rel_diff"] for p in good), default=None)
+    report["prompts_checked"] = sum(len(c["prompts"]) for c in report["calls"])
+    report["prompts_ok"] = len(good)
     report["scale"] = max((p["scale"] for c in report["calls"] for p in c["prompts"]), default=None)
     report["ok"] = (
         report["error"] is None
@@ -248,6 +267,11 @@ def run(args) -> dict:
             outputs.append(generator.generate(prompts))
             report["timings"][f"generate_{number}_s"] = round(time.monotonic() - t0, 2)
 
+        if args.dump:
+            import torch
+
+            torch.save({"batches": batches, "outputs": outputs}, args.dump)
+
         phase = "reference"
         t0 = time.monotonic()
         reference = Reference(args.model, args.layers)
@@ -271,6 +295,7 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--calls", default="all", help="which calls to run, e.g. 1,2 (default all)")
     parser.add_argument("--report", help="also write the JSON report to this file")
+    parser.add_argument("--dump", help="save the prompts and generate() results (torch.save) here")
     args = parser.parse_args()
 
     report = run(args)

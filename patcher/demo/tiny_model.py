@@ -7,10 +7,11 @@ Two halves in one file:
 - `python tiny_model.py OUT_DIR` runs inside the demo environment (transformers, tokenizers,
   torch): it writes a model that both transformers and vLLM's CPU build load.
 
-Shape: head size 64 (vLLM's CPU attention takes 32, 64, 80, ...; not 16), float32 (the CPU
-attention supports it, and it keeps the comparison with transformers tight), 4 layers so the
-driver can ask for non-final layers and the final one, max_position_embeddings 2048 so prompts
-of ~1000 tokens fit.
+Shape: head size 64 (vLLM's CPU attention takes 32, 64, 80, ...; not 16); weights in bfloat16,
+because speculators builds its ModelConfig with dtype="auto" and vLLM's "auto" downcasts a float32
+checkpoint to bfloat16 anyway: saving bfloat16 puts exactly the same weights on both sides of the
+comparison (transformers then runs them in float32); 4 layers so the driver can ask for
+non-final layers and the final one; max_position_embeddings 2048 so prompts of ~1000 tokens fit.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ PARAMS: dict = {
     "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0,
     "initializer_range": 0.1,  # larger than Llama's 0.02, so attention is not near-uniform
-    "torch_dtype": "float32",
+    "torch_dtype": "bfloat16",
     "seed": 20240611,
 }
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2
