@@ -78,6 +78,7 @@ class Patch:
     fixed_in: str | None = None  # the speculators release that fixed it upstream
     attribute_calls: tuple[AttributeCall, ...] = ()
     note: str = ""  # what breaks without it, for README/list
+    needs: tuple[str, ...] = ()  # ids of patches this one relies on: never selected without them
 
     def __post_init__(self) -> None:
         if not PATCH_ID.match(self.id):
