@@ -25,6 +25,54 @@ class TargetFile:
         return self.path[: -len(".py")].replace("/", ".").removesuffix(".__init__")
 
 
+# What each kind of Fact asserts about `module` (in the source of one release of `distribution`).
+# `qualname` is a dotted path inside the module ("Scheduler.__init__", "CacheConfig"); "" is the
+# module itself. Members of classes are looked up through base classes within the distribution.
+FACT_KINDS = {
+    "defines": "{where} defines {name}",
+    "lacks": "{where} does not define {name}",
+    "has-param": "{where} has a parameter {name}",
+    "lacks-param": "{where} has no parameter {name}",
+    "required-param": "{where} requires the parameter {name} (no default)",
+    "field-required": "{where} requires the field {name} (declared without default)",
+    "default-value": "{where}.{name} defaults to {value}",
+    "has-base": "{where} derives from {name}",
+    "returns-first-item": "{where} returns the single reply itself (a return of x[0])",
+}
+
+
+@dataclass(frozen=True)
+class Fact:
+    """An upstream API fact, checkable statically (stdlib `ast`) on one release's source files.
+
+    `needs` are facts the edit's code also relies on: they must hold on every release the edit
+    is selected for, but (unlike the fact itself) may already hold on earlier ones.
+    """
+
+    kind: str
+    module: str  # e.g. "vllm.v1.core.sched.scheduler"
+    qualname: str = ""  # e.g. "Scheduler.__init__"; "" for the module itself
+    name: str = ""  # the parameter, attribute, field or base class
+    value: str = ""  # default-value only: the default as Python source, e.g. "True"
+    distribution: str = "vllm"  # the name conditions use for the distribution it is about
+    needs: tuple["Fact", ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in FACT_KINDS:
+            raise ValueError(f"unknown fact kind {self.kind!r}; known: {', '.join(FACT_KINDS)}")
+        if self.kind != "returns-first-item" and not self.name:
+            raise ValueError(f"a {self.kind} fact names the parameter, attribute or field it is about")
+        if self.kind == "default-value" and not self.value:
+            raise ValueError("a default-value fact gives the expected default as Python source")
+
+    @property
+    def where(self) -> str:
+        return f"{self.module}.{self.qualname}" if self.qualname else self.module
+
+    def describe(self) -> str:
+        return FACT_KINDS[self.kind].format(where=self.where, name=self.name, value=self.value)
+
+
 @dataclass(frozen=True)
 class Edit:
     """One codemod of a patch, gated by its own version condition.
@@ -37,6 +85,7 @@ class Edit:
     codemod: type["Codemod"]
     when: Mapping[str, str] = field(default_factory=dict)  # {"vllm": ">=0.12.0"}
     answers: str = ""  # the upstream API fact this edit answers, in words
+    fact: Fact | None = None  # the same fact, statically checkable (patcher check-upstream)
 
     @property
     def name(self) -> str:

@@ -17,7 +17,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.helpers import get_full_name_for_node
 
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
-from patcher.model import Edit, Example, Patch
+from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -293,11 +293,23 @@ PATCH = Patch(
             when=BLOCK_HASHER_SINCE,
             answers="vllm.utils.hashing.get_hash_fn_by_name exists, and "
             "vllm.v1.core.kv_cache_utils has init_none_hash and get_request_block_hasher",
+            fact=Fact(
+                "default-value", "vllm.config.cache", "CacheConfig", "enable_prefix_caching", value="True",
+                needs=(
+                    Fact("defines", "vllm.utils.hashing", name="get_hash_fn_by_name"),
+                    Fact("defines", "vllm.v1.core.kv_cache_utils", name="get_request_block_hasher"),
+                    Fact("defines", "vllm.v1.core.kv_cache_utils", name="init_none_hash"),
+                ),
+            ),
         ),
         Edit(
             RequestBlockHasher,
             when=BLOCK_HASHER_SINCE,
             answers="Request.__init__ accepts block_hasher (needed: enable_prefix_caching defaults to True)",
+            fact=Fact(
+                "default-value", "vllm.config.cache", "CacheConfig", "enable_prefix_caching", value="True",
+                needs=(Fact("has-param", "vllm.v1.request", "Request.__init__", "block_hasher"),),
+            ),
         ),
     ),
     examples=(

@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Patch
+from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -126,11 +126,13 @@ PATCH = Patch(
             CapturedStatesSingleReply,
             when=SINGLE_REPLY_SINCE,
             answers="collective_rpc(..., unique_reply_rank=r) returns the single reply, not a one-element list",
+            fact=Fact("returns-first-item", "vllm.v1.executor.multiproc_executor", "MultiprocExecutor.collective_rpc"),
         ),
         Edit(
             CapturedStatesEmptinessTest,
             when=EMPTINESS_TEST_SINCE,
             answers="the captured-states reply holds tensors, whose truth value is ambiguous",
+            fact=Fact("returns-first-item", "vllm.v1.executor.multiproc_executor", "MultiprocExecutor.collective_rpc"),
         ),
     ),
     examples=(

@@ -10,7 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg, remove_keyword
-from patcher.model import Edit, Example, Patch
+from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -107,16 +107,19 @@ PATCH = Patch(
             SchedulerBlockSize,
             when=SCHEDULER_BLOCK_SIZE_SINCE,
             answers="Scheduler.__init__ requires block_size",
+            fact=Fact("required-param", "vllm.v1.core.sched.scheduler", "Scheduler.__init__", "block_size"),
         ),
         Edit(
             SchedulerConfigEncoderDecoder,
             when=SCHEDULER_CONFIG_ENCODER_DECODER_SINCE,
             answers="SchedulerConfig requires the init-only field is_encoder_decoder",
+            fact=Fact("field-required", "vllm.config.scheduler", "SchedulerConfig", "is_encoder_decoder"),
         ),
         Edit(
             KvCacheConfigWithoutSpecs,
             when=KV_CACHE_CONFIG_NO_SPECS_SINCE,
             answers="get_kv_cache_config_from_groups has no parameter kv_cache_specs",
+            fact=Fact("lacks-param", "vllm.v1.core.kv_cache_utils", "get_kv_cache_config_from_groups", "kv_cache_specs"),
         ),
     ),
     examples=(

@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
-from patcher.model import Edit, Example, Patch
+from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -39,6 +39,7 @@ PATCH = Patch(
             SchedulerConfigAsyncOff,
             when={"vllm": ">=0.11.0"},
             answers="SchedulerConfig has a field async_scheduling",
+            fact=Fact("defines", "vllm.config.scheduler", "SchedulerConfig", "async_scheduling"),
         ),
     ),
     examples=(

