@@ -121,10 +121,10 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
             out.progress("note: host keys are not checked (--ssh-option StrictHostKeyChecking=no)")
     if quiet:
         progress = None
-    elif sys.stderr.isatty() and not os.environ.get("TERM", "") == "dumb":
+    elif sys.stderr.isatty() and os.environ.get("TERM", "") != "dumb" and len(hosts) > 1:
         progress = LiveProgress()
     else:
-        progress = PlainProgress(out.progress)
+        progress = PlainProgress(out.progress, announce_done=len(hosts) > 1)
     interrupted = False
     with shared_transforms():
         try:
@@ -338,6 +338,10 @@ def forget(python, remote, forget_all, lock_timeout, json_mode, quiet) -> None:
 from .demo.command import demo  # noqa: E402  (the main job: `patcher demo`)
 
 main.add_command(demo)
+
+from .upstream.command import check_upstream  # noqa: E402
+
+main.add_command(check_upstream)
 
 if __name__ == "__main__":
     main()

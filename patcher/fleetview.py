@@ -19,8 +19,9 @@ def _label(status: str) -> str:
 class PlainProgress(FleetProgress):
     """One line per step and per finished host: for logs and pipes."""
 
-    def __init__(self, echo) -> None:
+    def __init__(self, echo, announce_done: bool = True) -> None:
         self.echo = echo
+        self.announce_done = announce_done  # one host: its full report follows anyway
         self.lock = threading.Lock()
 
     def host_step(self, host, message: str) -> None:
@@ -29,6 +30,8 @@ class PlainProgress(FleetProgress):
 
     def host_done(self, result: HostResult) -> None:
         r = result.report
+        if not self.announce_done:
+            return
         with self.lock:
             self.echo(f"{result.host.name}: {_label(r.status)}" + (f": {r.message}" if r.message else ""))
 

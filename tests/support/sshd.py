@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,16 +51,19 @@ def free_port(address: str) -> int:
 class SshServer:
     """One sshd on `address` (127.0.0.x), logging to <dir>/sshd.log."""
 
-    def __init__(self, directory: Path, address: str, authorized: dict[str, str]) -> None:
+    def __init__(self, directory: Path, address: str, authorized: dict[str, str], port: int | None = None) -> None:
         assert address.startswith(LOOPBACK_PREFIX), f"tests use loopback addresses only, not {address}"
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.address = address
-        self.port = free_port(address)
+        self.port = port or free_port(address)
         self.host_key = self.dir / "ssh_host_ed25519_key"
         keygen(self.host_key, f"host-{address}")
-        keys = self.dir / "authorized_keys"
-        keys.mkdir(exist_ok=True)
+        # sshd reads authorized keys as the logging-in user: keep them where any user can read
+        # (pytest's temporary folders are private to root).
+        keys = Path(tempfile.mkdtemp(prefix="patcher-sshd-keys-", dir="/tmp"))
+        os.chmod(keys, 0o755)
+        self.keys_dir = keys
         for user, public_key in authorized.items():
             (keys / user).write_text(public_key)
             os.chmod(keys / user, 0o644)
@@ -148,6 +152,10 @@ class SshServer:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.keys_dir, ignore_errors=True)
 
     def new_host_key(self) -> None:
         """Regenerate the host key and restart: what a reinstalled host (or an attacker) looks like."""

@@ -1,0 +1,515 @@
+"""Remote hosts and fleets, over real OpenSSH servers on loopback addresses (127.0.0.x) started
+by these tests, with the real ssh client and a client configuration of their own (never ~/.ssh).
+Each "host" is its own sshd with its own host key and its own light target environment.
+
+Faults are made with real processes: nothing listening, a server that never answers, a wrong
+key, a regenerated host key, a missing interpreter, the connection killed while the agent is
+in an apply, a login user who cannot write the environment, sudo with and without rights.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from patcher.registry import load_patches
+from tests.support.envs import light_env, site_file
+from tests.support.sshd import SshClient, SshServer, ensure_user, free_port, why_no_sshd
+
+pytestmark = pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
+
+TARGETS = sorted({p.target.path for p in load_patches()})
+_numbers = itertools.count(2)
+
+
+def next_address() -> str:
+    number = next(_numbers)
+    assert number < 255, "out of loopback addresses for this session"
+    return f"127.0.0.{number}"
+
+
+def patcher(*args: str, cwd: Path, timeout: float = 300) -> tuple[int, dict | None, str]:
+    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}  # never the user's agent
+    proc = subprocess.run(
+        [sys.executable, "-m", "patcher.cli", *args],
+        capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout,
+    )  # fmt: skip
+    doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
+    return proc.returncode, doc, proc.stderr
+
+
+def files(python: Path) -> dict[str, bytes]:
+    return {rel: site_file(python, rel).read_bytes() for rel in TARGETS}
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def by_host(doc: dict) -> dict[str, dict]:
+    return {t["target"]: t for t in doc["targets"]}
+
+
+def comparable(target: dict) -> dict:
+    """A target's JSON entry without what names the machine (paths, labels)."""
+    return {
+        "status": target["status"],
+        "exit_code": target["exit_code"],
+        "message": target["message"],
+        "versions": target["versions"],
+        "patches": [(p["id"], p["state"], p["reason"]) for p in target["patches"]],
+        "files": [(f["path"], f["action"], f.get("patches")) for f in target["files"]],
+    }
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> SshClient:
+    return SshClient(tmp_path / "client")
+
+
+@pytest.fixture
+def servers(tmp_path: Path, client: SshClient):
+    started: list[SshServer] = []
+
+    def make(users=("root",), public_key: str | None = None, address: str | None = None) -> SshServer:
+        keys = {user: public_key or client.public_key for user in users}
+        server = SshServer(tmp_path / f"sshd{len(started)}", address or next_address(), keys)
+        started.append(server)
+        return server.start()
+
+    yield make
+    for server in started:
+        server.remove()
+
+
+@pytest.fixture
+def host_env(tmp_path: Path):
+    count = itertools.count()
+
+    def make() -> Path:
+        return light_env(tmp_path / f"host{next(count)}")
+
+    return make
+
+
+def spec(server: SshServer, user: str = "root") -> str:
+    return f"{user}@{server.address}:{server.port}"
+
+
+# ---------------------------------------------------------------- the ordinary path
+
+
+def test_one_host_behaves_exactly_as_local(tmp_path: Path, client, servers, host_env):
+    server = servers()
+    remote, local = host_env(), host_env()
+    pristine = files(remote)
+    target = ["--host", spec(server), "--python", str(remote), *client.args()]
+    for command in (["apply", "--no-verify"], ["status"], ["plan"], ["rollback"], ["status"]):
+        code_r, doc_r, err_r = patcher(*command, *target, "--json", cwd=tmp_path)
+        code_l, doc_l, err_l = patcher(*command, "--python", str(local), "--json", cwd=tmp_path)
+        assert code_r == code_l, (command, err_r, err_l)
+        entry_r, entry_l = doc_r["targets"][0], doc_l["targets"][0]
+        assert entry_r["target"] == spec(server)
+        assert entry_r["host"] == spec(server) and entry_r["started"] is True
+        assert entry_r["python"] == str(remote)
+        assert comparable(entry_r) == comparable(entry_l), command
+        assert files(remote) == files(local), command
+        if command[0] == "apply":
+            assert entry_r["status"] == "changed"
+            assert files(remote) != pristine
+    assert files(remote) == pristine  # rolled back to the byte
+    assert not (tmp_path / "patcher.retry").exists()
+
+
+def test_several_hosts_json_per_host_retry_file_and_rerun_from_it(tmp_path: Path, client, servers, host_env):
+    up = [servers() for _ in range(3)]
+    envs = [host_env() for _ in up]
+    down_address = next_address()
+    down_port = free_port(down_address)  # nothing listens there (yet)
+    down_env = host_env()
+    inventory = tmp_path / "hosts.ini"
+    lines = ["[gpus]"] + [f"{spec(s)} ansible_python_interpreter={e}" for s, e in zip(up, envs)]
+    lines += ["[late]", f"gpu-late ansible_host={down_address} ansible_port={down_port} ansible_user=root "
+              f"ansible_python_interpreter={down_env}"]  # fmt: skip
+    inventory.write_text("\n".join(lines) + "\n")
+    pristine = files(down_env)
+
+    code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path)
+    assert code == 4, err
+    assert doc["exit_code"] == 4
+    hosts = by_host(doc)
+    assert list(hosts) == [spec(s) for s in up] + ["gpu-late"]
+    assert [hosts[spec(s)]["status"] for s in up] == ["changed"] * 3
+    assert hosts["gpu-late"]["status"] == "unreachable" and hosts["gpu-late"]["exit_code"] == 4
+    assert "connection refused" in hosts["gpu-late"]["message"]
+    assert doc["summary"]["changed"] == 3 and doc["summary"]["unreachable"] == 1
+    assert all(files(e) != pristine for e in envs) and files(down_env) == pristine
+    retry = (tmp_path / "patcher.retry").read_text()
+    hosts_in_retry = [line for line in retry.splitlines() if line and not line.startswith("#")]
+    assert hosts_in_retry == [
+        f"gpu-late ansible_host={down_address} ansible_user=root ansible_port={down_port} "
+        f"ansible_python_interpreter={down_env}"
+    ]
+    assert "unreachable 1" in err  # the per-host summary on stderr
+
+    late = SshServer(tmp_path / "sshd-late", down_address, {"root": client.public_key}, port=down_port)
+    late.start()
+    try:
+        code, doc, err = patcher("apply", "--no-verify", "-i", "patcher.retry", *client.args(), "--json", cwd=tmp_path)
+        assert code == 0, err
+        assert [t["target"] for t in doc["targets"]] == ["gpu-late"]
+        assert doc["targets"][0]["status"] == "changed"
+        assert files(down_env) == files(envs[0])
+        assert not (tmp_path / "patcher.retry").exists()  # everything succeeded: the old list is gone
+    finally:
+        late.remove()
+
+
+def test_yaml_inventory_with_nested_groups_and_per_host_python(tmp_path: Path, client, servers, host_env):
+    first, second = servers(), servers()
+    env_first, env_second = host_env(), host_env()
+    inventory = tmp_path / "fleet.yml"
+    inventory.write_text(
+        "all:\n"
+        "  vars:\n"
+        "    ansible_user: root\n"
+        "  children:\n"
+        "    gpus:\n"
+        "      vars:\n"
+        f"        ansible_python_interpreter: {env_first}\n"
+        "      hosts:\n"
+        f"        one: {{ansible_host: {first.address}, ansible_port: {first.port}}}\n"
+        "      children:\n"
+        "        special:\n"
+        "          hosts:\n"
+        f"            two: {{ansible_host: {second.address}, ansible_port: {second.port}}}\n"
+        "          vars:\n"
+        f"            ansible_python_interpreter: {env_second}\n"
+    )
+    code, doc, err = patcher("status", "-i", str(inventory), *client.args(), "--python", "/nonexistent", "--json",
+                             cwd=tmp_path)  # fmt: skip
+    assert code == 0, err
+    assert {t["target"]: t["python"] for t in doc["targets"]} == {"one": str(env_first), "two": str(env_second)}
+
+
+def test_serial_batches_and_max_fail_stop_the_rollout(tmp_path: Path, client, servers, host_env):
+    hosts = [servers() for _ in range(4)]
+    envs = [host_env() for _ in hosts]
+    pristine = files(envs[0])
+    inventory = tmp_path / "hosts"
+    pythons = [envs[0], "/nonexistent/bin/python3", envs[2], envs[3]]  # the second host is broken
+    inventory.write_text("".join(f"{spec(s)} ansible_python_interpreter={p}\n" for s, p in zip(hosts, pythons)))
+
+    code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), "--serial", "2", "--max-fail", "0",
+                             *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    assert code == 2, err  # the worst host: no python there (usage)
+    statuses = [t["status"] for t in doc["targets"]]
+    assert statuses == ["changed", "failed", "skipped", "skipped"]
+    assert [t["started"] for t in doc["targets"]] == [True, True, False, False]
+    assert "no python at /nonexistent/bin/python3" in doc["targets"][1]["message"]
+    assert "rollout stopped" in doc["targets"][2]["message"] and "--max-fail 0%" in doc["targets"][2]["message"]
+    assert files(envs[2]) == pristine and files(envs[3]) == pristine  # never touched
+    assert doc["summary"]["skipped"] == 2
+    retry = [line.split()[0] for line in (tmp_path / "patcher.retry").read_text().splitlines() if not line.startswith("#")]
+    assert retry == [spec(s) for s in hosts[1:]]
+    assert "skipped" in err
+
+    # 1 of 2 failing is 50%: not above --max-fail 50, so every batch runs
+    code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), "--serial", "2", "--max-fail", "50",
+                             "--forks", "1", *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    assert code == 2, err
+    assert [t["status"] for t in doc["targets"]] == ["ok", "failed", "changed", "changed"]
+
+
+def test_hostile_host_strings_and_paths_are_refused_before_any_ssh(tmp_path: Path, client, servers, host_env):
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    marker = tmp_path / "ssh-was-run"
+    (fake_bin / "ssh").write_text(f"#!/bin/sh\ntouch {marker}\nexit 255\n")
+    (fake_bin / "ssh").chmod(0o755)
+    hostile = [
+        "-oProxyCommand=touch /tmp/pwned",
+        "root@-oProxyCommand=x",
+        "-root@127.0.0.2",
+        "127.0.0.2;touch x",
+        "127.0.0.2 -p 22",
+        "127.0.0.2\nid",
+        "a$(id)",
+        "`id`@127.0.0.2",
+        "127.0.0.2:99999",
+        "127.0.0.2:22:33",
+        "[::1",
+    ]
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    for host in hostile:
+        proc = subprocess.run([sys.executable, "-m", "patcher.cli", "status", "--host", host],
+                              capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
+        assert proc.returncode == 2, (host, proc.stderr)
+        assert "refusing" in proc.stderr or "error" in proc.stderr, host
+        assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr
+    inventory = tmp_path / "bad.ini"
+    inventory.write_text("good.example\nevil ansible_host='x;reboot'\n")
+    proc = subprocess.run([sys.executable, "-m", "patcher.cli", "apply", "-i", str(inventory)],
+                          capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
+    assert proc.returncode == 2 and "evil" in proc.stderr and "refusing host 'x;reboot'" in proc.stderr
+    for option in ("-oProxyCommand=x", "ProxyCommand", "BatchMode=no"):
+        proc = subprocess.run([sys.executable, "-m", "patcher.cli", "status", "--host", "h.example",
+                               "--ssh-option", option], capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
+        assert proc.returncode == 2, (option, proc.stderr)
+    assert not marker.exists()
+
+    # A remote interpreter path is one quoted word: the remote shell runs nothing in it.
+    server = servers()
+    trap = tmp_path / "trap"
+    python = f"/nonexistent dir/$(touch {trap})/`touch {trap}`;touch {trap}/python3"
+    code, doc, err = patcher("status", "--host", spec(server), "--python", python, *client.args(), "--json",
+                             cwd=tmp_path)  # fmt: skip
+    assert code == 2, err
+    assert "no python at" in doc["targets"][0]["message"]
+    assert not trap.exists()
+
+
+# ---------------------------------------------------------------- faults with real processes
+
+
+def test_unreachable_hosts_fail_fast_while_the_others_finish(tmp_path: Path, client, servers, host_env):
+    good = servers()
+    env = host_env()
+    closed = next_address()
+    silent_address = next_address()
+    silent = socket.socket()
+    silent.bind((silent_address, 0))
+    silent.listen(8)  # accepts TCP, never says a word of SSH
+    try:
+        started = time.monotonic()
+        code, doc, err = patcher(
+            "status", "--host", spec(good), "--host", f"root@{closed}:{free_port(closed)}",
+            "--host", f"root@{silent_address}:{silent.getsockname()[1]}",
+            "--python", str(env), "--connect-timeout", "2", *client.args(), "--json", cwd=tmp_path,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    finally:
+        silent.close()
+    assert code == 4, err
+    statuses = [(t["status"], t["exit_code"]) for t in doc["targets"]]
+    assert statuses == [("ok", 0), ("unreachable", 4), ("unreachable", 4)]
+    assert "connection refused" in doc["targets"][1]["message"]
+    assert "timed out" in doc["targets"][2]["message"]
+    assert elapsed < 30
+
+
+def test_refused_authentication(tmp_path: Path, client, servers, host_env):
+    stranger = SshClient(tmp_path / "stranger")
+    server = servers(public_key=stranger.public_key)  # the server knows another key
+    env = host_env()
+    code, doc, err = patcher("apply", "--host", spec(server), "--python", str(env), *client.args(), "--json",
+                             cwd=tmp_path)  # fmt: skip
+    assert code == 4, err
+    target = doc["targets"][0]
+    assert target["status"] == "unreachable"
+    assert target["message"].startswith("authentication refused for root")
+
+
+def test_changed_host_key_is_refused_and_says_how_to_fix_it(tmp_path: Path, client, servers, host_env):
+    server, other = servers(), servers()
+    env, other_env = host_env(), host_env()
+    args = ["--host", spec(server), "--python", str(env), *client.args()]
+    code, doc, err = patcher("status", *args, cwd=tmp_path)
+    assert code == 0, err  # accept-new: the first key is recorded
+    assert f"[{server.address}]:{server.port}" in client.known_hosts.read_text()
+    pristine = files(env)
+    server.new_host_key()
+    inventory = tmp_path / "two"
+    inventory.write_text(f"{spec(server)} ansible_python_interpreter={env}\n"
+                         f"{spec(other)} ansible_python_interpreter={other_env}\n")  # fmt: skip
+    code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path)
+    assert code == 4, err
+    changed, fine = doc["targets"]
+    assert changed["status"] == "unreachable"
+    assert changed["message"] == (
+        f"host key changed: check it, then remove the old key with ssh-keygen -R '[{server.address}]:{server.port}'"
+    )
+    assert fine["status"] == "changed"
+    assert files(env) == pristine
+    # strict checking asked for by the user wins over patcher's accept-new
+    newcomer = servers()
+    code, doc, err = patcher("status", "--host", spec(newcomer), "--python", str(env), *client.args(),
+                             "--ssh-option", "StrictHostKeyChecking=yes", "--json", cwd=tmp_path)  # fmt: skip
+    assert code == 4 and "host key unknown" in doc["targets"][0]["message"], err
+
+
+def test_missing_remote_python(tmp_path: Path, client, servers):
+    server = servers()
+    code, doc, err = patcher("apply", "--host", spec(server), "--python", "/opt/nowhere/bin/python3",
+                             *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    assert code == 2, err
+    assert doc["targets"][0]["message"].startswith("no python at /opt/nowhere/bin/python3 on 127.0.0.")
+    assert "--python" in doc["targets"][0]["message"]
+
+
+def _holders(path: Path) -> list[int]:
+    """Pids of processes with `path` open (the agent waiting for its lock)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) == str(path):
+                    found.append(int(proc.name))
+                    break
+        except OSError:
+            continue
+    return found
+
+
+def test_connection_dropped_during_apply(tmp_path: Path, client, servers, host_env):
+    server = servers()
+    env = host_env()
+    pristine = files(env)
+    lock = env.parent.parent / "share" / "patcher" / "lock"
+    lock.parent.mkdir(parents=True)
+    holder = open(lock, "w")
+    fcntl.flock(holder, fcntl.LOCK_EX)  # the agent's apply waits here, connection open
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "patcher.cli", "apply", "--no-verify", "--host", spec(server),
+             "--python", str(env), "--lock-timeout", "60", *client.args(), "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not _holders(lock) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        agents = _holders(lock)
+        assert agents, "the agent never reached its lock"
+        assert server.drop_connections()  # the connection dies in the middle of the apply
+        out, err = proc.communicate(timeout=60)
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        holder.close()
+    assert proc.returncode == 4, err
+    target = json.loads(out)["targets"][0]
+    assert target["status"] == "unreachable"
+    assert target["message"].startswith("connection lost")
+    assert "outcome of this apply" in target["message"] and "patcher status --host" in target["message"]
+    # The orphaned agent may still finish its transaction: wait for it, then every file is
+    # either its old or its new bytes, never anything between, and patcher knows which.
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() for pid in agents) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    reference = host_env()
+    patcher("apply", "--no-verify", "--python", str(reference), cwd=tmp_path)
+    patched = files(reference)
+    for rel in TARGETS:
+        assert files(env)[rel] in (pristine[rel], patched[rel]), rel
+    assert not [p for p in site_file(env, "speculators").rglob(".patcher-*")]
+    code, doc, err = patcher("apply", "--no-verify", "--host", spec(server), "--python", str(env),
+                             *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    assert code == 0, err
+    assert files(env) == patched
+    code, doc, err = patcher("rollback", "--host", spec(server), "--python", str(env), *client.args(), cwd=tmp_path)
+    assert code == 0, err
+    assert files(env) == pristine
+
+
+# ---------------------------------------------------------------- users who are not root
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.fixture
+def shared_env(tmp_path: Path, host_env):
+    """A root-owned target environment that other users can run but not write: built on the
+    system Python (the test's own Python lives under /root, which other users cannot enter)."""
+    if not Path(SYSTEM_PYTHON).exists():
+        pytest.skip(f"no {SYSTEM_PYTHON} for a target environment other users can run")
+    template = host_env()
+    root = Path(tempfile.mkdtemp(prefix="patcher-shared-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    env = root / "env"
+    subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next((env / "lib").glob("python3.*/site-packages"))
+    source = next((template.parent.parent / "lib").glob("python3.*/site-packages"))
+    shutil.rmtree(site)
+    shutil.copytree(source, site, symlinks=True)
+    for path in [root, *root.rglob("*")]:
+        mode = path.lstat().st_mode
+        if not stat.S_ISLNK(mode):
+            os.chmod(path, (mode & ~0o022) | (0o755 if stat.S_ISDIR(mode) or mode & 0o100 else 0o644))
+    yield env / "bin" / "python"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_environment_not_writable_for_the_login_user(tmp_path: Path, client, servers, shared_env):
+    ensure_user("patcher-plain")
+    server = servers(users=("patcher-plain",))
+    pristine = files(shared_env)
+    code, doc, err = patcher("apply", "--no-verify", "--host", spec(server, "patcher-plain"),
+                             "--python", str(shared_env), *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    assert code == 1, err
+    target = doc["targets"][0]
+    assert target["status"] == "failed"
+    assert "not writable" in target["message"] or "cannot create" in target["message"] or "Permission" in target["message"]
+    assert target["message"].endswith("try --sudo")
+    assert files(shared_env) == pristine
+    # status needs no write: it works for the same user
+    code, doc, err = patcher("status", "--host", spec(server, "patcher-plain"), "--python", str(shared_env),
+                             *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    assert code == 0, err
+    assert doc["targets"][0]["versions"] == {"speculators": "0.3.0", "vllm": "0.16.0"}
+
+
+@pytest.fixture
+def sudoer():
+    if not shutil.which("sudo"):
+        pytest.skip("sudo is not installed (apt-get install sudo): --sudo cannot be tried")
+    if not Path("/etc/sudoers.d").is_dir():
+        pytest.skip("no /etc/sudoers.d to grant the test user passwordless sudo")
+    ensure_user("patcher-sudo")
+    rule = Path(f"/etc/sudoers.d/patcher-test-{os.getpid()}")
+    rule.write_text("patcher-sudo ALL=(root) NOPASSWD: ALL\n")
+    rule.chmod(0o440)
+    try:
+        check = subprocess.run(["sudo", "-n", "-u", "patcher-sudo", "sudo", "-n", "true"], capture_output=True)
+        if check.returncode != 0:
+            pytest.skip(f"sudo does not honour /etc/sudoers.d here: {check.stderr.decode().strip()}")
+        yield "patcher-sudo"
+    finally:
+        rule.unlink(missing_ok=True)
+
+
+def test_sudo_runs_the_remote_side_as_root_without_prompting(tmp_path: Path, client, servers, shared_env, sudoer):
+    ensure_user("patcher-plain")
+    server = servers(users=(sudoer, "patcher-plain"))
+    pristine = files(shared_env)
+    code, doc, err = patcher("apply", "--no-verify", "--sudo", "--host", spec(server, sudoer),
+                             "--python", str(shared_env), *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    assert code == 0, err
+    assert doc["targets"][0]["status"] == "changed"
+    assert files(shared_env) != pristine
+    target = site_file(shared_env, TARGETS[0])
+    assert target.stat().st_uid == 0  # owner kept
+    # a user without sudo rights: refused at once, never a password prompt
+    code, doc, err = patcher("rollback", "--sudo", "--host", spec(server, "patcher-plain"),
+                             "--python", str(shared_env), *client.args(), "--json", cwd=tmp_path, timeout=60)  # fmt: skip
+    assert code == 2, err
+    assert doc["targets"][0]["message"].startswith("sudo -n refused")
+    code, doc, err = patcher("rollback", "--sudo", "--host", spec(server, sudoer), "--python", str(shared_env),
+                             *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    assert code == 0, err
+    assert files(shared_env) == pristine
