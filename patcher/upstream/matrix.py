@@ -1,0 +1,119 @@
+"""Each patch against each release of the distribution it patches: what would its codemods do?
+
+A file is transformed once per release, by every patch that targets it, in canonical order,
+with all of their edits (vLLM's side is the gates' business, see gates.py): exactly what
+`apply` does on the newest vLLM. The condition on the patched distribution then decides:
+
+    applies            selected, and its codemods rewrite the file
+    already-satisfied  selected, and the file already has the patched shape (fixed upstream)
+    anchor-missing     selected, and a codemod does not find what it anchors on: drift
+    not-selected       outside the patch's condition, or the release does not ship the file;
+                       what the codemods would say there is still shown, for information
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from ..model import Patch
+from ..selection import condition_holds
+from ..transforms import transform_source
+from .sources import ReleaseFiles
+
+STATUS_FROM_OUTCOME = {"applied": "applies", "already-satisfied": "already-satisfied", "anchor-missing": "anchor-missing"}
+
+
+@dataclass
+class Cell:
+    patch_id: str
+    distribution: str
+    version: str
+    file: str
+    status: str  # applies | already-satisfied | anchor-missing | not-selected | unreadable
+    selected: bool
+    reason: str  # why (not) selected, or what is missing
+    codemod: str = ""  # what the codemods say regardless of selection: applied|already-satisfied|anchor-missing|no file
+    edits: dict[str, str] = field(default_factory=dict)
+    message: str = ""
+
+    @property
+    def drift(self) -> bool:
+        return self.selected and self.status == "anchor-missing"
+
+    def to_json(self) -> dict:
+        return {
+            "patch": self.patch_id,
+            "distribution": self.distribution,
+            "version": self.version,
+            "file": self.file,
+            "status": self.status,
+            "selected": self.selected,
+            "reason": self.reason,
+            "codemod": self.codemod,
+            "edits": self.edits,
+            "message": self.message,
+        }
+
+
+def first_in_range(spec: str, releases: Sequence[str]) -> str | None:
+    hits = [r for r in releases if condition_holds(spec, r)]
+    return min(hits, key=Version) if hits else None
+
+
+def window(patch: Patch, releases: Sequence[str], since: str | None) -> list[str]:
+    """The patch's own range on its distribution, and every newer release (or from `since` on)."""
+    distribution = patch.target.distribution
+    if since is None:
+        spec = patch.requires.get(distribution)
+        start = first_in_range(spec, releases) if spec else None
+        if start is None and spec:  # no release in range: from the range's lower bound on
+            lows = [s.version for s in SpecifierSet(spec) if s.operator in (">=", ">", "==", "~=")]
+            start = min(lows, key=Version) if lows else None
+        since = start
+    return [r for r in releases if since is None or Version(r) >= Version(since)]
+
+
+def release_cells(
+    patches: Sequence[Patch],
+    distribution: str,
+    version: str,
+    files: ReleaseFiles,
+    in_window: Callable[[Patch], bool],
+) -> list[Cell]:
+    """Every cell of one release: one transform per target file."""
+    cells: list[Cell] = []
+    by_file: dict[str, list[Patch]] = {}
+    for patch in patches:
+        if patch.target.distribution == distribution and in_window(patch):
+            by_file.setdefault(patch.target.path, []).append(patch)
+    for path, group in by_file.items():
+        source = files.read(path)
+        outcomes = {}
+        if source is not None:
+            result = transform_source(source, [(p, p.edits) for p in group], filename=path)
+            outcomes = {o.patch_id: o for o in result.outcomes}
+        for patch in group:
+            spec = patch.requires.get(distribution)
+            in_range = spec is None or condition_holds(spec, version)
+            outcome = outcomes.get(patch.id)
+            codemod = outcome.outcome if outcome else "no file"
+            edits = dict(outcome.edits) if outcome else {}
+            message = outcome.message if outcome else ""
+            if source is None:
+                status, selected = "not-selected", False
+                reason = f"{distribution} {version} does not ship {path}"
+            elif not in_range:
+                status, selected = "not-selected", False
+                reason = f"{distribution} {version} does not satisfy {spec}"
+                if patch.fixed_in:
+                    reason += f" (fixed upstream in {patch.fixed_in})"
+            else:
+                selected = True
+                status = STATUS_FROM_OUTCOME[codemod]
+                reason = f"{distribution} {version} satisfies {spec}" if spec else "no condition on " + distribution
+            cells.append(Cell(patch.id, distribution, version, path, status, selected, reason, codemod, edits, message))
+    return cells

@@ -1,0 +1,226 @@
+"""check-upstream's report on the terminal (rich, stderr) and as Markdown (a CI job summary)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from packaging.version import Version
+
+from .check import CheckReport
+from .gates import GateCheck
+
+CELL_TEXT = {
+    "applies": ("applies", "green"),
+    "already-satisfied": ("fixed upstream", "cyan"),
+    "anchor-missing": ("DRIFT", "bold red"),
+    "not-selected": ("not selected", "dim"),
+}
+CODEMOD_SHORT = {"applied": "applies", "already-satisfied": "satisfied", "anchor-missing": "anchor missing", "no file": "no file"}
+
+
+def _versions(values) -> list[str]:
+    return sorted(set(values), key=Version)
+
+
+def _short(patch_id: str) -> str:
+    return patch_id.split("-", 1)[0]
+
+
+def _span(versions: list[str]) -> str:
+    if len(versions) <= 3:
+        return ", ".join(versions)
+    return f"{versions[0]} … {versions[-1]} ({len(versions)})"
+
+
+def matrix_rows(report: CheckReport):
+    """(distribution, version) -> {patch: cell}, plus the patches in order."""
+    patches: list[str] = []
+    rows: dict[tuple[str, str], dict[str, object]] = defaultdict(dict)
+    for cell in report.cells:
+        if cell.patch_id not in patches:
+            patches.append(cell.patch_id)
+        rows[(cell.distribution, cell.version)][cell.patch_id] = cell
+    order = sorted(rows, key=lambda dv: (dv[0], Version(dv[1])))
+    return patches, order, rows
+
+
+def cell_text(cell) -> str:
+    text = CELL_TEXT[cell.status][0]
+    if cell.status == "not-selected":
+        text += f" ({CODEMOD_SHORT.get(cell.codemod, cell.codemod)})"
+    return text
+
+
+def not_selected_reasons(report: CheckReport) -> list[str]:
+    """Reasons grouped over releases: 'v1, v2 … on speculators 0.5.0 … 0.9.0: <why>'."""
+    grouped: dict[tuple[str, str], list[str]] = defaultdict(list)
+    patches_by: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for cell in report.cells:
+        if cell.status == "not-selected":
+            why = cell.reason.removeprefix(f"{cell.distribution} {cell.version} ")
+            grouped[(why, cell.distribution)].append(cell.version)
+            patches_by[(why, cell.distribution)].add(_short(cell.patch_id))
+    out = []
+    for (why, dist), versions in grouped.items():
+        shown = ", ".join(sorted(patches_by[(why, dist)], key=lambda s: int(s[1:])))
+        out.append(f"{shown} on {dist} {_span(_versions(versions))}: {why}")
+    return out
+
+
+def short_fact(check: GateCheck) -> str:
+    """The fact without its module path (the JSON and Markdown carry it)."""
+    fact = check.fact
+    return fact.describe().replace(fact.module + ".", "", 1) if fact.qualname else fact.describe()
+
+
+def holds_ranges(check: GateCheck) -> str:
+    """Runs of consecutive releases read where the fact holds: "0.12.0–0.32.0"."""
+    runs: list[list[str]] = []
+    previous = False
+    for version, verdict in check.holds.items():
+        if verdict.holds:
+            if previous:
+                runs[-1].append(version)
+            else:
+                runs.append([version])
+        previous = verdict.holds
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs) or "none"
+
+
+def timeline(check: GateCheck) -> str:
+    return "".join("✓" if v.holds else "·" for v in check.holds.values())
+
+
+def read_summary(report: CheckReport) -> list[str]:
+    out = []
+    for dist, reads in report.reads.items():
+        by_wheel: dict[str, list[str]] = defaultdict(list)
+        for version, read in reads.items():
+            by_wheel[read.wheel if not read.error else f"{read.wheel} (unreadable)"].append(version)
+        parts = [f"{wheel} wheels: {_span(_versions(vs))}" for wheel, vs in sorted(by_wheel.items())]
+        out.append(f"{dist} sources read from " + "; ".join(parts))
+    return out
+
+
+def first_label(check: GateCheck, report: CheckReport) -> str:
+    if check.first is None:
+        return "never (in the releases read)"
+    read = report.reads.get(check.fact.distribution, {}).get(check.first) if check.fact else None
+    wheel = f" ({read.wheel})" if read else ""
+    oldest = next(iter(check.holds), None)
+    return f"{'≤' if check.first == oldest else ''}{check.first}{wheel}"
+
+
+# ---------------------------------------------------------------------- terminal
+
+
+def render_terminal(report: CheckReport, quiet: bool = False) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal:  # CI logs: wide enough for the tables
+        console.width = max(console.width, 160)
+    if report.exit_code == 4:
+        console.print(f"[bold red]error:[/] {report.message}")
+        return
+    if not quiet:
+        patches, order, rows = matrix_rows(report)
+        table = Table(title="patches × releases of the patched distribution")
+        table.add_column("release")
+        for patch_id in patches:
+            table.add_column(_short(patch_id))
+        for dv in order:
+            cells = []
+            for patch_id in patches:
+                cell = rows[dv].get(patch_id)
+                if cell is None:
+                    cells.append("")
+                    continue
+                cells.append(f"[{CELL_TEXT[cell.status][1]}]{cell_text(cell)}[/]")
+            table.add_row(f"{dv[0]} {dv[1]}", *cells)
+        console.print(table)
+        for line in not_selected_reasons(report):
+            console.print(f"  [dim]{line}[/]")
+
+        gates = Table(title="gates: the first release where each edit's fact holds")
+        for column in ("patch", "edit", "fact", "gate", "first release", "holds in", ""):
+            gates.add_column(column)
+        for check in report.gates:
+            status = "[green]ok[/]" if check.ok else "[bold red]WRONG[/]"
+            gates.add_row(
+                _short(check.patch_id),
+                check.edit,
+                short_fact(check) if check.fact else "[red](no fact declared)[/]",
+                check.gate or "any",
+                first_label(check, report),
+                holds_ranges(check) if check.fact else "",
+                status,
+            )
+        console.print(gates)
+        for line in read_summary(report):
+            console.print(f"  [dim]{line}[/]")
+        if report.nightlies:
+            nightly = Table(title="nightlies (fabricated metadata, selection only)")
+            nightly.add_column("vllm")
+            nightly.add_column("selected edits")
+            for check in report.nightlies:
+                chosen = ", ".join(f"{_short(p)}: {len(e)}" for p, e in check.selected.items() if e) or "none"
+                nightly.add_row(check.version, chosen)
+            console.print(nightly)
+    for problem in report.problems:
+        console.print(f"[bold red]error:[/] {problem}")
+    style = "green" if report.exit_code == 0 else "bold red"
+    console.print(f"[{style}]check-upstream: {report.message} (exit {report.exit_code})[/]")
+
+
+# ---------------------------------------------------------------------- markdown
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown(report: CheckReport) -> str:
+    lines = ["# patcher check-upstream", ""]
+    if report.exit_code == 4:
+        lines += [f"**The package index could not be reached:** {_md(report.message)}", ""]
+        return "\n".join(lines)
+    verdict = "passed" if report.exit_code == 0 else f"failed (exit {report.exit_code})"
+    lines += [f"**{verdict}**: {_md(report.message)}", ""]
+    if report.problems:
+        lines += ["## Problems", ""] + [f"- {_md(p)}" for p in report.problems] + [""]
+
+    patches, order, rows = matrix_rows(report)
+    lines += ["## Patches × releases", ""]
+    lines.append("| release | " + " | ".join(_short(p) for p in patches) + " |")
+    lines.append("|---" * (len(patches) + 1) + "|")
+    for dv in order:
+        cells = []
+        for patch_id in patches:
+            cell = rows[dv].get(patch_id)
+            text = "" if cell is None else cell_text(cell)
+            cells.append(f"**{text}**" if cell is not None and cell.drift else text)
+        lines.append(f"| {dv[0]} {dv[1]} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"- {_md(line)}" for line in not_selected_reasons(report)] + [""]
+
+    lines += ["## Gates", "", "| patch | edit | fact | gate | first release | holds in | status |", "|---|---|---|---|---|---|---|"]
+    for check in report.gates:
+        fact = _md(check.fact.describe()) if check.fact else "(no fact declared)"
+        lines.append(
+            f"| {_short(check.patch_id)} | {check.edit} | {fact} | `{_md(check.gate or 'any')}` | "
+            f"{first_label(check, report)} | `{timeline(check)}` | {'ok' if check.ok else '**WRONG**'} |"
+        )
+    lines.append("")
+    versions = _versions(v for check in report.gates for v in check.holds)
+    if versions:
+        lines.append(f"`holds in`: one mark per release read, {versions[0]} to {versions[-1]} (✓ holds, · does not).")
+    lines += [f"{_md(line)}." for line in read_summary(report)] + [""]
+    if report.nightlies:
+        lines += ["## Nightlies (fabricated metadata, selection only)", "", "| vllm | selected edits |", "|---|---|"]
+        for check in report.nightlies:
+            chosen = ", ".join(f"{_short(p)}: {', '.join(e)}" for p, e in check.selected.items() if e) or "none"
+            lines.append(f"| `{check.version}` | {_md(chosen)} |")
+        lines.append("")
+    return "\n".join(lines)
