@@ -13,7 +13,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.codemod import PatchCodemod, append_arg, keyword_arg
-from patcher.model import Edit, Example, Patch
+from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -59,6 +59,7 @@ PATCH = Patch(
             CacheConfigPrefixCachingOff,
             when=PREFIX_CACHING_DEFAULT_ON_SINCE,
             answers="CacheConfig.enable_prefix_caching defaults to True",
+            fact=Fact("default-value", "vllm.config.cache", "CacheConfig", "enable_prefix_caching", value="True"),
         ),
     ),
     examples=(

