@@ -88,6 +88,7 @@ class TargetPlan:
     conflicts: list[Conflict]
     notes: list[str]
     verify_files: list[dict]  # every file patched once the plan is carried out
+    cleanup: list[dict] = field(default_factory=list)  # files whose folder holds stale temporaries
     originals: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -146,6 +147,7 @@ def plan_target(
     conflicts: list[Conflict] = []
     notes: list[str] = []
     verify_files: list[dict] = []
+    cleanup: list[dict] = []
     originals: dict[str, str] = {}
     if facts.get("state_error"):
         conflicts.append(Conflict("corrupt-state", facts["state_error"]))
@@ -162,7 +164,14 @@ def plan_target(
             continue
         record = state_files.get(rel)
         current_sha = info["sha256"]
+        if info.get("temporaries"):
+            cleanup.append({"root": info["root"], "path": rel})
+            notes.append(f"{rel}: an interrupted run left {len(info['temporaries'])} temporary file(s) beside it")
         kind, applied, applied_edits = _classify(info, record)
+        interrupted = kind == "interrupted"
+        if interrupted:
+            kind = "patched"
+            notes.append(f"{rel}: an interrupted run left it patched but unrecorded; apply completes it")
         if kind == "replaced":
             notes.append(
                 f"{rel}: pip replaced it (now {p_dist(file_patches, dists)}); the earlier record is "
@@ -214,7 +223,12 @@ def plan_target(
         }
 
         outcomes: dict[str, str] = {}
-        if kind == "patched" and desired == applied and edits == {k: applied_edits.get(k) for k in desired}:
+        if (
+            kind == "patched"
+            and not interrupted
+            and desired == applied
+            and edits == {k: applied_edits.get(k) for k in desired}
+        ):
             outcomes = dict((record or {}).get("outcomes") or {pid: "applied" for pid in desired})
             new_content: str | None = info["content"]  # nothing to do: no parse at all
         elif not desired:
@@ -261,7 +275,9 @@ def plan_target(
                     ],
                 }
             )
-        adopting = kind == "modified" and force  # recorded even when no byte changes
+        # Adopting a hand edit, or completing an interrupted run, is recorded even when no
+        # byte changes.
+        adopting = (kind == "modified" and force) or interrupted
         if not adopting and (target_sha_matches or (new_content is None and kind != "patched")):
             continue
         changes.append(
@@ -291,6 +307,7 @@ def plan_target(
         conflicts=conflicts,
         notes=notes,
         verify_files=verify_files,
+        cleanup=cleanup,
         originals=originals,
     )
 
@@ -312,16 +329,17 @@ def _idle_state(p: Patch, sel: Selection, applied: list[str], rel: str, mode: st
 
 
 def _classify(info: dict, record: dict | None) -> tuple[str, list[str], dict[str, list[str]]]:
-    """pristine | patched | replaced | modified, with the patches the file carries now."""
+    """pristine | patched | interrupted | replaced | modified, with the patches the file carries."""
     current = info["sha256"]
     if record:
         if current == record.get("patched_sha256"):
             return "patched", list(record.get("patches", [])), dict(record.get("edits", {}))
         pending = record.get("pending")
         if pending and current == pending.get("sha256"):
-            # An interrupted run finished writing this file: it carries the pending set.
+            # An interrupted run wrote this file but did not record the result: it carries
+            # the pending set, not yet verified; the next apply rewrites it, verifies, records.
             if pending.get("patches"):
-                return "patched", list(pending["patches"]), dict(pending.get("edits", {}))
+                return "interrupted", list(pending["patches"]), dict(pending.get("edits", {}))
             return "pristine", [], {}
         if current == record.get("original_sha256"):
             return "pristine", [], {}

@@ -46,6 +46,8 @@ class TargetReport:
     files: list[dict] = field(default_factory=list)  # what changed (or would), with diffs on request
     problems: list[str] = field(default_factory=list)  # verification findings, conflicts
     state_dir: str | None = None
+    checkpoints: list[str] | None = None  # the agent's write steps, reported when a test asks
+
 
     def as_json(self) -> dict:
         return {
@@ -61,6 +63,7 @@ class TargetReport:
             "state_dir": self.state_dir,
             "files": self.files,
             "patches": [p.as_json() for p in self.patches],
+            **({"checkpoints": self.checkpoints} if self.checkpoints is not None else {}),
         }
 
 

@@ -3,6 +3,8 @@ verify, record (agent). The same path for every transport."""
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -97,6 +99,11 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         if not any(p.state in ("pending", "applied", "stale") for p in plan.patches) and not plan.pending:
             report.message = "no patch selected: " + _why_none(plan)
         return report
+    if not plan.pending and plan.cleanup:
+        transport.call({"op": "apply", "files": [], "cleanup": plan.cleanup, "lock_timeout": options.lock_timeout})
+        report.status = "changed"
+        report.message = "removed temporary files an interrupted run left; the patches were already in place"
+        return report
     if not plan.pending:
         report.message = "nothing to do: every selected patch is already in place"
         if not any(p.state in ("applied", "already-satisfied", "pending") for p in plan.patches):
@@ -110,11 +117,16 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     request = {
         "op": "apply",
         "files": [change.as_request() for change in plan.changes],
+        "cleanup": plan.cleanup,
         "verify": {"files": plan.verify_files, "import_prefixes": ["vllm"]} if verify else None,
         "lock_timeout": options.lock_timeout,
         "written_by": f"patcher {__version__}",
     }
+    fault = os.environ.get("PATCHER_FAULT")  # crash tests only: see remote/agent.py checkpoint()
+    if fault:
+        request["fault"] = json.loads(fault)
     result = transport.call(request)
+    report.checkpoints = result.get("checkpoints")
     changed_ids = {pid for change in plan.changes for pid in change.patches}
     if result["status"] == "rolled-back":
         report.status, report.exit_code = "rolled-back", EXIT_FAILED

@@ -86,6 +86,12 @@ class LocalTransport:
 
 
 def parse_answer(label: str, proc: subprocess.CompletedProcess) -> dict:
+    if proc.returncode < 0:
+        raise TransportError(
+            "unreachable",
+            f"{label}: the agent was killed by signal {-proc.returncode} before it answered; every "
+            "file is either its old or its new bytes: run `patcher status`, then the command again",
+        )
     lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
     try:
         answer = json.loads(lines[-1])

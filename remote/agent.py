@@ -47,6 +47,24 @@ BOOTSTRAP = (
 )
 
 
+# Fault injection for the crash tests: the request may name one point at which this process
+# kills itself with SIGKILL (or pauses), so tests can prove every write step is crash-safe.
+FAULT: dict = {}
+FAULT_POINTS: list = []  # every point passed, in order: the tests enumerate them from here
+
+
+def checkpoint(name: str) -> None:
+    FAULT_POINTS.append(name)
+    if FAULT.get("at") != name or FAULT_POINTS.count(name) != int(FAULT.get("nth", 1)):
+        return
+    if FAULT.get("action") == "pause":
+        time.sleep(float(FAULT.get("seconds", 5)))
+        return
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class AgentError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -114,6 +132,7 @@ def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
                     pass
         else:
             os.chmod(tmp, 0o644)
+        checkpoint("temp-written:" + os.path.basename(path))
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -122,6 +141,20 @@ def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
             pass
         raise
     fsync_dir(folder)
+
+
+def remove_stale_temporaries(folder: str) -> None:
+    """Temporary files an interrupted run left (we hold the lock: no live run owns them)."""
+    try:
+        entries = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.startswith(".patcher-") and entry.endswith(".tmp"):
+            try:
+                os.unlink(os.path.join(folder, entry))
+            except FileNotFoundError:
+                pass
 
 
 def inside(root: str, rel: str) -> str:
@@ -333,9 +366,13 @@ def op_facts(req: dict) -> dict:
         except FileNotFoundError:
             files[rel] = {"exists": False, "root": root}
             continue
+        folder = os.path.dirname(full)
         entry = {
             "exists": True,
             "root": root,
+            "temporaries": sorted(
+                e for e in os.listdir(folder) if e.startswith(".patcher-") and e.endswith(".tmp")
+            ),
             "sha256": sha256_bytes(data),
             "record_sha256": dist["record"].get(rel),
             "content": data.decode("utf-8"),
@@ -373,7 +410,11 @@ def op_apply(req: dict) -> dict:
     """Carry out a plan: each item writes new bytes or restores the original, as one transaction."""
     items = req.get("files", [])
     with Lock(float(req.get("lock_timeout", 10))):
+        checkpoint("locked")
         state = load_state()
+        for item in items + req.get("cleanup", []):
+            remove_stale_temporaries(os.path.dirname(inside(item["root"], item["path"])))
+        remove_stale_temporaries(os.path.join(state_dir(), "backups"))
         previous = {}  # rel -> (full path, bytes before, record entry before)
         # Check everything before touching anything: a plan made on other bytes is refused.
         for item in items:
@@ -408,6 +449,7 @@ def op_apply(req: dict) -> dict:
                 )
             os.makedirs(os.path.dirname(backup), exist_ok=True)
             atomic_write(backup, before)
+            checkpoint("backup-written:" + item["path"])
         # Record the intent, then write: a crash between leaves a file that is either its
         # old or its new bytes, and the record knows both hashes.
         new_bytes = {}
@@ -439,17 +481,22 @@ def op_apply(req: dict) -> dict:
             state["files"][item["path"]] = entry
         if items:
             save_state(state)
+            checkpoint("intent-recorded")
         for item in items:
             full = previous[item["path"]][0]
             atomic_write(full, new_bytes[item["path"]], like=full)
+            checkpoint("file-written:" + item["path"])
             remove_bytecode(full)
+            checkpoint("bytecode-removed:" + item["path"])
         verification = None
         if req.get("verify") and items:
             verification = run_verification(req["verify"])
+            checkpoint("verified")
             if not verification["ok"]:
                 for item in items:
                     full, before, _ = previous[item["path"]]
                     atomic_write(full, before, like=full)
+                    checkpoint("file-restored:" + item["path"])
                     remove_bytecode(full)
                 for item in items:
                     old_entry = previous[item["path"]][2]
@@ -458,6 +505,7 @@ def op_apply(req: dict) -> dict:
                     else:
                         state["files"][item["path"]] = old_entry
                 save_state(state)
+                checkpoint("restore-recorded")
                 return {"status": "rolled-back", "verification": verification}
         for item in items:
             entry = state["files"][item["path"]]
@@ -474,6 +522,7 @@ def op_apply(req: dict) -> dict:
             entry["written_by"] = req.get("written_by", "patcher")
         if items:
             save_state(state)
+            checkpoint("result-recorded")
         return {"status": "changed" if items else "ok", "verification": verification}
 
 
@@ -643,10 +692,13 @@ OPERATIONS = {"facts": op_facts, "apply": op_apply, "forget": op_forget, "verify
 
 def serve(req: dict) -> None:
     op = OPERATIONS.get(req.get("op"))
+    FAULT.update(req.get("fault") or {})
     try:
         if op is None:
             raise AgentError("usage", f"unknown operation {req.get('op')!r}")
         answer = {"ok": True, "result": op(req)}
+        if req.get("fault") is not None:
+            answer["result"]["checkpoints"] = FAULT_POINTS
     except AgentError as exc:
         answer = {"ok": False, "error": {"kind": exc.kind, "message": exc.message}}
     except PermissionError as exc:
