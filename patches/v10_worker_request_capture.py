@@ -27,7 +27,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Patch
+from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import SPECULATORS_0_3, WORKER
 
@@ -340,6 +340,10 @@ PATCH = Patch(
             when=EVERY_RELEASE,
             answers="vLLM splits prompts across scheduler steps and orders a step's rows by its "
             "input batch (model_runner.input_batch.req_id_to_index)",
+            fact=Fact(
+                "defines", "vllm.v1.worker.gpu_input_batch", "InputBatch", "req_id_to_index",
+                needs=(Fact("defines", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "input_batch"),),
+            ),
         ),
     ),
     examples=(Example(before=BEFORE, after=AFTER),),

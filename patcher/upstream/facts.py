@@ -96,7 +96,9 @@ class SourceTree:
         return hit
 
     def member(self, module: str, cls: ast.ClassDef, name: str, depth: int = 0) -> tuple[str, Definition] | None:
-        found = last_definition(cls.body, name)
+        """A class attribute, method or field; else an instance attribute its methods assign
+        (`self.name = ...`); else the same in its bases."""
+        found = last_definition(cls.body, name) or instance_attribute(cls, name)
         if found is not None:
             return module, found
         if depth > MAX_DEPTH:
@@ -169,6 +171,25 @@ def top_level(body: list[ast.stmt]) -> list[ast.stmt]:
                 out += top_level(handler.body)
             out += top_level(node.orelse) + top_level(node.finalbody)
     return out
+
+
+def instance_attribute(cls: ast.ClassDef, name: str) -> Definition | None:
+    """The first `self.<name> = ...` (or annotated) in a method of `cls`."""
+    for method in cls.body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not method.args.args:
+            continue
+        me = method.args.args[0].arg
+        for node in ast.walk(method):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and target.attr == name
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == me
+                ):
+                    return node
+    return None
 
 
 def _is_overload(node: ast.AST) -> bool:

