@@ -335,6 +335,52 @@ def forget(python, remote, forget_all, lock_timeout, json_mode, quiet) -> None:
     _run("forget", python, json_mode, quiet, remote, forget_all=forget_all, lock_timeout=lock_timeout)
 
 
+@main.command()
+@click.option("-o", "--output", required=True, metavar="FILE", help="where to write the bundle (a Python file)")
+@click.option(
+    "--release", "releases", multiple=True, metavar="NAME==VERSION",
+    help="a release whose pristine files the bundle knows (default: those the patches are written for)",
+)  # fmt: skip
+@click.option("--wheel", "wheels", multiple=True, metavar="FILE", help="take the pristine files from this wheel (offline)")
+@quiet_option
+def bundle(output, releases, wheels, quiet) -> None:
+    """Write one self-contained Python file for hosts patcher cannot reach.
+
+    Copy it to the host (scp, a container image) and run it with the environment's Python:
+    `/root/ml-env/bin/python3 patcher-bundle.py status|plan|apply|rollback` (standard library
+    only; the same agent, records and exit codes as patcher). It knows the pristine files by
+    sha256 and carries their patched bytes; it refuses any other file.
+    """
+    from pathlib import Path
+
+    from .bundle import BundleError, build, default_releases, find_or_download, write
+    from .registry import load_patches
+
+    out = Output(False, quiet)
+    patches = load_patches()
+    try:
+        chosen = []
+        for item in releases:
+            name, sep, version = item.partition("==")
+            if not sep or not name or not version:
+                raise BundleError(f"--release {item!r}: expected NAME==VERSION, e.g. speculators==0.3.0")
+            chosen.append((name, version))
+        paths = [Path(w) for w in wheels]
+        if not paths or chosen:
+            paths += [find_or_download(n, v, out.progress) for n, v in (chosen or default_releases(patches))]
+        source, summary = build(patches, paths, out.progress)
+        write(Path(output), source)
+    except (BundleError, OSError) as exc:
+        out.error(str(exc))
+        sys.exit(2)
+    files = ", ".join(f"{path.rsplit('/', 1)[-1]} ({len(shas)})" for path, shas in summary["files"].items())
+    out.progress(
+        f"wrote {output}: {summary['bytes'] // 1024} KiB, pristine files known: {files}, "
+        f"{summary['variants']} patched variant(s)"
+    )
+    out.progress(f"on the host: /path/to/env/bin/python3 {Path(output).name} status   (then apply, rollback)")
+
+
 from .demo.command import demo  # noqa: E402  (the main job: `patcher demo`)
 
 main.add_command(demo)

@@ -1,0 +1,380 @@
+"""`patcher bundle -o FILE`: one self-contained Python file (standard library only) for hosts the
+controller cannot reach. Copy it there (scp, a container image) and run it with the target
+environment's Python: `/root/ml-env/bin/python3 patcher-bundle.py status|plan|apply|rollback`.
+
+What goes in:
+- the agent (remote/agent.py), unchanged: it does every write, as when patcher drives it;
+- the patches' declarations (ids, conditions, edits' conditions, needs, verification calls);
+- for every pristine file patcher knows — the target files of the releases the patches are
+  written for, taken from the release wheels (the package index, or a cache, or --wheel) and
+  known by sha256 — the patched bytes for every patch selection that some version of the
+  conditioned distributions (vLLM) leads to. They are found by probing versions around every
+  boundary the conditions name (each boundary's .dev0, a1, rc1, itself, +local, .post1, the
+  next patch and minor release), selecting with patcher's own selection, and transforming
+  with patcher's own codemods: the same bytes patcher would write.
+
+The bundle selects with a small PEP 440 implementation of its own (bundle_runtime.py); it is
+checked here against `packaging` on every condition and every probe, and the bundle is not
+written if they disagree anywhere. A version whose selection the bundle holds no bytes for,
+and a file whose bytes it does not know, are refused on the host with a clear message.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import itertools
+import json
+import os
+import re
+import zipfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+from packaging.specifiers import SpecifierSet
+
+from . import __version__
+from .model import Patch
+from .planning import condition_names
+from .selection import condition_holds, select_patches
+
+
+class BundleError(RuntimeError):
+    pass
+
+
+def _blob(data: bytes) -> str:
+    import zlib
+
+    return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ------------------------------------------------------------------ releases and their files
+
+
+def default_releases(patches: Sequence[Patch]) -> list[tuple[str, str]]:
+    """The releases the patches are written for: each target distribution's lower bounds."""
+    found: list[tuple[str, str]] = []
+    for patch in patches:
+        name = patch.target.distribution
+        spec = patch.requires.get(name)
+        if not spec:
+            continue
+        for item in SpecifierSet(spec):
+            if item.operator in (">=", "==", "~=") and (name, item.version) not in found:
+                found.append((name, item.version))
+    return found
+
+
+def _cache_dirs() -> list[Path]:
+    base = Path(os.environ.get("PATCHER_CACHE", "~/.cache/patcher")).expanduser()
+    test = os.environ.get("PATCHER_TEST_CACHE")
+    dirs = [base / "wheels", (Path(test).expanduser() if test else base / "test-releases") / "wheels"]
+    return dirs
+
+
+def find_or_download(distribution: str, version: str, progress: Callable[[str], None]) -> Path:
+    from .upstream.wheels import download_wheel, find_wheel
+
+    for directory in _cache_dirs():
+        if directory.is_dir():
+            wheel = find_wheel(directory, distribution, version)
+            if wheel is not None:
+                return wheel
+    progress(f"downloading {distribution}=={version} from the package index")
+    try:
+        return download_wheel(distribution, version, _cache_dirs()[0])
+    except Exception as exc:  # DownloadFailed, IndexUnreachable
+        raise BundleError(f"cannot get the {distribution} {version} wheel ({exc}); give it with --wheel FILE") from None
+
+
+_WHEEL_NAME = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)-")
+
+
+def pristine_files(wheels: Sequence[Path], patches: Sequence[Patch]) -> dict[str, dict[str, tuple[bytes, str, str]]]:
+    """path -> sha256 -> (bytes, distribution name, release version)."""
+    wanted: dict[str, set[str]] = {}
+    for patch in patches:
+        wanted.setdefault(patch.target.distribution.lower().replace("-", "_"), set()).add(patch.target.path)
+    out: dict[str, dict[str, tuple[bytes, str, str]]] = {}
+    for wheel in wheels:
+        m = _WHEEL_NAME.match(Path(wheel).name)
+        if not m:
+            raise BundleError(f"{wheel}: not a wheel file name")
+        name, version = m.group("name").lower(), m.group("version")
+        paths = wanted.get(name)
+        if not paths:
+            raise BundleError(f"{wheel}: no patch targets {name}")
+        with zipfile.ZipFile(wheel) as archive:
+            names = set(archive.namelist())
+            for path in sorted(paths):
+                if path in names:
+                    data = archive.read(path)
+                    out.setdefault(path, {})[_sha(data)] = (data, name, version)
+    if not out:
+        raise BundleError("none of the wheels carries a file the patches rewrite")
+    return out
+
+
+# ------------------------------------------------------------------ versions to probe
+
+
+def _all_specs(patches: Sequence[Patch]) -> dict[str, set[str]]:
+    specs: dict[str, set[str]] = {}
+    for patch in patches:
+        for name, spec in patch.requires.items():
+            specs.setdefault(name, set()).add(spec)
+        for edit in patch.edits:
+            for name, spec in edit.when.items():
+                specs.setdefault(name, set()).add(spec)
+    return specs
+
+
+def probe_versions(specs: set[str], extra: Sequence[str] = ()) -> list[str]:
+    from packaging.version import Version
+
+    bounds = set(extra)
+    for spec in specs:
+        for item in SpecifierSet(spec):
+            bounds.add(item.version.removesuffix(".*"))
+    probes = {"0.0.1", "999.0"}
+    for text in bounds:
+        v = Version(text)
+        base = v.base_version
+        release = list(v.release) + [0] * (3 - len(v.release))
+        probes |= {
+            text, base, f"{base}.dev0", f"{base}a1", f"{base}rc1", f"{base}rc1.dev1", f"{base}+local",
+            f"{base}.post1", f"{base}.post1.dev0", f"{base}.1",
+            ".".join(map(str, release[:-1] + [release[-1] + 1])),
+            ".".join(map(str, [release[0], release[1] + 1, 0])),
+            ".".join(map(str, [release[0], release[1] + 1, 0])) + "rc1",
+        }  # fmt: skip
+        if release[-1] > 0:
+            probes.add(".".join(map(str, release[:-1] + [release[-1] - 1])))
+    return sorted(probes, key=Version)
+
+
+def check_runtime_versions(specs: dict[str, set[str]], probes: dict[str, list[str]]) -> int:
+    """The bundle's PEP 440 against packaging's, everywhere it matters. Returns checks made."""
+    from . import bundle_runtime as rt
+
+    checks = 0
+    for name, spec_set in specs.items():
+        for spec in spec_set:
+            for version in probes[name]:
+                ours, theirs = rt.condition_holds(spec, version), condition_holds(spec, version)
+                checks += 1
+                if ours != theirs:
+                    raise BundleError(
+                        f"the bundle's version logic says {version} {'satisfies' if ours else 'does not satisfy'} "
+                        f"{spec!r}, packaging says the opposite; not writing a bundle that would select wrongly"
+                    )
+    return checks
+
+
+# ------------------------------------------------------------------ the bundle
+
+
+def _patch_data(patches: Sequence[Patch]) -> list[dict]:
+    return [
+        {
+            "id": p.id,
+            "title": p.title,
+            "file": p.target.path,
+            "requires": dict(p.requires),
+            "edits": [{"name": e.name, "when": dict(e.when)} for e in p.edits],
+            "needs": list(getattr(p, "needs", ())),
+        }
+        for p in patches
+    ]
+
+
+def _facts(versions: dict, present: dict[str, bytes], patches: Sequence[Patch]) -> dict:
+    """What the agent would report for an environment holding these pristine files."""
+    files = {}
+    for target in {p.target.path: p.target for p in patches}.values():
+        data = present.get(target.path)
+        if data is None:
+            files[target.path] = {"exists": False}
+            continue
+        sha = _sha(data)
+        files[target.path] = {"exists": True, "root": "/bundle", "sha256": sha, "record_sha256": sha,
+                              "content": data.decode("utf-8"), "writable": True}  # fmt: skip
+    return {
+        "distributions": {
+            name: {"name": name, "version": version, "location": "/bundle"} for name, version in versions.items()
+        },
+        "files": files,
+        "state": {"files": {}},
+        "state_error": None,
+    }
+
+
+def build(
+    patches: Sequence[Patch],
+    wheels: Sequence[Path],
+    progress: Callable[[str], None] = lambda message: None,
+) -> tuple[str, dict]:
+    """The bundle's source text and a summary of what it carries."""
+    from . import bundle_runtime as rt
+    from .planning import plan_target
+    from .transforms import shared_transforms
+
+    files = pristine_files(wheels, patches)
+    names = condition_names(patches)
+    specs = _all_specs(patches)
+    releases = {name: sorted({v for per in files.values() for (_, d, v) in per.values() if d == name}) for name in names}
+    probes = {name: probe_versions(specs.get(name, set()), releases.get(name, [])) for name in names}
+    checks = check_runtime_versions(specs, probes)
+    progress(f"version logic checked against packaging: {checks} condition/version pairs")
+
+    # Every patch selection some probed versions lead to, checked to be the bundle's own.
+    patch_data = _patch_data(patches)
+    selections: dict[str, dict] = {}  # json(signature) -> versions that select it
+    for values in itertools.product(*(probes[n] for n in names)):
+        versions = dict(zip(names, values))
+        chosen = select_patches(patches, versions)
+        ours = rt.select(patch_data, versions)
+        for pid, sel in chosen.items():
+            if (sel.selected, sel.edit_names if sel.selected else []) != (ours[pid][0], ours[pid][2]):
+                raise BundleError(f"the bundle's selection of {pid} differs from patcher's for {versions}")
+        key = rt.signature(ours)
+        if key:
+            selections.setdefault(json.dumps(key), versions)
+
+    # For each selection and pristine file: what patcher's own planning would write.
+    variants: list[dict] = []
+    index_of: dict[str, int] = {}
+    blobs: dict[str, str] = {}
+    entries = []
+    releases_files: dict[tuple[str, str], dict[str, bytes]] = {}  # a release's pristine files, together
+    for path, per_sha in files.items():
+        for sha, (data, dist, version) in per_sha.items():
+            releases_files.setdefault((dist, version), {})[path] = data
+    by_id = {p.id: p for p in patches}
+    with shared_transforms():
+        for key, versions in selections.items():
+            entry: dict = {"selected": json.loads(key), "files": {}}
+            for present in releases_files.values():
+                plan = plan_target(_facts(versions, present, patches), patches, "apply")
+                for path, data in present.items():
+                    desired = [p.id for p in plan.patches if p.target == path and p.state in ("pending", "already-satisfied")]
+                    conflicts = [c for c in plan.conflicts if path in c.message]
+                    if conflicts:
+                        variant = {"patches": desired, "anchor_missing": conflicts[0].message}
+                    elif not desired:
+                        continue  # nothing for this file: its pristine bytes are the goal
+                    else:
+                        change = next((c for c in plan.changes if c.path == path), None)
+                        new = change.new_content.encode("utf-8") if change else data
+                        blobs.setdefault(_sha(new), _blob(new))
+                        variant = {
+                            "patches": change.patches if change else desired,
+                            "edits": change.edits if change else {},
+                            "outcomes": change.outcomes if change else {pid: "already-satisfied" for pid in desired},
+                            "sha256": _sha(new),
+                            "attribute_calls": [
+                                {"receiver": c.receiver, "method": c.method, "implementation": c.implementation}
+                                for pid in desired
+                                for c in by_id[pid].attribute_calls
+                            ],
+                        }
+                    text = json.dumps(variant, sort_keys=True)
+                    if text not in index_of:
+                        index_of[text] = len(variants)
+                        variants.append(variant)
+                    entry["files"].setdefault(path, {})[_sha(data)] = index_of[text]
+            entries.append(entry)
+    originals = {
+        path: {sha: {"release": f"{dist} {version}"} for sha, (_, dist, version) in per_sha.items()}
+        for path, per_sha in files.items()
+    }
+    progress(f"{len(variants)} patched variant(s) of {sum(len(v) for v in originals.values())} pristine file(s), "
+             f"for {len(entries)} patch selection(s)")  # fmt: skip
+
+    data = {
+        "format": 1,
+        "patcher_version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "names": names,
+        "files": [
+            {"distribution": p.target.distribution, "path": p.target.path, "module": p.target.module}
+            for p in {p.target.path: p for p in patches}.values()
+            if p.target.path in files
+        ],
+        "patches": patch_data,
+        "originals": originals,
+        "selections": entries,
+        "variants": variants,
+        "blobs": blobs,
+        "ranges": _ranges(patches, names, probes, files),
+    }
+    source = _render(data)
+    summary = {
+        "files": {path: sorted(per) for path, per in originals.items()},
+        "variants": len(variants),
+        "selections": len(entries),
+        "bytes": len(source.encode("utf-8")),
+        "checks": checks,
+    }
+    return source, summary
+
+
+def _ranges(patches: Sequence[Patch], names: list[str], probes: dict[str, list[str]], files) -> list[str]:
+    """Human lines: for each release of the target distribution, which patches each range of
+    the other distributions' versions selects (for `bundle.py info`)."""
+    from packaging.version import Version
+
+    lines = []
+    targets = {p.target.distribution for p in patches}
+    releases = sorted({(d, v) for per in files.values() for (_, d, v) in per.values()})
+    others = [n for n in names if n not in targets]
+    for dist, version in releases:
+        for other in others:
+            groups: list[tuple[str, str]] = []  # (first version, selection)
+            for probe in sorted(probes[other], key=Version):
+                chosen = select_patches(patches, {dist: version, other: probe})
+                sel = ", ".join(p.id.split("-")[0] for p in patches if chosen[p.id].selected) or "nothing"
+                if not groups or groups[-1][1] != sel:
+                    groups.append((probe, sel))
+            for i, (start, sel) in enumerate(groups):
+                bounds = [f">= {start}"] if i else []
+                if i + 1 < len(groups):
+                    bounds.append(f"< {groups[i + 1][0]}")
+                lines.append(f"{dist} {version}, {other} {' and '.join(bounds) or 'any'}: {sel}")
+    return lines
+
+
+def _render(data: dict) -> str:
+    from . import bundle_runtime
+    from .transport import agent_source
+
+    runtime = Path(bundle_runtime.__file__).read_text(encoding="utf-8")
+    payload = _blob(json.dumps(data, sort_keys=True).encode("utf-8"))
+    agent = _blob(agent_source().encode("utf-8"))
+    for name, value in (("DATA", payload), ("AGENT", agent)):
+        marker = f"\n{name} = None"
+        if marker not in runtime:
+            raise BundleError(f"bundle_runtime.py has no `{name} = None` line")
+        wrapped = "\n".join(value[i : i + 100] for i in range(0, len(value), 100))
+        runtime = runtime.replace(marker, f'\n{name} = """\n{wrapped}\n"""', 1)
+    header = (
+        "#!/usr/bin/env python3\n"
+        f"# patcher bundle, made by patcher {data['patcher_version']} on {data['created']}.\n"
+        "# Run it with the target environment's Python, e.g.:\n"
+        "#   /root/ml-env/bin/python3 patcher-bundle.py status   (then plan, apply, rollback; info)\n"
+        "# Standard library only; nothing is installed. Generated: do not edit.\n"
+    )
+    return header + runtime + '\n\nif __name__ == "__main__":\n    sys.exit(main())\n'
+
+
+def write(output: Path, source: str) -> None:
+    tmp = output.with_name(f".{output.name}.tmp")
+    tmp.write_text(source, encoding="utf-8")
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, output)

@@ -1,0 +1,223 @@
+"""`patcher bundle`: one standard-library file that patches, reports and rolls back on a host
+with no controller. Run here with light target environments' own Pythons (3.11 and 3.9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import packaging
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from patcher import bundle_runtime
+from patcher.registry import load_patches
+from patcher.selection import condition_holds
+from tests.support.envs import light_env, site_file
+
+TARGETS = sorted({p.target.path for p in load_patches()})
+
+
+def files(python: Path) -> dict[str, bytes]:
+    return {rel: site_file(python, rel).read_bytes() for rel in TARGETS}
+
+
+def patcher(*args: str, cwd: Path | None = None) -> tuple[int, dict | None, str]:
+    proc = subprocess.run([sys.executable, "-m", "patcher.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)  # fmt: skip
+    doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
+    return proc.returncode, doc, proc.stderr
+
+
+def run_bundle(bundle: Path, python: Path, *args: str) -> tuple[int, dict | None, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    proc = subprocess.run([str(python), str(bundle), *args], capture_output=True, text=True, env=env,
+                          cwd="/", timeout=600)  # fmt: skip
+    doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
+    return proc.returncode, doc, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "patcher-bundle.py"
+    code, _, err = patcher("bundle", "-o", str(out))
+    assert code == 0, err
+    assert "wrote" in err
+    return out
+
+
+def test_the_bundle_is_standard_library_only(bundle: Path):
+    source = bundle.read_text()
+    assert source.startswith("#!/usr/bin/env python3\n")
+    imports = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
+    assert imports <= {"__future__", "argparse", "base64", "hashlib", "json", "re", "sys", "zlib"}
+    assert os.access(bundle, os.X_OK)
+
+
+def test_apply_writes_what_patcher_writes_and_patcher_agrees(bundle: Path, tmp_path: Path):
+    target, reference = light_env(tmp_path / "a"), light_env(tmp_path / "b")
+    pristine = files(target)
+    code, doc, err = run_bundle(bundle, target, "status", "--json")
+    assert code == 0, err
+    assert doc["targets"][0]["versions"] == {"speculators": "0.3.0", "vllm": "0.16.0"}
+    assert {p["state"] for p in doc["targets"][0]["patches"]} <= {"pending", "not-selected"}
+    assert run_bundle(bundle, target, "plan")[0] == 6
+    code, doc, err = run_bundle(bundle, target, "apply", "--no-verify", "--json")
+    assert code == 0, err
+    assert doc["targets"][0]["status"] == "changed"
+    assert patcher("apply", "--no-verify", "--python", str(reference))[0] == 0
+    assert files(target) == files(reference) != pristine  # the very bytes patcher writes
+
+    # patcher reads the bundle's record as its own: every patch applied, nothing to do
+    _, mine, _ = patcher("status", "--python", str(target), "--json")
+    _, theirs, _ = patcher("status", "--python", str(reference), "--json")
+    assert [(p["id"], p["state"]) for p in mine["targets"][0]["patches"]] == [
+        (p["id"], p["state"]) for p in theirs["targets"][0]["patches"]
+    ]
+    assert mine["targets"][0]["message"] == "nothing to do"
+    code, doc, err = run_bundle(bundle, target, "apply", "--no-verify", "--json")
+    assert code == 0 and doc["targets"][0]["message"] == "nothing to do", err
+
+    code, doc, err = run_bundle(bundle, target, "rollback", "--json")
+    assert code == 0, err
+    assert files(target) == pristine
+    state = json.loads((target.parent.parent / "share" / "patcher" / "state.json").read_text())
+    assert state["files"] == {}
+    # and patcher can roll back what the bundle applied
+    assert run_bundle(bundle, target, "apply", "--no-verify")[0] == 0
+    assert patcher("rollback", "--python", str(target))[0] == 0
+    assert files(target) == pristine
+
+
+def test_a_file_it_does_not_know_is_refused(bundle: Path, tmp_path: Path):
+    target = light_env(tmp_path)
+    generator = site_file(target, TARGETS[-1])
+    generator.write_bytes(generator.read_bytes() + b"\n# changed by hand\n")
+    before = files(target)
+    code, doc, err = run_bundle(bundle, target, "apply", "--no-verify", "--json")
+    assert code == 3, err
+    message = doc["targets"][0]["message"]
+    assert "which this bundle does not know" in message and "changed by hand" in message
+    assert files(target) == before
+
+
+def test_other_releases_and_wrong_interpreters(bundle: Path, tmp_path: Path):
+    newer = light_env(tmp_path / "new", speculators="0.4.0")
+    before = files(newer) if all(site_file(newer, rel).exists() for rel in TARGETS) else None
+    code, doc, err = run_bundle(bundle, newer, "apply", "--no-verify", "--json")
+    assert code == 0, err  # 0.4.0 carries upstream's fix: nothing selected, nothing written
+    assert all(p["state"] == "not-selected" for p in doc["targets"][0]["patches"])
+    if before is not None:
+        assert files(newer) == before
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    code, doc, err = run_bundle(bundle, bare / "bin" / "python", "status", "--json")
+    assert code == 2
+    assert "speculators is not installed" in doc["targets"][0]["message"]
+
+
+def test_runs_on_python_3_9(bundle: Path, tmp_path: Path, monkeypatch):
+    candidates = sorted((Path.home() / ".pyenv" / "versions").glob("3.9.*/bin/python3.9"))
+    found = str(candidates[-1]) if candidates else shutil.which("python3.9")
+    if not found:
+        pytest.skip("no python3.9 here")
+    monkeypatch.setattr("tests.support.envs.PYTHON_FOR_TARGETS", found)
+    target = light_env(tmp_path)
+    pristine = files(target)
+    code, doc, err = run_bundle(bundle, target, "apply", "--no-verify", "--json")
+    assert code == 0, err
+    assert doc["targets"][0]["python"].endswith("python") and files(target) != pristine
+    assert run_bundle(bundle, target, "rollback")[0] == 0
+    assert files(target) == pristine
+
+
+def test_a_vllm_version_outside_what_it_carries_is_refused(tmp_path: Path, bundle: Path):
+    """Selections the bundle holds no bytes for are refused, not guessed (here: a bundle whose
+    data lost a selection, as if made before a patch's new edit existed)."""
+    source = bundle.read_text()
+    start = source.index('DATA = """') + len('DATA = """')
+    end = source.index('"""', start)
+    import base64
+    import zlib
+
+    data = json.loads(zlib.decompress(base64.b64decode(source[start:end])))
+    data["selections"] = [s for s in data["selections"] if not any(pid == "v1-block-hasher" for pid, _ in s["selected"])]
+    blob = base64.b64encode(zlib.compress(json.dumps(data).encode())).decode()
+    trimmed = tmp_path / "trimmed.py"
+    trimmed.write_text(source[:start] + blob + source[end:])
+    target = light_env(tmp_path)
+    pristine = files(target)
+    code, doc, err = run_bundle(trimmed, target, "apply", "--no-verify", "--json")
+    assert code == 2, err
+    assert "holds no patched bytes for what these versions select (speculators 0.3.0, vllm 0.16.0)" in (
+        doc["targets"][0]["message"]
+    )
+    assert files(target) == pristine
+
+
+# ---------------------------------------------------------------- its own PEP 440, against packaging
+
+_numbers = st.integers(min_value=0, max_value=12)
+_release = st.lists(_numbers, min_size=1, max_size=4).map(lambda parts: ".".join(map(str, parts)))
+_suffix = st.sampled_from(["", "a1", "b2", "rc1", "rc2", ".dev0", ".dev3", "rc1.dev2", ".post1", ".post2.dev1", "+cpu",
+                           "+cu121.x", "rc1+local", ".post1+l"])  # fmt: skip
+_versions = st.builds(lambda r, s: r + s, _release, _suffix)
+_operators = st.sampled_from(["<", "<=", ">", ">=", "==", "!=", "~="])
+
+
+@pytest.mark.skipif(
+    Version(packaging.__version__) < Version("26"),
+    reason="packaging before 26 reads a few post-release edge cases (<1.post1 and 1a1) differently",
+)
+@settings(max_examples=3000, deadline=None)
+@given(version=_versions, operator=_operators, bound=_versions, wildcard=st.booleans())
+def test_the_bundles_version_logic_is_packagings(version: str, operator: str, bound: str, wildcard: bool):
+    if wildcard and operator in ("==", "!="):
+        spec = f"{operator}{Version(bound).base_version}.*"
+    else:
+        if "+" in bound and operator not in ("==", "!="):
+            bound = bound.split("+")[0]  # packaging refuses a local label there
+        if operator == "~=" and len(Version(bound).release) < 2:
+            bound = bound.replace(str(Version(bound).release[0]), f"{Version(bound).release[0]}.0", 1)
+        spec = f"{operator}{bound}"
+    try:
+        SpecifierSet(spec)
+    except Exception:
+        return
+    assert bundle_runtime.condition_holds(spec, version) == condition_holds(spec, version), (spec, version)
+
+
+def test_version_logic_on_the_cases_that_matter():
+    cases = {
+        (">=0.12.0", "0.16.0rc2.dev45+g1a2b3c4"): True,
+        (">=0.16.0", "0.16.0rc2.dev45+g1a2b3c4"): False,
+        (">=0.3.0,<0.4.0", "0.4.0rc1"): False,
+        (">=0.3.0,<0.4.0", "0.3.0+cpu"): True,
+        (">0.11.0", "0.11.0.post1"): False,
+        (">0.11.0", "0.11.1.dev0"): True,
+        ("==0.16.*", "0.16.0rc1"): True,
+    }
+    for (spec, version), expected in cases.items():
+        assert bundle_runtime.condition_holds(spec, version) is expected, (spec, version)
+        assert condition_holds(spec, version) is expected, (spec, version)
+
+
+@pytest.mark.vllm
+def test_apply_verifies_against_the_real_vllm(bundle: Path, tmp_path: Path):
+    from patcher.demo.environment import build_demo_env
+    from tests.support.envs import overlay_env
+
+    target = overlay_env(tmp_path, build_demo_env(progress=lambda message: None))
+    pristine = files(target)
+    code, doc, err = run_bundle(bundle, target, "apply", "--json")
+    assert code == 0, err
+    assert doc["targets"][0]["message"].endswith(", verified")
+    assert run_bundle(bundle, target, "rollback")[0] == 0
+    assert files(target) == pristine
