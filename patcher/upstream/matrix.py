@@ -13,7 +13,11 @@ with all of their edits (vLLM's side is the gates' business, see gates.py): exac
 
 from __future__ import annotations
 
+import hashlib
+import json
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 from packaging.specifiers import SpecifierSet
@@ -23,6 +27,7 @@ from ..model import Patch
 from ..selection import condition_holds
 from ..transforms import transform_source
 from .sources import ReleaseFiles
+from .wheels import write_atomic
 
 STATUS_FROM_OUTCOME = {"applied": "applies", "already-satisfied": "already-satisfied", "anchor-missing": "anchor-missing"}
 
@@ -77,6 +82,49 @@ def window(patch: Patch, releases: Sequence[str], since: str | None) -> list[str
     return [r for r in releases if since is None or Version(r) >= Version(since)]
 
 
+TRANSFORMS_FILE = ".transforms.json"
+
+
+def codemod_fingerprint(group: Sequence[Patch]) -> str:
+    """What a transform's result depends on besides the file: the patches (ids, edits, order),
+    the source of every module their codemods live in, every patch module, the engine's
+    transform code, and libcst's version. A change to any of them transforms again."""
+    import libcst
+
+    from .. import codemod, model, transforms
+
+    digest = hashlib.sha256(getattr(libcst, "__version__", "?").encode())
+    files = {Path(transforms.__file__), Path(codemod.__file__), Path(model.__file__)}
+    for patch in group:
+        digest.update(json.dumps([patch.id, [e.name for e in patch.edits]]).encode())
+        for edit in patch.edits:
+            module = sys.modules.get(edit.codemod.__module__)
+            if module is not None and getattr(module, "__file__", None):
+                files.add(Path(module.__file__))
+                files.update(Path(module.__file__).parent.glob("*.py"))  # helpers shared between patches
+    for file in sorted(files):
+        digest.update(str(file.name).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def transform_cached(files: ReleaseFiles, path: str, source: str, group: Sequence[Patch]) -> dict[str, dict]:
+    """Per patch: outcome, edits, message of transforming `path` with `group` (cached beside the file)."""
+    key = hashlib.sha256(source.encode()).hexdigest() + ":" + codemod_fingerprint(group)
+    cache_file = files.root / TRANSFORMS_FILE
+    try:
+        cached = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if key in cached.get(path, {}):
+        return cached[path][key]
+    result = transform_source(source, [(p, p.edits) for p in group], filename=path)
+    outcomes = {o.patch_id: {"outcome": o.outcome, "edits": o.edits, "message": o.message} for o in result.outcomes}
+    cached[path] = {key: outcomes}  # only the latest per file
+    write_atomic(cache_file, json.dumps(cached, indent=1).encode())
+    return outcomes
+
+
 def release_cells(
     patches: Sequence[Patch],
     distribution: str,
@@ -92,17 +140,14 @@ def release_cells(
             by_file.setdefault(patch.target.path, []).append(patch)
     for path, group in by_file.items():
         source = files.read(path)
-        outcomes = {}
-        if source is not None:
-            result = transform_source(source, [(p, p.edits) for p in group], filename=path)
-            outcomes = {o.patch_id: o for o in result.outcomes}
+        outcomes = {} if source is None else transform_cached(files, path, source, group)
         for patch in group:
             spec = patch.requires.get(distribution)
             in_range = spec is None or condition_holds(spec, version)
             outcome = outcomes.get(patch.id)
-            codemod = outcome.outcome if outcome else "no file"
-            edits = dict(outcome.edits) if outcome else {}
-            message = outcome.message if outcome else ""
+            codemod = outcome["outcome"] if outcome else "no file"
+            edits = dict(outcome["edits"]) if outcome else {}
+            message = outcome["message"] if outcome else ""
             if source is None:
                 status, selected = "not-selected", False
                 reason = f"{distribution} {version} does not ship {path}"
