@@ -37,6 +37,7 @@ FACT_KINDS = {
     "field-required": "{where} requires the field {name} (declared without default)",
     "default-value": "{where}.{name} defaults to {value}",
     "has-base": "{where} derives from {name}",
+    "lacks-base": "{where} does not derive from {name}",
     "returns-first-item": "{where} returns the single reply itself (a return of x[0])",
 }
 

@@ -339,12 +339,12 @@ def evaluate(fact: Fact, tree: SourceTree) -> Verdict:
             return Verdict(not has_default, found)
         return Verdict(default is not None and _same_source(default, fact.value), found)
 
-    if kind == "has-base":
+    if kind in ("has-base", "lacks-base"):
         if not isinstance(node, ast.ClassDef):
             return Verdict(False, f"{fact.where} is not a class")
-        names = tree.base_names(module, node)
+        derives = fact.name in tree.base_names(module, node)
         shown = ", ".join(ast.unparse(b) for b in node.bases)
-        return Verdict(fact.name in names, f"class {node.name}({shown})")
+        return Verdict(derives == (kind == "has-base"), f"class {node.name}({shown})")
 
     if kind == "returns-first-item":
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
