@@ -11,11 +11,11 @@ from .gates import GateCheck
 
 CELL_TEXT = {
     "applies": ("applies", "green"),
-    "already-satisfied": ("fixed upstream", "cyan"),
+    "already-satisfied": ("fixed", "cyan"),
     "anchor-missing": ("DRIFT", "bold red"),
     "not-selected": ("not selected", "dim"),
 }
-CODEMOD_SHORT = {"applied": "applies", "already-satisfied": "satisfied", "anchor-missing": "anchor missing", "no file": "no file"}
+CODEMOD_SHORT = {"applied": "applies", "already-satisfied": "fixed", "anchor-missing": "no anchor", "no file": "no file"}
 
 
 def _versions(values) -> list[str]:
@@ -32,23 +32,45 @@ def _span(versions: list[str]) -> str:
     return f"{versions[0]} … {versions[-1]} ({len(versions)})"
 
 
+def _number(patch_id: str) -> int:
+    head = _short(patch_id)[1:]
+    return int(head) if head.isdigit() else 0
+
+
 def matrix_rows(report: CheckReport):
-    """(distribution, version) -> {patch: cell}, plus the patches in order."""
-    patches: list[str] = []
-    rows: dict[tuple[str, str], dict[str, object]] = defaultdict(dict)
+    """Patches (by number) and rows: (distribution, [versions], {patch: cell}); consecutive
+    releases whose cells all read the same are one row."""
+    patches = sorted({c.patch_id for c in report.cells}, key=_number)
+    by_release: dict[tuple[str, str], dict[str, object]] = defaultdict(dict)
     for cell in report.cells:
-        if cell.patch_id not in patches:
-            patches.append(cell.patch_id)
-        rows[(cell.distribution, cell.version)][cell.patch_id] = cell
-    order = sorted(rows, key=lambda dv: (dv[0], Version(dv[1])))
-    return patches, order, rows
+        by_release[(cell.distribution, cell.version)][cell.patch_id] = cell
+    rows: list[tuple[str, list[str], dict[str, object]]] = []
+    for dist, version in sorted(by_release, key=lambda dv: (dv[0], Version(dv[1]))):
+        cells = by_release[(dist, version)]
+        shape = {p: (cell_text(c), c.reason.removeprefix(f"{dist} {version} ")) for p, c in cells.items()}
+        if rows and rows[-1][0] == dist:
+            last = rows[-1]
+            last_shape = {
+                p: (cell_text(c), c.reason.removeprefix(f"{dist} {last[1][0]} ")) for p, c in last[2].items()
+            }
+            if shape == last_shape:
+                last[1].append(version)
+                continue
+        rows.append((dist, [version], cells))
+    return patches, rows
 
 
 def cell_text(cell) -> str:
-    text = CELL_TEXT[cell.status][0]
     if cell.status == "not-selected":
-        text += f" ({CODEMOD_SHORT.get(cell.codemod, cell.codemod)})"
-    return text
+        return f"({CODEMOD_SHORT.get(cell.codemod, cell.codemod)})"
+    return CELL_TEXT[cell.status][0]
+
+
+LEGEND = (
+    "applies: selected, the codemods rewrite the file; fixed: selected, already in the patched shape "
+    "(fixed upstream); DRIFT: selected, an anchor is missing; (…): not selected there, in brackets "
+    "what the codemods would say"
+)
 
 
 def not_selected_reasons(report: CheckReport) -> list[str]:
@@ -120,26 +142,25 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
 
     console = Console(stderr=True, highlight=False)
     if not console.is_terminal:  # CI logs: wide enough for the tables
-        console.width = max(console.width, 160)
+        console.width = max(console.width, 200)
     if report.exit_code == 4:
         console.print(f"[bold red]error:[/] {report.message}", soft_wrap=True)
         return
     if not quiet:
-        patches, order, rows = matrix_rows(report)
-        table = Table(title="patches × releases of the patched distribution")
-        table.add_column("release")
+        patches, rows = matrix_rows(report)
+        dists = sorted({row[0] for row in rows})
+        table = Table(title=f"patches × releases of {', '.join(dists)}")
+        table.add_column("release", no_wrap=True)
         for patch_id in patches:
-            table.add_column(_short(patch_id))
-        for dv in order:
-            cells = []
+            table.add_column(_short(patch_id), no_wrap=True)
+        for dist, versions, cells in rows:
+            shown = []
             for patch_id in patches:
-                cell = rows[dv].get(patch_id)
-                if cell is None:
-                    cells.append("")
-                    continue
-                cells.append(f"[{CELL_TEXT[cell.status][1]}]{cell_text(cell)}[/]")
-            table.add_row(f"{dv[0]} {dv[1]}", *cells)
+                cell = cells.get(patch_id)
+                shown.append("" if cell is None else f"[{CELL_TEXT[cell.status][1]}]{cell_text(cell)}[/]")
+            table.add_row(_span(versions), *shown)
         console.print(table)
+        console.print(f"  [dim]{LEGEND}[/]", soft_wrap=True)
         for line in not_selected_reasons(report):
             console.print(f"  [dim]{line}[/]", soft_wrap=True)
 
@@ -191,18 +212,18 @@ def render_markdown(report: CheckReport) -> str:
     if report.problems:
         lines += ["## Problems", ""] + [f"- {_md(p)}" for p in report.problems] + [""]
 
-    patches, order, rows = matrix_rows(report)
+    patches, rows = matrix_rows(report)
     lines += ["## Patches × releases", ""]
     lines.append("| release | " + " | ".join(_short(p) for p in patches) + " |")
     lines.append("|---" * (len(patches) + 1) + "|")
-    for dv in order:
-        cells = []
+    for dist, versions, cells in rows:
+        shown = []
         for patch_id in patches:
-            cell = rows[dv].get(patch_id)
+            cell = cells.get(patch_id)
             text = "" if cell is None else cell_text(cell)
-            cells.append(f"**{text}**" if cell is not None and cell.drift else text)
-        lines.append(f"| {dv[0]} {dv[1]} | " + " | ".join(cells) + " |")
-    lines.append("")
+            shown.append(f"**{text}**" if cell is not None and cell.drift else text)
+        lines.append(f"| {dist} {_span(versions)} | " + " | ".join(shown) + " |")
+    lines += ["", LEGEND + ".", ""]
     lines += [f"- {_md(line)}" for line in not_selected_reasons(report)] + [""]
 
     lines += ["## Gates", "", "| patch | edit | fact | gate | first release | holds in | status |", "|---|---|---|---|---|---|---|"]
