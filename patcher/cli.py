@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -126,7 +127,8 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
     else:
         progress = PlainProgress(out.progress, announce_done=len(hosts) > 1)
     interrupted = False
-    with shared_transforms():
+    cache = Path(os.environ.get("PATCHER_CACHE", "~/.cache/patcher")).expanduser() / "transforms"
+    with shared_transforms(persist=None if os.environ.get("PATCHER_NO_TRANSFORM_CACHE") else cache):
         try:
             results = run_fleet(hosts, python, settings, load_patches(), options, fleet, progress)
         except FleetInterrupted as exc:
@@ -351,8 +353,6 @@ def bundle(output, releases, wheels, quiet) -> None:
     only; the same agent, records and exit codes as patcher). It knows the pristine files by
     sha256 and carries their patched bytes; it refuses any other file.
     """
-    from pathlib import Path
-
     from .bundle import BundleError, build, default_releases, find_or_download, write
     from .registry import load_patches
 

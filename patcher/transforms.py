@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Literal, Sequence
 
@@ -35,22 +37,30 @@ class FileTransform:
 
 
 _shared: dict | None = None  # see shared_transforms()
+_persist: Path | None = None
 _shared_lock = threading.Lock()
 
 
 @contextmanager
-def shared_transforms() -> Iterator[None]:
+def shared_transforms(persist: Path | None = None) -> Iterator[None]:
     """Within this block, identical transforms (same source, filename, patches and edits) run
     once and their result is shared: a fleet of hosts with the same files costs one libcst pass.
-    Thread-safe. The key holds the patch and edit objects themselves, so it is exact."""
-    global _shared
+    Thread-safe. The key holds the patch and edit objects themselves, so it is exact.
+
+    With `persist` (a folder), results are also kept on disk across runs, keyed by the source's
+    sha256, the patches and edits, and a fingerprint of every line of code that can change a
+    result (the patches' package, this module, the codemod base, the model, libcst's version):
+    a rollout to the next batch of hosts does not run the codemods again."""
+    global _shared, _persist
     with _shared_lock:
-        outer, _shared = _shared, ({} if _shared is None else _shared)
+        outer = (_shared, _persist)
+        _shared = {} if _shared is None else _shared
+        _persist = persist if persist is not None else _persist
     try:
         yield
     finally:
         with _shared_lock:
-            _shared = outer
+            _shared, _persist = outer
 
 
 def transform_source(
@@ -71,9 +81,71 @@ def transform_source(
         cache = _shared if _shared is not None else {}
         hit = cache.get(key)
         if hit is None:
-            hit = (steps, _transform(source, steps, filename))  # the key's objects stay alive with it
+            result = _load_persisted(source, steps, filename) if _persist is not None else None
+            if result is None:
+                result = _transform(source, steps, filename)
+                if _persist is not None:
+                    _save_persisted(source, steps, filename, result)
+            hit = (steps, result)  # the key's objects stay alive with it
             cache[key] = hit
         return hit[1]
+
+
+@lru_cache(maxsize=1)
+def _code_fingerprint() -> str:
+    import hashlib
+    import importlib
+    import importlib.metadata
+
+    digest = hashlib.sha256()
+    patches_dir = Path(importlib.import_module("patcher.patches").__file__).parent
+    here = Path(__file__).parent
+    for path in [*sorted(patches_dir.rglob("*.py")), here / "transforms.py", here / "codemod.py", here / "model.py"]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    try:
+        digest.update(importlib.metadata.version("libcst").encode())
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return digest.hexdigest()
+
+
+def _persist_path(source: str, steps, filename: str) -> Path:
+    import hashlib
+    import json
+
+    assert _persist is not None
+    key = json.dumps(
+        [hashlib.sha256(source.encode("utf-8")).hexdigest(), filename,
+         [[patch.id, [e.name for e in edits]] for patch, edits in steps], _code_fingerprint()]
+    )  # fmt: skip
+    return _persist / (hashlib.sha256(key.encode("utf-8")).hexdigest() + ".json")
+
+
+def _load_persisted(source: str, steps, filename: str) -> FileTransform | None:
+    import json
+
+    try:
+        data = json.loads(_persist_path(source, steps, filename).read_text(encoding="utf-8"))
+        outcomes = [PatchOutcome(o["patch_id"], o["outcome"], o["message"], o["edits"]) for o in data["outcomes"]]
+        return FileTransform(source, data["result"], outcomes)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _save_persisted(source: str, steps, filename: str, result: FileTransform) -> None:
+    import json
+    import os
+
+    try:
+        path = _persist_path(source, steps, filename)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(
+            json.dumps({"result": result.result, "outcomes": [vars(o) for o in result.outcomes]}), encoding="utf-8"
+        )
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written is only slower
 
 
 def _transform(

@@ -1,4 +1,4 @@
-"""Real OpenSSH servers for the remote tests, on loopback addresses only (127.0.0.x).
+"""Real OpenSSH servers for the remote tests and benchmarks, on loopback addresses only (127.0.0.0/8).
 
 Each `SshServer` is Debian's `sshd` run in the foreground (`sshd -D -e -f <config>`) on one
 127.0.0.x address and a free port, with its own host key; `SshClient` is a private client
@@ -41,8 +41,14 @@ def keygen(path: Path, comment: str = "patcher-test") -> Path:
     return path
 
 
+def is_loopback(address: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_address(address) in ipaddress.ip_network("127.0.0.0/8")
+
+
 def free_port(address: str) -> int:
-    assert address.startswith(LOOPBACK_PREFIX), address
+    assert is_loopback(address), f"loopback addresses only, not {address}"
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
         return sock.getsockname()[1]
@@ -52,7 +58,7 @@ class SshServer:
     """One sshd on `address` (127.0.0.x), logging to <dir>/sshd.log."""
 
     def __init__(self, directory: Path, address: str, authorized: dict[str, str], port: int | None = None) -> None:
-        assert address.startswith(LOOPBACK_PREFIX), f"tests use loopback addresses only, not {address}"
+        assert is_loopback(address), f"tests use loopback addresses only, not {address}"
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.address = address
