@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # for tests.support; patcher itself as installed
 
 from patcher.registry import load_patches  # noqa: E402
 from tests.support.envs import light_env, site_file  # noqa: E402

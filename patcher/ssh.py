@@ -239,10 +239,15 @@ class SshTransport(LocalTransport):
         return args
 
     def remote_command(self) -> str:
-        words = [self.python, "-c", bootstrap()]
+        """`PYTHON -c BOOTSTRAP` for the remote shell, every word quoted. A leading `~/` in the
+        interpreter path is the login user's home (`"$HOME"/...`, the rest still quoted)."""
+        python = shlex.quote(self.python)
+        if self.python.startswith("~/") and len(self.python) > 2:
+            python = '"$HOME"/' + shlex.quote(self.python[2:])
+        words = [python, "-c", shlex.quote(bootstrap())]
         if self.settings.sudo:
             words = ["sudo", "-n", "--", *words]
-        return " ".join(shlex.quote(w) for w in words)
+        return " ".join(words)
 
     def command(self) -> list[str]:
         return [*self.ssh_args(), "--", self.host.address, self.remote_command()]
