@@ -30,7 +30,7 @@ import libcst.matchers as m
 from libcst.codemod import SkipFile
 
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
-from patcher.model import Edit, Example, Patch
+from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -325,6 +325,10 @@ PATCH = Patch(
             when=EVERY_RELEASE,
             answers="vLLM's scheduler splits a prompt across steps when a batch exceeds "
             "max_num_batched_tokens, and counts scheduled tokens in request.num_computed_tokens",
+            fact=Fact(
+                "defines", "vllm.v1.request", "Request", "num_computed_tokens",
+                needs=(Fact("defines", "vllm.v1.core.sched.output", "SchedulerOutput", "num_scheduled_tokens"),),
+            ),
         ),
     ),
     examples=(Example(before=BEFORE, after=AFTER),),

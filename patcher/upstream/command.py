@@ -49,7 +49,12 @@ def _split_dist(value: str, default: str) -> tuple[str, str]:
     type=click.Path(file_okay=False, path_type=Path),
     help="where extracted files are kept (default $PATCHER_CACHE/upstream, ~/.cache/patcher/upstream)",
 )
-@click.option("--markdown", "markdown", type=click.Path(dir_okay=False, path_type=Path), help="also write the report as Markdown to FILE")
+@click.option(
+    "--markdown",
+    "markdown",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="also write the report as Markdown to FILE",
+)
 @click.option("--json", "json_mode", is_flag=True, help="print the JSON report (schema_version 1) on stdout")
 @click.option("--quiet", "-q", is_flag=True, help="no progress and no tables, only problems and the verdict")
 def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache, markdown, json_mode, quiet) -> None:

@@ -180,7 +180,12 @@ def instance_attribute(cls: ast.ClassDef, name: str) -> Definition | None:
             continue
         me = method.args.args[0].arg
         for node in ast.walk(method):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            else:
+                continue
             for target in targets:
                 if (
                     isinstance(target, ast.Attribute)
@@ -325,7 +330,8 @@ def evaluate(fact: Fact, tree: SourceTree) -> Verdict:
             return Verdict(param is None, found)
         if kind == "required-param":
             return Verdict(param is not None and not param.has_default, found)
-        return Verdict(param is not None and param.default is not None and _same_source(param.default, fact.value), found)
+        same = param is not None and param.default is not None and _same_source(param.default, fact.value)
+        return Verdict(same, found)
 
     if kind in ("field-required", "default-value"):
         if not isinstance(node, ast.ClassDef):

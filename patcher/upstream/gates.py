@@ -166,12 +166,16 @@ def check_gate(
     """Compare one edit's gate with what the releases read say about its fact."""
     if edit.fact is None:
         check = GateCheck(patch.id, edit.name, None, gate_of(patch, edit, "vllm"), edit.answers)
-        check.problems.append(f"{patch.id} {edit.name}: declares no fact (Edit(fact=...)), so its gate cannot be checked")
+        check.problems.append(
+            f"{patch.id} {edit.name}: declares no fact (Edit(fact=...)), so its gate cannot be checked"
+        )
         return check
     fact = edit.fact
     gate = gate_of(patch, edit, fact.distribution)
     check = GateCheck(patch.id, edit.name, fact, gate, edit.answers)
-    order = [r for r in sorted(releases, key=Version) if r in reads and not reads[r].error and fact in reads[r].verdicts]
+    order = [
+        r for r in sorted(releases, key=Version) if r in reads and not reads[r].error and fact in reads[r].verdicts
+    ]
     if not order:
         check.notes.append("no release of " + fact.distribution + " could be read")
         return check

@@ -29,7 +29,11 @@ from ..transforms import transform_source
 from .sources import ReleaseFiles
 from .wheels import write_atomic
 
-STATUS_FROM_OUTCOME = {"applied": "applies", "already-satisfied": "already-satisfied", "anchor-missing": "anchor-missing"}
+STATUS_FROM_OUTCOME = {
+    "applied": "applies",
+    "already-satisfied": "already-satisfied",
+    "anchor-missing": "anchor-missing",
+}
 
 
 @dataclass

@@ -15,7 +15,12 @@ CELL_TEXT = {
     "anchor-missing": ("DRIFT", "bold red"),
     "not-selected": ("not selected", "dim"),
 }
-CODEMOD_SHORT = {"applied": "applies", "already-satisfied": "fixed", "anchor-missing": "no anchor", "no file": "no file"}
+CODEMOD_SHORT = {
+    "applied": "applies",
+    "already-satisfied": "fixed",
+    "anchor-missing": "no anchor",
+    "no file": "no file",
+}
 
 
 def _versions(values) -> list[str]:
@@ -226,7 +231,8 @@ def render_markdown(report: CheckReport) -> str:
     lines += ["", LEGEND + ".", ""]
     lines += [f"- {_md(line)}" for line in not_selected_reasons(report)] + [""]
 
-    lines += ["## Gates", "", "| patch | edit | fact | gate | first release | holds in | status |", "|---|---|---|---|---|---|---|"]
+    lines += ["## Gates", "", "| patch | edit | fact | gate | first release | holds in | status |"]
+    lines.append("|---|---|---|---|---|---|---|")
     for check in report.gates:
         fact = _md(check.fact.describe()) if check.fact else "(no fact declared)"
         lines.append(
@@ -236,7 +242,7 @@ def render_markdown(report: CheckReport) -> str:
     lines.append("")
     versions = _versions(v for check in report.gates for v in check.holds)
     if versions:
-        lines.append(f"`holds in`: one mark per release read, {versions[0]} to {versions[-1]} (✓ holds, · does not).")
+        lines.append(f"`holds in`: one mark per release read, {versions[0]} to {versions[-1]} (✓ holds, · not).")
     lines += [f"{_md(line)}." for line in read_summary(report)] + [""]
     if report.nightlies:
         lines += ["## Nightlies (fabricated metadata, selection only)", "", "| vllm | selected edits |", "|---|---|"]
