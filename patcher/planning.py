@@ -96,6 +96,24 @@ class TargetPlan:
         return bool(self.changes)
 
 
+@dataclass
+class _FileWork:
+    """One target file between classification and transformation."""
+
+    target: dict
+    rel: str
+    file_patches: list
+    info: dict
+    record: dict | None
+    kind: str
+    interrupted: bool
+    applied: list[str]
+    applied_edits: dict[str, list[str]]
+    pristine: str
+    original_sha: str
+    desired: list[str]
+
+
 def condition_names(patches: Sequence[Patch]) -> list[str]:
     names: list[str] = []
     for patch in patches:
@@ -152,6 +170,7 @@ def plan_target(
     if facts.get("state_error"):
         conflicts.append(Conflict("corrupt-state", facts["state_error"]))
 
+    work: list[_FileWork] = []
     for target in target_files(patches):
         rel = target["path"]
         file_patches = [p for p in patches if p.target.path == rel]
@@ -216,7 +235,17 @@ def plan_target(
             desired = sorted(set(requested) | set(kept), key=order.__getitem__)
         else:
             desired = [pid for pid in applied if pid in by_id and only and pid not in only]
-        desired, dropped = _with_needs(desired, by_id)
+        work.append(_FileWork(target, rel, file_patches, info, record, kind, interrupted,
+                              applied, applied_edits, pristine, original_sha, desired))
+
+    # `needs` may cross files (a generator patch relying on a worker patch): filter globally.
+    wanted = [pid for w in work for pid in w.desired]
+    kept_ids, dropped = _with_needs(sorted(set(wanted), key=order.__getitem__), by_id)
+    for w in work:
+        target, rel, file_patches, info, record = w.target, w.rel, w.file_patches, w.info, w.record
+        kind, interrupted, applied, applied_edits = w.kind, w.interrupted, w.applied, w.applied_edits
+        pristine, original_sha, current_sha = w.pristine, w.original_sha, info["sha256"]
+        desired = [pid for pid in w.desired if pid in kept_ids]
         edits = {
             pid: (selections[pid].edit_names if selections[pid].selected else applied_edits.get(pid, []))
             for pid in desired

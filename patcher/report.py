@@ -21,6 +21,7 @@ EXIT_PENDING = 6  # `plan` only: changes are pending (0 means nothing to do)
 AGENT_ERRORS = {
     "locked": ("failed", EXIT_LOCKED),
     "conflict": ("failed", EXIT_CONFLICT),
+    "stale-plan": ("failed", EXIT_CONFLICT),
     "corrupt-state": ("failed", EXIT_CONFLICT),
     "backup-missing": ("failed", EXIT_CONFLICT),
     "hostile-path": ("failed", EXIT_CONFLICT),

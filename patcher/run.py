@@ -38,7 +38,15 @@ class RunOptions:
 def run_target(transport, patches: Sequence[Patch], options: RunOptions) -> TargetReport:
     report = TargetReport(target=transport.label)
     try:
-        return _run(transport, patches, options, report)
+        try:
+            return _run(transport, patches, options, report)
+        except AgentFailure as exc:
+            if exc.kind != "stale-plan":
+                raise
+            # Another run changed the files while this one waited for the lock: plan again, once.
+            options.progress(f"{transport.label}: files changed while waiting for the lock; planning again")
+            report = TargetReport(target=transport.label)
+            return _run(transport, patches, options, report)
     except TransportError as exc:
         return _fail(report, exc.kind, exc.message)
     except AgentFailure as exc:

@@ -422,7 +422,7 @@ def op_apply(req: dict) -> dict:
             current = sha256_file(full)
             if current != item["expected_sha256"]:
                 raise AgentError(
-                    "conflict",
+                    "stale-plan",
                     f"{full} changed since the plan was made (sha256 {current}, expected "
                     f"{item['expected_sha256']}); run the command again",
                 )
