@@ -102,7 +102,7 @@ class Reference:
 
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, torch_dtype=torch.float32, attn_implementation="eager"
+            model_path, dtype=torch.float32
         )
         self.model.eval()
         self.num_layers = self.model.config.num_hidden_layers
@@ -215,11 +215,14 @@ def error_record(exc: BaseException, phase: str) -> dict:
     while cur is not None and len(chain) < 5:
         chain.append({"type": type(cur).__name__, "message": str(cur)[:3000]})
         cur = cur.__cause__ or cur.__context__
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].name}" if frames else ""
     return {
         "type": type(exc).__name__,
         "module": type(exc).__module__,
         "message": str(exc)[:3000],
         "phase": phase,
+        "where": where,  # the innermost frame, e.g. block_pool.py:cache_full_blocks
         "chain": chain,
         "traceback": traceback.format_exc()[-4000:],
     }
@@ -245,8 +248,11 @@ def run(args) -> dict:
 
         vocab_size = AutoConfig.from_pretrained(args.model).vocab_size
         batches = make_batches(tokenizer, vocab_size)
+        numbers = list(range(1, len(batches) + 1))
         if args.calls != "all":
-            batches = [batches[int(i) - 1] for i in args.calls.split(",")]
+            numbers = [int(i) for i in args.calls.split(",")]
+            batches = [batches[i - 1] for i in numbers]
+        report["call_numbers"] = numbers
         report["planned_calls"] = len(batches)
         report["prompts_per_call"] = [len(b) for b in batches]
         report["tokens_per_call"] = [sum(len(p) for p in b) for b in batches]
@@ -256,12 +262,15 @@ def run(args) -> dict:
         phase = "init"
         t0 = time.monotonic()
         generator = VllmHiddenStatesGenerator(
-            args.model, layer_ids=args.layers, max_model_len=args.max_model_len
+            args.model,
+            layer_ids=args.layers,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.memory_utilization,
         )
         report["timings"]["init_s"] = round(time.monotonic() - t0, 2)
 
         outputs = []
-        for number, prompts in enumerate(batches, 1):
+        for number, prompts in zip(numbers, batches):
             phase = f"generate {number}"
             t0 = time.monotonic()
             outputs.append(generator.generate(prompts))
@@ -275,7 +284,7 @@ def run(args) -> dict:
         phase = "reference"
         t0 = time.monotonic()
         reference = Reference(args.model, args.layers)
-        for number, (prompts, results) in enumerate(zip(batches, outputs), 1):
+        for number, prompts, results in zip(numbers, batches, outputs):
             report["calls"].append({"call": number, "prompts": check_call(reference, prompts, results)})
         report["timings"]["reference_s"] = round(time.monotonic() - t0, 2)
     except Exception as exc:  # the symptom is the result: report it
@@ -293,6 +302,13 @@ def main() -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--layers", default="0,2,3", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument(
+        "--memory-utilization",
+        type=float,
+        default=0.1,
+        help="the generator's gpu_memory_utilization: its KV cache takes 0.2 of this share of the "
+        "free device memory (host memory on the CPU build, with v9); 0.1 is ample for the demo",
+    )
     parser.add_argument("--calls", default="all", help="which calls to run, e.g. 1,2 (default all)")
     parser.add_argument("--report", help="also write the JSON report to this file")
     parser.add_argument("--dump", help="save the prompts and generate() results (torch.save) here")
