@@ -1,8 +1,8 @@
 """Many hosts at once: `run_target` per host over ssh, in parallel, in batches, stopping a
-rollout that fails too often. Each host's work is two ssh round trips (subprocesses), so
-threads are enough; the codemods run once per distinct file thanks to the transform cache.
+rollout that fails too often. Each host's work is one ssh session (a subprocess) with two
+round trips, so threads are enough; the codemods run once per distinct file thanks to the transform cache.
 
-- `--forks N`: at most N hosts in flight.
+- `--forks N`: at most N hosts in flight (one ssh process and one remote interpreter each).
 - `--serial N` (or `N%`): batches of N hosts; a batch starts when the previous one is done.
 - `--max-fail P`: when more than P% of a batch's hosts did not succeed, no further host is
   started (hosts already running finish); the rest are reported as `skipped`, not started.
@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 from .report import EXIT_FAILED, EXIT_PENDING, TargetReport, document
 from .run import RunOptions, run_target
-from .ssh import ControlDir, Host, SshSettings, SshTransport
+from .ssh import Host, SshSettings, SshTransport
 
 DEFAULT_FORKS = 8
 SKIPPED = "skipped"
@@ -98,9 +98,6 @@ def run_fleet(
     batches = [list(range(i, min(i + size, len(hosts)))) for i in range(0, len(hosts), size)]
     results: dict[int, HostResult] = {}
     stop_reason = ""
-    control = ControlDir() if settings.control_dir is None else None
-    if control is not None:
-        settings = dataclasses.replace(settings, control_dir=control.path)
     lock = threading.Lock()
 
     def one(index: int) -> HostResult:
@@ -171,8 +168,6 @@ def run_fleet(
         interrupted = False
     finally:
         progress.finish()
-        if control is not None:
-            control.cleanup()
     ordered = []
     for index, host in enumerate(hosts):
         if index in results:

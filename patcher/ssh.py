@@ -9,8 +9,9 @@ transport are the same as for a local target.
   keep-alives, host keys checked with StrictHostKeyChecking=accept-new by default (an unknown
   host's key is recorded, a changed key is refused). Options given with --ssh-option come first on
   the command line, so they win over these defaults (ssh uses the first value it sees).
-- One multiplexed connection per host (ControlMaster=auto, a socket in a private temporary
-  folder): the facts and apply round trips of a host share it; `close()` ends it.
+- One ssh process, one connection and one remote interpreter per host: the agent is started
+  once and answers each request (facts, then apply with its verification) on the same session,
+  one JSON line in, one out (SESSION_BOOTSTRAP); `close()` ends it. Nothing to multiplex.
 - Every word of the remote command is shell-quoted; the host comes after `--`, so nothing can
   be read as an ssh option; host strings are checked before any process starts.
 """
@@ -18,19 +19,20 @@ transport are the same as for a local target.
 from __future__ import annotations
 
 import ipaddress
-import os
+import json
+import queue
 import re
 import shlex
-import shutil
 import subprocess
-import tempfile
+import threading
+import time
 from dataclasses import dataclass
+from functools import lru_cache
 
-from .transport import AgentFailure, LocalTransport, TransportError, bootstrap, parse_answer
+from .transport import AgentFailure, LocalTransport, TransportError, bootstrap
 
 DEFAULT_REMOTE_PYTHON = "python3"
 DEFAULT_CONNECT_TIMEOUT = 10
-CONTROL_PERSIST = 60  # seconds a master connection outlives its last session if close() is never called
 
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\Z")
 _HOSTNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\Z")
@@ -169,19 +171,6 @@ def check_ssh_option(option: str) -> str:
     return f"{key}={value.strip()}"
 
 
-class ControlDir:
-    """A private folder for the multiplexing sockets of one run (mode 0700), removed at the end."""
-
-    def __init__(self) -> None:
-        base = tempfile.gettempdir()
-        if len(base) > 40:  # a unix socket path must stay under ~104 bytes
-            base = "/tmp"
-        self.path = tempfile.mkdtemp(prefix="patcher-ssh-", dir=base)
-
-    def cleanup(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
 @dataclass
 class SshSettings:
     """What every host of a run shares."""
@@ -191,7 +180,6 @@ class SshSettings:
     config_file: str | None = None  # -F, from --ssh-config
     connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
     sudo: bool = False
-    control_dir: str | None = None  # None: no multiplexing
 
 
 class SshTransport(LocalTransport):
@@ -205,6 +193,7 @@ class SshTransport(LocalTransport):
         self.settings = settings
         self.invocations = 0
         self._op = ""
+        self._proc: subprocess.Popen | None = None
 
     @property
     def label(self) -> str:
@@ -226,12 +215,6 @@ class SshTransport(LocalTransport):
             "-o", "ServerAliveInterval=10",
             "-o", "ServerAliveCountMax=3",
         ]  # fmt: skip
-        if s.control_dir:
-            args += [
-                "-o", "ControlMaster=auto",
-                "-o", f"ControlPath={os.path.join(s.control_dir, '%C')}",
-                "-o", f"ControlPersist={CONTROL_PERSIST}",
-            ]  # fmt: skip
         if self.host.port:
             args += ["-p", str(self.host.port)]
         if self.host.user:
@@ -239,12 +222,12 @@ class SshTransport(LocalTransport):
         return args
 
     def remote_command(self) -> str:
-        """`PYTHON -c BOOTSTRAP` for the remote shell, every word quoted. A leading `~/` in the
-        interpreter path is the login user's home (`"$HOME"/...`, the rest still quoted)."""
+        """`PYTHON -c SESSION_BOOTSTRAP` for the remote shell, every word quoted. A leading `~/`
+        in the interpreter path is the login user's home (`"$HOME"/...`, the rest still quoted)."""
         python = shlex.quote(self.python)
         if self.python.startswith("~/") and len(self.python) > 2:
             python = '"$HOME"/' + shlex.quote(self.python[2:])
-        words = [python, "-c", shlex.quote(bootstrap())]
+        words = [python, "-c", shlex.quote(session_bootstrap())]
         if self.settings.sudo:
             words = ["sudo", "-n", "--", *words]
         return " ".join(words)
@@ -252,35 +235,88 @@ class SshTransport(LocalTransport):
     def command(self) -> list[str]:
         return [*self.ssh_args(), "--", self.host.address, self.remote_command()]
 
-    # -------------------------------------------------------------- one round trip
+    # -------------------------------------------------------------- the session
 
-    def call(self, request: dict, timeout: float = 900) -> dict:
-        import json
-
-        from .transport import agent_source
-
-        self._op = request.get("op", "")
-        payload = json.dumps({"agent": agent_source(), **request}).encode("utf-8")
+    def _start(self) -> None:
         self.invocations += 1
         try:
-            proc = subprocess.run(
-                self.command(), input=payload, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout
+            self._proc = subprocess.Popen(
+                self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
         except FileNotFoundError:
             raise TransportError("usage", f"no `{self.settings.ssh}` client on this machine; install OpenSSH") from None
-        except subprocess.TimeoutExpired:
-            raise TransportError(
-                "unreachable",
-                f"no answer within {timeout:g}s" + self._outcome_hint(),
-            ) from None
-        if _has_answer(proc.stdout):
+        self._lines: queue.Queue = queue.Queue()
+        self._stderr: list[bytes] = []
+        proc = self._proc
+
+        def pump_out() -> None:
+            for line in proc.stdout:
+                self._lines.put(line)
+            self._lines.put(None)
+
+        def pump_err() -> None:
+            for line in proc.stderr:
+                if len(self._stderr) < 200:
+                    self._stderr.append(line)
+
+        for target in (pump_out, pump_err):
+            threading.Thread(target=target, daemon=True, name=f"ssh-{self.host.name}").start()
+
+    def call(self, request: dict, timeout: float = 900) -> dict:
+        """One round trip on the host's session (started by the first call)."""
+        from .transport import agent_source
+
+        self._op = request.get("op", "")
+        first = self._proc is None
+        if first:
+            self._start()
+        elif self._proc.poll() is not None:
+            raise self._ended()
+        payload = {"agent": agent_source(), **request} if first else dict(request)
+        try:
+            self._proc.stdin.write(json.dumps(payload).encode("utf-8") + b"\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._ended() from None
+        deadline = time.monotonic() + timeout
+        while True:
             try:
-                return parse_answer(self.label, proc)
-            except AgentFailure as exc:
-                if exc.kind == "not-writable" and not self.settings.sudo:
-                    raise AgentFailure(exc.kind, exc.message + "; if the login user may sudo, try --sudo") from None
-                raise
-        raise self._classify(proc)
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._kill()
+                raise TransportError("unreachable", f"no answer within {timeout:g}s" + self._outcome_hint()) from None
+            if line is None:
+                raise self._ended()
+            text = line.decode("utf-8", "replace").strip()
+            if text.startswith("{"):
+                break
+        try:
+            answer = json.loads(text)
+        except ValueError:
+            raise TransportError("usage", f"{self.python} answered something that is not JSON: {text[:200]}") from None
+        if not answer.get("ok"):
+            error = answer.get("error", {})
+            kind, message = error.get("kind", "unknown"), error.get("message", "agent failed")
+            if kind == "not-writable" and not self.settings.sudo:
+                message += "; if the login user may sudo, try --sudo"
+            raise AgentFailure(kind, message)
+        return answer["result"]
+
+    def _ended(self) -> TransportError:
+        """The session ended before answering: why, from ssh's exit status and messages."""
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        time.sleep(0.05)  # let the stderr pump take the last lines
+        returncode = self._proc.returncode
+        self._proc = None
+        return self._classify(returncode, b"".join(self._stderr))
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
 
     def _outcome_hint(self) -> str:
         if self._op != "apply":
@@ -290,18 +326,18 @@ class SshTransport(LocalTransport):
             f"new bytes (written atomically); run `patcher status --host {self.host.spec}` to see which"
         )
 
-    def _classify(self, proc: subprocess.CompletedProcess) -> TransportError:
+    def _classify(self, returncode: int, stderr: bytes) -> TransportError:
         """A failed ssh invocation, as a precise status and one line for the user."""
         lines = [
             line.strip()
-            for line in proc.stderr.decode("utf-8", "replace").splitlines()
+            for line in stderr.decode("utf-8", "replace").splitlines()
             if line.strip() and not line.startswith("Warning: Permanently added") and not set(line.strip()) <= {"@"}
         ]
         text = "\n".join(lines)
-        last = lines[-1] if lines else f"ssh exit status {proc.returncode}"
+        last = lines[-1] if lines else f"ssh exit status {returncode}"
         host = self.host
         where = f"{host.address}" + (f" port {host.port}" if host.port else "")
-        if proc.returncode == 255:
+        if returncode == 255:
             if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text:
                 return TransportError(
                     "unreachable",
@@ -347,13 +383,13 @@ class SshTransport(LocalTransport):
                 )
             if "not in the sudoers" in text or "not allowed to execute" in text or "may not run sudo" in text:
                 return TransportError("usage", f"sudo refused: {last}")
-            if proc.returncode == 127 and re.search(r"\bsudo: (command )?not found|sudo: No such file", text):
+            if returncode == 127 and re.search(r"\bsudo: (command )?not found|sudo: No such file", text):
                 return TransportError("usage", f"no sudo on {host.address}; drop --sudo")
             if re.search(r"sudo: .*(command not found|No such file)", text):
                 return self._no_python()
-        if proc.returncode == 127:
+        if returncode == 127:
             return self._no_python()
-        if proc.returncode == 126:
+        if returncode == 126:
             return TransportError(
                 "usage", f"{self.python} cannot be executed on {host.address} ({last}); name the interpreter with --python"
             )
@@ -373,21 +409,36 @@ class SshTransport(LocalTransport):
     # -------------------------------------------------------------- end of the run
 
     def close(self) -> None:
-        """End the host's master connection, if one was opened."""
-        if not self.settings.control_dir or not self.invocations:
+        """End the session: the agent sees the end of its input and exits."""
+        if self._proc is None:
             return
         try:
-            subprocess.run(
-                [*self.ssh_args(), "-O", "exit", "--", self.host.address],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=10,
-            )
-        except (OSError, subprocess.TimeoutExpired):
+            self._proc.stdin.close()
+        except OSError:
             pass
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        self._proc = None
 
 
-def _has_answer(stdout: bytes) -> bool:
-    lines = stdout.decode("utf-8", "replace").strip().splitlines()
-    return bool(lines) and lines[-1].startswith("{")
+@lru_cache(maxsize=1)
+def session_bootstrap() -> str:
+    """The agent's BOOTSTRAP (same version check), serving one request per line until the end
+    of input, the agent compiled once: facts and apply share one interpreter."""
+    boot = bootstrap()
+    head, sep, _ = boot.partition("d=json.loads(")
+    if not sep:
+        raise RuntimeError("unexpected agent BOOTSTRAP")
+    return head + (
+        "ns=None\n"
+        "while True:\n"
+        " line=sys.stdin.buffer.readline()\n"
+        " if not line.strip():break\n"
+        " d=json.loads(line.decode('utf-8'))\n"
+        " if ns is None:\n"
+        "  ns={'__name__':'patcher_agent','AGENT_SOURCE':d['agent']}\n"
+        "  exec(compile(d['agent'],'<patcher-agent>','exec'),ns)\n"
+        " ns['serve'](d)\n"
+    )
