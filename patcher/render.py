@@ -36,6 +36,7 @@ def render_patch_list(patches) -> None:
 
 
 def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     console = _console()
@@ -46,22 +47,22 @@ def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
                 f"{n} {v}" + (f" ({r.distributions[n]})" if r.distributions.get(n, n) != n else "")
                 for n, v in sorted(r.versions.items())
             )
-            console.print(f"[bold]{r.target}[/bold]  {versions}")
+            console.print(f"[bold]{escape(r.target)}[/bold]  {escape(versions)}")
             if r.patches:
                 table = Table(show_header=True, box=None, pad_edge=False)
                 table.add_column("patch")
                 table.add_column("state")
                 table.add_column("why", overflow="fold")
                 for p in r.patches:
-                    table.add_row(p.id, f"[{STATE_STYLE.get(p.state, '')}]{p.state}[/]", p.reason)
+                    table.add_row(p.id, f"[{STATE_STYLE.get(p.state, '')}]{p.state}[/]", escape(p.reason))
                 console.print(table)
             for note in r.notes:
-                console.print(f"note: {note}")
-        for problem in r.problems[1:] if r.message else r.problems:
-            console.print(f"  [red]-[/red] {problem}", markup=True)
+                console.print(f"note: {escape(note)}")
         if r.message:
             prefix = "error: " if r.exit_code not in (0, 6) else ""
-            console.print(f"[{style}]{r.status}[/]: {prefix}{r.message}")
+            console.print(f"[{style}]{r.status}[/]: {prefix}{escape(r.message)}", markup=True)
+        for problem in r.problems[1:] if r.message else r.problems:
+            console.print(f"  [red]-[/red] {escape(problem)}", markup=True)
         if show_diff:
             for f in r.files:
                 if f.get("diff"):

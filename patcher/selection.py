@@ -67,9 +67,14 @@ def select_patches(
         if missing:
             out[patch.id] = Selection(patch, False, f"needs {', '.join(missing)}, which is not selected")
             continue
-        out[patch.id] = Selection(patch, True, "conditions hold: " + describe(patch, versions), edits)
+        out[patch.id] = Selection(patch, True, "selected: " + describe(patch, versions), edits)
     return out
 
 
 def describe(patch: Patch, versions: Mapping[str, str | None]) -> str:
-    return ", ".join(f"{n} {versions.get(n)} {'; '.join(s)}" for n, s in patch.conditions().items())
+    """e.g. "speculators 0.3.0 (>=0.3.0,<0.4.0), vllm 0.16.0 (>=0.11.1, >=0.12.0)"."""
+    parts = []
+    for name, specs in patch.conditions().items():
+        unique = list(dict.fromkeys(specs))
+        parts.append(f"{name} {versions.get(name)} ({', '.join(unique)})")
+    return ", ".join(parts)
