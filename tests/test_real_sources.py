@@ -26,25 +26,43 @@ PRISTINE_0_3_0_SHA256 = {
 
 PATCHES = load_patches()
 GENERATOR_PATCHES = tuple(p for p in PATCHES if p.target == GENERATOR)  # canonical order
+WORKER_PATCHES = tuple(p for p in PATCHES if p.target == WORKER)
 TARGET_PATHS = tuple(sorted({GENERATOR.path, WORKER.path} | {p.target.path for p in PATCHES}))
 
-# Every non-empty subset of the generator patches, each in canonical order
-# (combinations keep the order of their input).
+
+def _subsets(patches):
+    """Subsets of one file's patches, each in canonical order (combinations keep the order of
+    their input): every one and every pair (each interaction), every all-but-one (each
+    leave-one-out the end-to-end test applies) and all of them. All 2^n - 1 subsets grow too
+    fast to run on every commit (255 for the generator's eight patches)."""
+    n = len(patches)
+    sizes = sorted({1, 2, n - 1, n} & set(range(1, n + 1)))
+    return [subset for size in sizes for subset in itertools.combinations(patches, size)]
+
+
 SUBSETS = [
-    pytest.param(subset, id="+".join(p.short_id for p in subset))
-    for size in range(1, len(GENERATOR_PATCHES) + 1)
-    for subset in itertools.combinations(GENERATOR_PATCHES, size)
+    pytest.param(target, subset, id=f"{label}:" + "+".join(p.short_id for p in subset))
+    for label, target, patches in (("generator", GENERATOR, GENERATOR_PATCHES), ("worker", WORKER, WORKER_PATCHES))
+    for subset in _subsets(patches)
 ]
 
-# What each patch's codemods say on speculators 0.4.0's generator. Patches never run there
-# (they require speculators <0.4.0); this checks they recognise upstream's fix as their own.
-# v2: 0.4.0 rewrote the capture (results by request id, `request_states_dict`), so the
-# shape v2 rewrites is gone, not patched: anchor-missing, and the file is left alone.
+# What each patch's codemods say on speculators 0.4.0's files. Patches never run there
+# (they require speculators <0.4.0); this checks they recognise upstream's fix as their own,
+# or find the shape they rewrite gone and leave the file alone (anchor-missing):
+# v2, v11 and the worker's v10: 0.4.0 rewrote the capture (results by request id); v9: 0.4.0
+# calls its own device helpers; v8: 0.4.0 dropped the supports_eagle3 guard (and passes no
+# llama_4_scaling either, so v8's other edit alone would apply: never a partial patch).
 EXPECTED_ON_0_4_0 = {
     "v1-block-hasher": "already-satisfied",
     "v2-tensor-truthiness": "anchor-missing",
     "v3-signatures": "already-satisfied",
     "v5-sample-tokens": "already-satisfied",
+    "v6-prefix-caching-off": "already-satisfied",
+    "v7-worker-embed-input-ids": "already-satisfied",
+    "v8-worker-deepseek": "anchor-missing",
+    "v9-device-memory": "anchor-missing",
+    "v10-worker-request-capture": "anchor-missing",
+    "v11-multistep-prefill": "anchor-missing",
 }
 
 
@@ -97,30 +115,30 @@ def test_each_patch_applies_to_0_3_0_and_compiles(speculators_0_3_0, patch):
     compile(result.result, patch.target.path, "exec")
 
 
-@pytest.mark.parametrize("subset", SUBSETS)
-def test_every_subset_of_generator_patches_applies_and_compiles(speculators_0_3_0, subset):
-    result = run_cached(speculators_0_3_0[GENERATOR.path], subset, GENERATOR.path)
+@pytest.mark.parametrize("target,subset", SUBSETS)
+def test_subsets_of_a_files_patches_apply_and_compile(speculators_0_3_0, target, subset):
+    result = run_cached(speculators_0_3_0[target.path], subset, target.path)
     assert [o.outcome for o in result.outcomes] == ["applied"] * len(subset), result.outcomes
-    compile(result.result, GENERATOR.path, "exec")
+    compile(result.result, target.path, "exec")
 
 
-@pytest.mark.parametrize("subset", SUBSETS)
-def test_every_subset_is_idempotent(speculators_0_3_0, subset):
-    once = run_cached(speculators_0_3_0[GENERATOR.path], subset, GENERATOR.path).result
-    twice = run(once, subset, GENERATOR.path)
+@pytest.mark.parametrize("target,subset", SUBSETS)
+def test_subsets_are_idempotent(speculators_0_3_0, target, subset):
+    once = run_cached(speculators_0_3_0[target.path], subset, target.path).result
+    twice = run(once, subset, target.path)
     assert [o.outcome for o in twice.outcomes] == ["already-satisfied"] * len(subset), twice.outcomes
     assert twice.result == once
 
 
-def test_what_the_generator_patches_say_on_0_4_0(speculators_0_4_0, capsys):
-    source = speculators_0_4_0[GENERATOR.path]
+def test_what_the_patches_say_on_0_4_0(speculators_0_4_0, capsys):
     report = {}
-    for patch in GENERATOR_PATCHES:
-        result = run(source, [patch], GENERATOR.path)
+    for patch in PATCHES:
+        source = speculators_0_4_0[patch.target.path]
+        result = run(source, [patch], patch.target.path)
         outcome = result.outcome(patch.id)
         report[patch.id] = (outcome.outcome, outcome.edits, result.changed)
     with capsys.disabled():
-        print("\nspeculators 0.4.0 generator, each patch alone:")
+        print("\nspeculators 0.4.0, each patch alone on its file:")
         for patch_id, (outcome, edits, changed) in report.items():
             print(f"  {patch_id}: {outcome} {edits}{' (would change the file)' if changed else ''}")
     for patch_id, expected in EXPECTED_ON_0_4_0.items():
