@@ -21,9 +21,13 @@ non-final layer; for the final layer transformers returns the state after the mo
 the capture is compared after applying that norm.
 
 The report is JSON, printed as the last line of stdout (and written to --report if given):
-{"ok": bool, "calls": [{"prompts": [{"rows", "expected_rows", "max_abs_diff", "status", ...}]}],
- "error": {"type", "message", "phase"} or null, ...}. A failure inside speculators or vLLM is
-caught and reported with its exception type and message, so a test can assert the exact symptom.
+{"ok": bool, "tolerance", "max_abs_diff", "max_rel_diff", "scale", "timings",
+ "calls": [{"call": n, "prompts": [{"prompt_tokens", "rows" (one per layer), "max_abs_diff",
+ "max_rel_diff", "input_ids_ok", "status" (ok, short, short-wrong, long, wrong), "rows_belong_to"
+ (another prompt of the call whose rows these are, if any)}]}],
+ "error": {"type", "module", "message", "phase", "where", "chain", "traceback"} or null}.
+A failure inside speculators or vLLM is caught and reported with its exception type, message and
+the innermost frame, so a test can assert the exact symptom. The exit status is 0 when ok.
 """
 
 from __future__ import annotations
