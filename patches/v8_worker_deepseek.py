@@ -13,8 +13,16 @@ Until vLLM 0.18.0, DeepseekV2ForCausalLM (and KimiK25ForConditionalGeneration) d
 SupportsEagle3, so 0.3.0's `if not supports_eagle3(model): raise ValueError(...)` rejects them
 although their `model.model.layers` is exactly what the replacement forward walks. The guard is
 relaxed to accept any model whose `.model` has `layers` (speculators 0.4.0 dropped it for that
-test). Kimi-K2.5 keeps its decoder under `language_model`, not `model`: this patch does not make
-it work (0.3.0 never could); see the README.
+test). Kimi-K2.5 keeps its decoder under `language_model`, not `model`: past the guard, 0.3.0's
+`model.model` fails for it on every vLLM release (0.4.0 looks through get_language_model()); this
+patch does not add that.
+
+On vLLM 0.16's CPU build a tiny DeepSeek-V2 model cannot show more than the guard: its MLA
+attention raises NotImplementedError("MLA is not supported on CPU."); with VLLM_MLA_DISABLE=1 the
+unpatched guard raises "Model DeepseekV2ForCausalLM does not support hidden state extraction",
+and with this patch extraction runs and returns every prompt's full rows (llama_4_scaling set
+or not), but vLLM's own CPU output for that model (its pooling runner) differs from
+transformers' and from itself across batch compositions, so no numbers can be checked there.
 
 The guard's condition is "<=0.18.0,!=0.18.0": every release before 0.18.0 including 0.18.0's
 own pre-releases and nightlies (PEP 440's "<0.18.0" excludes 0.18.0rc1 and 0.18.0rc2.dev45,
@@ -252,6 +260,6 @@ PATCH = Patch(
     fixed_in="speculators 0.4.0 (guard only; it drops llama_4_scaling too)",
     note="without it DeepSeek-V2-family models are refused (ValueError 'Model DeepseekV2ForCausalLM "
     "does not support hidden state extraction'), and with the guard relaxed alone, models whose "
-    "config sets llama_4_scaling get hidden states without that scaling. Not needed for Llama; "
-    "the CPU build cannot run DeepSeek's MLA attention (see the README)",
+    "config sets llama_4_scaling get hidden states without that scaling. Not needed for Llama "
+    "models (the end-to-end run passes without it)",
 )
