@@ -259,8 +259,11 @@ class SshTransport(LocalTransport):
                 if len(self._stderr) < 200:
                     self._stderr.append(line)
 
-        for target in (pump_out, pump_err):
-            threading.Thread(target=target, daemon=True, name=f"ssh-{self.host.name}").start()
+        self._pumps = [
+            threading.Thread(target=target, daemon=True, name=f"ssh-{self.host.name}") for target in (pump_out, pump_err)
+        ]
+        for pump in self._pumps:
+            pump.start()
 
     def call(self, request: dict, timeout: float = 900) -> dict:
         """One round trip on the host's session (started by the first call)."""
@@ -308,7 +311,8 @@ class SshTransport(LocalTransport):
             self._proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self._kill()
-        time.sleep(0.05)  # let the stderr pump take the last lines
+        for pump in self._pumps:
+            pump.join(timeout=5)  # ssh has exited: its pipes reach their end
         returncode = self._proc.returncode
         self._proc = None
         return self._classify(returncode, b"".join(self._stderr))
@@ -380,6 +384,11 @@ class SshTransport(LocalTransport):
                     "usage",
                     f"sudo -n refused: {host.user or 'the login user'} may not run "
                     f"{self.python} without a password there (sudoers NOPASSWD), or drop --sudo",
+                )
+            if "must have a tty" in text:
+                return TransportError(
+                    "usage", f"sudo refused: `requiretty` is set for {host.user or 'the login user'} there; "
+                    "allow it without a tty (Defaults !requiretty) or drop --sudo",
                 )
             if "not in the sudoers" in text or "not allowed to execute" in text or "may not run sudo" in text:
                 return TransportError("usage", f"sudo refused: {last}")
