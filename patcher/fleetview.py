@@ -9,6 +9,12 @@ import time
 from .fleet import SKIPPED, TALLY_ORDER, FleetProgress, HostResult, tally
 from .render import STATUS_STYLE, _console
 
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
 STYLE = {**STATUS_STYLE, SKIPPED: "yellow"}
 
 
@@ -72,7 +78,7 @@ class LiveProgress(FleetProgress):
             rows = Table.grid(padding=(0, 2))
             now = time.monotonic()
             for name, (step, since) in list(self.active.items())[:12]:
-                rows.add_row(f"[bold]{name}[/]", f"{now - since:4.1f}s", step)
+                rows.add_row(f"[bold]{escape(name)}[/]", f"{now - since:4.1f}s", escape(step))
             if len(self.active) > 12:
                 rows.add_row("", "", f"... and {len(self.active) - 12} more")
             parts = [bar, rows]
@@ -100,7 +106,8 @@ class LiveProgress(FleetProgress):
             self.done.append(result)
             style = STYLE.get(r.status, "")
             self.console.print(
-                f"[bold]{result.host.name}[/]  [{style}]{_label(r.status)}[/]" + (f"  {r.message}" if r.message else ""),
+                f"[bold]{escape(result.host.name)}[/]  [{style}]{_label(r.status)}[/]"
+                + (f"  {escape(r.message)}" if r.message else ""),
                 highlight=False,
             )
 
@@ -129,11 +136,11 @@ def render_summary(command: str, results: list[HostResult]) -> None:
         for p in r.patches:
             states[p.state] = states.get(p.state, 0) + 1
         table.add_row(
-            result.host.name,
+            escape(result.host.name),
             f"[{STYLE.get(r.status, '')}]{_label(r.status)}[/]",
             str(r.exit_code),
             ", ".join(f"{n} {s}" for s, n in states.items()),
-            r.message,
+            escape(r.message),
         )
     console.print(table)
     counts = tally(results)
