@@ -148,34 +148,36 @@ def _save_persisted(source: str, steps, filename: str, result: FileTransform) ->
         pass  # a cache that cannot be written is only slower
 
 
+def apply_patch(tree, patch: Patch, edits: Iterable[Edit], filename: str):
+    """One patch's edits on a parsed module: (new tree, outcome). All or nothing."""
+    from libcst.codemod import CodemodContext, SkipFile
+
+    before_patch = tree
+    edit_states: dict[str, str] = {}
+    for edit in edits:
+        codemod = edit.codemod(CodemodContext(filename=filename))
+        try:
+            tree = codemod.transform_module(tree)
+        except SkipFile as skip:
+            edit_states[edit.name] = "anchor-missing"
+            message = f"{filename}: {edit.name}: {skip}"
+            return before_patch, PatchOutcome(patch.id, "anchor-missing", message, edit_states)
+        edit_states[edit.name] = "applied" if codemod.rewrites else "satisfied"
+    if any(state == "applied" for state in edit_states.values()):
+        return tree, PatchOutcome(patch.id, "applied", "", edit_states)
+    return tree, PatchOutcome(patch.id, "already-satisfied", "", edit_states)
+
+
 def _transform(
     source: str,
     steps: Sequence[tuple[Patch, Iterable[Edit]]],
     filename: str,
 ) -> FileTransform:
     import libcst as cst
-    from libcst.codemod import CodemodContext, SkipFile
 
     tree = cst.parse_module(source)
     outcomes: list[PatchOutcome] = []
     for patch, edits in steps:
-        before_patch = tree
-        edit_states: dict[str, str] = {}
-        missing = ""
-        for edit in edits:
-            codemod = edit.codemod(CodemodContext(filename=filename))
-            try:
-                tree = codemod.transform_module(tree)
-            except SkipFile as skip:
-                edit_states[edit.name] = "anchor-missing"
-                missing = f"{filename}: {edit.name}: {skip}"
-                break
-            edit_states[edit.name] = "applied" if codemod.rewrites else "satisfied"
-        if missing:
-            tree = before_patch
-            outcomes.append(PatchOutcome(patch.id, "anchor-missing", missing, edit_states))
-        elif any(state == "applied" for state in edit_states.values()):
-            outcomes.append(PatchOutcome(patch.id, "applied", "", edit_states))
-        else:
-            outcomes.append(PatchOutcome(patch.id, "already-satisfied", "", edit_states))
+        tree, outcome = apply_patch(tree, patch, edits, filename)
+        outcomes.append(outcome)
     return FileTransform(source, tree.code, outcomes)
