@@ -18,17 +18,14 @@ State lives under <sys.prefix>/share/patcher/: state.json, backups/<sha256>.py, 
 
 from __future__ import annotations
 
-import ast
+# Only what every operation needs is imported here: the agent starts once per host and
+# command, so verification's modules (ast, inspect, subprocess, importlib) are imported where used.
 import base64
 import errno
 import hashlib
-import importlib
-import inspect
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 SCHEMA_VERSION = 1
@@ -114,6 +111,8 @@ def fsync_dir(path: str) -> None:
 
 def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
     """Write via a temporary file in the same folder, fsync, rename; keep mode and owner."""
+    import tempfile
+
     folder = os.path.dirname(path)
     ref = like if like and os.path.exists(like) else None
     fd, tmp = tempfile.mkstemp(prefix=".patcher-", suffix=".tmp", dir=folder)
@@ -559,6 +558,9 @@ def op_forget(req: dict) -> dict:
 
 def run_verification(spec: dict) -> dict:
     """Run op_verify in a fresh interpreter: the patched modules as a new process sees them."""
+    import subprocess
+    import tempfile
+
     payload = json.dumps({"agent": AGENT_SOURCE, "op": "verify", "spec": spec})
     proc = subprocess.run(
         [sys.executable, "-c", BOOTSTRAP],
@@ -577,6 +579,9 @@ def run_verification(spec: dict) -> dict:
 
 
 def op_verify(req: dict) -> dict:
+    import ast
+    import importlib
+
     spec = req["spec"]
     problems: list = []
     modules = {}
@@ -598,7 +603,9 @@ def op_verify(req: dict) -> dict:
     return {"ok": not problems, "problems": problems, "modules": sorted(modules)}
 
 
-def _imported_names(tree: ast.Module, prefixes: list) -> dict:
+def _imported_names(tree, prefixes: list) -> dict:
+    import ast
+
     names = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -608,7 +615,9 @@ def _imported_names(tree: ast.Module, prefixes: list) -> dict:
     return names
 
 
-def _bind(sig: inspect.Signature, call: ast.Call, bound_self: bool) -> str | None:
+def _bind(sig, call, bound_self: bool) -> str | None:
+    import ast
+
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return None  # *args / **kwargs at the call site: arity cannot be known statically
     args = [None] * (len(call.args) + (1 if bound_self else 0))
@@ -620,14 +629,18 @@ def _bind(sig: inspect.Signature, call: ast.Call, bound_self: bool) -> str | Non
     return None
 
 
-def _signature(obj) -> inspect.Signature | None:
+def _signature(obj):
+    import inspect
+
     try:
         return inspect.signature(obj)
     except (TypeError, ValueError):
         return None
 
 
-def check_imported_calls(module, tree: ast.Module, prefixes: list) -> list:
+def check_imported_calls(module, tree, prefixes: list) -> list:
+    import ast
+
     problems = []
     imported = _imported_names(tree, prefixes)
     for node in ast.walk(tree):
@@ -650,6 +663,8 @@ def check_imported_calls(module, tree: ast.Module, prefixes: list) -> list:
 
 
 def _dotted(node) -> str | None:
+    import ast
+
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
@@ -660,7 +675,10 @@ def _dotted(node) -> str | None:
     return None
 
 
-def check_attribute_call(module, tree: ast.Module, call: dict) -> list:
+def check_attribute_call(module, tree, call: dict) -> list:
+    import ast
+    import importlib
+
     mod_name, _, qual = call["implementation"].partition(":")
     label = f"{call['receiver']}.{call['method']}"
     try:
