@@ -151,13 +151,22 @@ def _save_persisted(source: str, steps, filename: str, result: FileTransform) ->
 def apply_patch(tree, patch: Patch, edits: Iterable[Edit], filename: str):
     """One patch's edits on a parsed module: (new tree, outcome). All or nothing."""
     from libcst.codemod import CodemodContext, SkipFile
+    from libcst.metadata import MetadataWrapper
 
     before_patch = tree
     edit_states: dict[str, str] = {}
     for edit in edits:
         codemod = edit.codemod(CodemodContext(filename=filename))
         try:
-            tree = codemod.transform_module(tree)
+            if codemod.get_inherited_dependencies():
+                tree = codemod.transform_module(tree)
+            else:
+                # No metadata needed: skip the defensive deep copy Codemod.transform_module makes
+                # (a third of a pass); libcst trees are immutable, so sharing is safe.
+                codemod.context = CodemodContext(
+                    filename=filename, wrapper=MetadataWrapper(tree, unsafe_skip_copy=True)
+                )
+                tree = codemod.transform_module_impl(tree)
         except SkipFile as skip:
             edit_states[edit.name] = "anchor-missing"
             message = f"{filename}: {edit.name}: {skip}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .check import EXIT_USAGE, CheckOptions
+EXIT_USAGE = 2  # as patcher.upstream.check; the heavy modules load only when the command runs
 
 
 def _split_dist(value: str, default: str) -> tuple[str, str]:
@@ -96,6 +96,8 @@ def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache
     def progress(message: str) -> None:
         if not quiet:
             click.echo(message, err=True)
+
+    from .check import CheckOptions
 
     options = CheckOptions(
         since=since_map,
