@@ -12,7 +12,9 @@ import pytest
 
 from patcher.registry import load_patches
 from tests.support.envs import light_env, site_file
+from tests.support.sshd import why_no_sshd
 from tests.test_engine import patcher
+from tests.test_remote import client, servers, spec  # noqa: F401  (fixtures)
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 
@@ -70,21 +72,23 @@ def test_the_write_steps_are_enumerated(reference):
     assert any(p.startswith("temp-written:") for p in reference["apply"])
 
 
-def check_after_kill(python: Path, reference: dict) -> None:
+def check_after_kill(python: Path, reference: dict, via: tuple[str, ...] = ()) -> None:
+    """`via`: how to reach the target (--host ... for a remote one); its --python is added."""
+    target = (*via, "--python", str(python))
     now = files(python)
     for rel in TARGETS:
         assert now[rel] in (reference["original"][rel], reference["patched"][rel]), rel
-    code, doc, err = patcher("status", "--python", str(python), "--json")
+    code, doc, err = patcher("status", *target, "--json")
     assert code == 0, err
     states = {p["file"]: p["state"] for p in doc["targets"][0]["patches"] if p["state"] != "not-selected"}
     for rel, state in states.items():
         expected = "applied" if now[rel] == reference["patched"][rel] else "pending"
         assert state == expected, (rel, state, doc["targets"][0]["notes"])
-    code, _, err = patcher("apply", "--python", str(python), "--no-verify")
+    code, _, err = patcher("apply", *target, "--no-verify")
     assert code == 0, err
     assert files(python) == reference["patched"]
     assert leftovers(python) == []
-    code, _, err = patcher("rollback", "--python", str(python))
+    code, _, err = patcher("rollback", *target)
     assert code == 0, err
     assert files(python) == reference["original"]
 
@@ -116,3 +120,27 @@ def test_kill_during_rollback(tmp_path: Path, reference: dict):
         assert code == 4 and "killed by signal 9" in err, (point, nth, err)
         check_after_kill(python, reference)
     print(f"rollback: killed at {len(points)} write steps: {points}")
+
+
+# ------------------------------------------------------------------ on a remote host
+
+
+@pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
+def test_kill_during_apply_and_rollback_on_a_remote_host(tmp_path: Path, reference: dict, client, servers):
+    """The same kills, the agent running behind a real sshd on loopback: the fault travels in
+    the request, so the remote agent kills itself at the same write steps."""
+    server = servers()
+    via = ("--host", spec(server), *client.args())
+    tested = 0
+    for phase in ("apply", "rollback"):
+        for number, (point, nth) in enumerate(occurrences(reference[phase])):
+            python = fresh(tmp_path / f"{phase}{number}", reference)
+            if phase == "rollback":
+                assert patcher("apply", *via, "--python", str(python), "--no-verify")[0] == 0
+            fault = json.dumps({"at": point, "nth": nth})
+            args = [phase, *via, "--python", str(python)] + (["--no-verify"] if phase == "apply" else [])
+            code, _, err = patcher(*args, env={"PATCHER_FAULT": fault})
+            assert code == 4, (phase, point, nth, err)
+            check_after_kill(python, reference, via)
+            tested += 1
+    print(f"remote: killed at {tested} write steps")
