@@ -111,8 +111,8 @@ def demo(keep: bool) -> None:
         f"{sum(1 for p in applied.patches if p.state == 'applied')} patches applied and verified "
         "against vLLM's real signatures",
         f"{len(calls)} generate() calls, {prompts} prompts: every prompt's hidden states have its "
-        f"full length and match transformers (max abs diff {after.get('max_abs_diff')}, "
-        f"tolerance {after.get('tolerance')})" if after.get("ok") else
+        f"full length and match transformers (largest per-row relative difference "
+        f"{after.get('max_rel_diff'):.3f}, tolerance {after.get('tolerance')})" if after.get("ok") else
         f"extraction did NOT match: {json.dumps(after.get('error'))[:300]}",
     ]
     if restored is not None:
@@ -129,10 +129,10 @@ def _summarize(report: dict) -> None:
     layers = report.get("layer_ids")
     for call in report.get("calls", []):
         rows = [p["rows"] for p in call["prompts"]]
-        worst = max((p["max_abs_diff"] or 0.0) for p in call["prompts"]) if call["prompts"] else 0.0
+        worst = max((p["max_rel_diff"] or 0.0) for p in call["prompts"]) if call["prompts"] else 0.0
         bad = [p["index"] for p in call["prompts"] if p["status"] != "ok"]
         _say(
             f"    call {call['call']}: {len(rows)} prompts, rows {min(rows)}..{max(rows)} "
-            f"(each = its prompt length), layers {layers}, max abs diff {worst:.2e}"
+            f"(each = its prompt length), layers {layers}, largest relative diff {worst:.3f}"
             + (f", MISMATCH in prompts {bad}" if bad else ", all match")
         )
