@@ -279,3 +279,20 @@ def test_json_contract(env: Path):
     assert target["status"] in ("ok", "changed", "failed", "unreachable", "rolled-back")
     for patch in target["patches"]:
         assert set(patch) >= {"id", "state", "reason"}
+
+
+def test_file_replaced_by_another_release_is_reported_and_forget_clears_it(env: Path):
+    assert patcher("apply", "--python", str(env), "--no-verify")[0] == 0
+    reinstall_speculators(env, "0.4.0")  # pip put another release's bytes in place
+    code, doc, err = patcher("status", "--python", str(env), "--json")
+    assert code == 0, err
+    target = doc["targets"][0]
+    assert any("pip replaced it" in note and "patcher forget" in note for note in target["notes"]), target
+    assert all(p["state"] == "not-selected" for p in target["patches"])
+    state = env.parent.parent / "share" / "patcher" / "state.json"
+    assert json.loads(state.read_text())["files"]
+    code, doc, err = patcher("forget", "--python", str(env), "--json")
+    assert code == 0, err
+    assert {f["path"] for f in doc["targets"][0]["files"]} >= {GENERATOR}
+    assert json.loads(state.read_text())["files"] == {}
+    assert not list((state.parent / "backups").iterdir())

@@ -78,7 +78,10 @@ def site_file(python: Path, rel: str) -> Path:
 
 
 def reinstall_speculators(python: Path, version: str = "0.3.0") -> None:
-    """What `pip install --force-reinstall speculators==X` does to the files, with the real wheel."""
+    """What `pip install --force-reinstall speculators==X` does to the files, with the real wheel
+    (pip uninstalls the installed release first; `--target` alone would keep its dist-info)."""
+    for old in _site_packages(python.parent.parent).glob("speculators-*.dist-info"):
+        shutil.rmtree(old)
     pip_install_no_deps(python.parent.parent, download_wheel("speculators", version, cache_dir() / "wheels"))
 
 
