@@ -148,7 +148,14 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     report.status = "changed"
     report.patches = [_after_write(p, changed_ids, mode) for p in plan.patches]
     verified = result.get("verification")
-    report.message = f"{len(plan.changes)} file(s) written" + (", verified" if verified else ", not verified")
+    if mode == "rollback":
+        restored = sum(1 for change in plan.changes if change.new_content is None)
+        report.message = f"{restored} file(s) restored to their original bytes" + (
+            f", {len(plan.changes) - restored} recomputed without the rolled-back patches"
+            if restored < len(plan.changes) else ""
+        )
+    else:
+        report.message = f"{len(plan.changes)} file(s) written" + (", verified" if verified else ", not verified")
     return report
 
 

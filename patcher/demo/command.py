@@ -128,7 +128,8 @@ def _summarize(report: dict) -> None:
         _say(f"    error: {report['error'].get('type')}: {report['error'].get('message', '')[:300]}")
     layers = report.get("layer_ids")
     for call in report.get("calls", []):
-        rows = [p["rows"] for p in call["prompts"]]
+        # rows per requested layer; every layer has the same count when all is well
+        rows = [max(p["rows"]) if isinstance(p["rows"], list) else p["rows"] for p in call["prompts"]]
         worst = max((p["max_rel_diff"] or 0.0) for p in call["prompts"]) if call["prompts"] else 0.0
         bad = [p["index"] for p in call["prompts"] if p["status"] != "ok"]
         _say(
