@@ -51,7 +51,9 @@ class Fact:
     """
 
     kind: str
-    module: str  # e.g. "vllm.v1.core.sched.scheduler"
+    # e.g. "vllm.v1.core.sched.scheduler"; or candidates, for a name vLLM moved: the fact is about
+    # the first of them that defines the qualname's (or name's) head in that release
+    module: str | tuple[str, ...]
     qualname: str = ""  # e.g. "Scheduler.__init__"; "" for the module itself
     name: str = ""  # the parameter, attribute, field or base class
     value: str = ""  # default-value only: the default as Python source, e.g. "True"
@@ -67,8 +69,16 @@ class Fact:
             raise ValueError("a default-value fact gives the expected default as Python source")
 
     @property
+    def modules(self) -> tuple[str, ...]:
+        return self.module if isinstance(self.module, tuple) else (self.module,)
+
+    @property
+    def module_text(self) -> str:
+        return self.modules[0] if len(self.modules) == 1 else "(" + " | ".join(self.modules) + ")"
+
+    @property
     def where(self) -> str:
-        return f"{self.module}.{self.qualname}" if self.qualname else self.module
+        return f"{self.module_text}.{self.qualname}" if self.qualname else self.module_text
 
     def describe(self) -> str:
         return FACT_KINDS[self.kind].format(where=self.where, name=self.name, value=self.value)

@@ -2,7 +2,8 @@
 
 vLLM 0.11.1: vllm/v1/core/sched/scheduler.py (Scheduler.__init__ requires block_size);
 vLLM 0.12.0: vllm/config/scheduler.py (SchedulerConfig init-only field is_encoder_decoder required)
-and vllm/v1/core/kv_cache_utils.py (get_kv_cache_config_from_groups drops kv_cache_specs).
+and vllm/v1/core/kv_cache_utils.py (get_kv_cache_config_from_groups drops kv_cache_specs; since
+vLLM 0.33.0 it lives in vllm/v1/core/kv_cache_planning.py, still without it: see v12).
 Upstream fix: https://github.com/vllm-project/speculators/pull/225
 """
 
@@ -77,8 +78,10 @@ class SchedulerConfigEncoderDecoder(PatchCodemod):
 
 KV_CACHE_CONFIG_CALL = m.Call(func=m.Name("get_kv_cache_config_from_groups"))
 
-# vLLM 0.12.0: get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory).
+# vLLM 0.12.0: get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory),
+# in kv_cache_utils; the same signature in kv_cache_planning since 0.33.0 (v12 moves the import).
 KV_CACHE_CONFIG_NO_SPECS_SINCE = {"vllm": ">=0.12.0"}
+KV_CACHE_CONFIG_MODULES = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_planning")
 
 
 class KvCacheConfigWithoutSpecs(PatchCodemod):
@@ -119,9 +122,7 @@ PATCH = Patch(
             KvCacheConfigWithoutSpecs,
             when=KV_CACHE_CONFIG_NO_SPECS_SINCE,
             answers="get_kv_cache_config_from_groups has no parameter kv_cache_specs",
-            fact=Fact(
-                "lacks-param", "vllm.v1.core.kv_cache_utils", "get_kv_cache_config_from_groups", "kv_cache_specs"
-            ),
+            fact=Fact("lacks-param", KV_CACHE_CONFIG_MODULES, "get_kv_cache_config_from_groups", "kv_cache_specs"),
         ),
     ),
     examples=(

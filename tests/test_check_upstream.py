@@ -120,8 +120,10 @@ def test_declared_gates_agree_with_upstream(report):
     assert checked
     for gate in checked:
         assert gate.ok, gate.problems
-        assert gate.first is not None, gate
+        # v12's fact first holds in vLLM 0.33.0, beyond the releases this test reads
+        assert gate.first is not None or gate.patch_id == "v12-kv-cache-planning", gate
     firsts = {(g.patch_id, g.edit): g.first for g in checked}
+    assert firsts[("v12-kv-cache-planning", "ImportFromKvCachePlanning")] is None
     assert firsts[("v3-signatures", "SchedulerBlockSize")] == "0.11.1"
     assert firsts[("v3-signatures", "SchedulerConfigEncoderDecoder")] == "0.12.0"
     assert firsts[("v3-signatures", "KvCacheConfigWithoutSpecs")] == "0.12.0"

@@ -8,7 +8,7 @@ bases (resolved in the class's module), staying within the distribution's own pa
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..model import Fact
@@ -295,6 +295,14 @@ def _first_item(expr: ast.expr | None) -> bool:
 
 def evaluate(fact: Fact, tree: SourceTree) -> Verdict:
     """Whether `fact` holds in the release `tree` reads, and what was found."""
+    if isinstance(fact.module, tuple):
+        # Candidate modules: the first that defines the head of the qualname (or the name).
+        head = (fact.qualname or fact.name).split(".")[0]
+        chosen = next((c for c in fact.module if tree.find(c, head) is not None), None)
+        if chosen is None:
+            return Verdict(False, f"{head} defined in none of {', '.join(fact.module)}")
+        verdict = evaluate(replace(fact, module=chosen), tree)
+        return Verdict(verdict.holds, f"{chosen}: {verdict.detail}")
     if tree.module(fact.module) is None:
         return Verdict(False, f"no module {fact.module}")
     kind = fact.kind

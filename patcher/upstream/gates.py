@@ -39,7 +39,7 @@ class ReleaseRead:
 
 
 def fact_key(fact: Fact) -> str:
-    return json.dumps([fact.kind, fact.module, fact.qualname, fact.name, fact.value])
+    return json.dumps([fact.kind, list(fact.modules) if isinstance(fact.module, tuple) else fact.module, fact.qualname, fact.name, fact.value])
 
 
 def _evaluator_key() -> str:
@@ -137,7 +137,7 @@ def fact_json(fact: Fact) -> dict:
     out = {
         "kind": fact.kind,
         "distribution": fact.distribution,
-        "module": fact.module,
+        "module": fact.module if isinstance(fact.module, str) else list(fact.module),
         "qualname": fact.qualname,
         "name": fact.name,
         "text": fact.describe(),

@@ -97,7 +97,7 @@ def not_selected_reasons(report: CheckReport) -> list[str]:
 def short_fact(check: GateCheck) -> str:
     """The fact without its module path (the JSON and Markdown carry it)."""
     fact = check.fact
-    return fact.describe().replace(fact.module + ".", "", 1) if fact.qualname else fact.describe()
+    return fact.describe().replace(fact.module_text + ".", "", 1) if fact.qualname else fact.describe()
 
 
 def holds_ranges(check: GateCheck) -> str:
