@@ -27,7 +27,7 @@ def main() -> int:
         run("local", [str(HERE / "local.py")]),
         run("check-upstream", [str(HERE / "check_upstream.py")]),
     ]
-    if os.geteuid() == 0 and shutil.which("sshd") or Path("/usr/sbin/sshd").exists():
+    if os.geteuid() == 0 and (shutil.which("sshd") or Path("/usr/sbin/sshd").exists()):
         fleet = [str(HERE / "fleet.py"), "--hosts", "1,8,32", "--repeat", "3"]
         codes.append(run("fleet", fleet + (["--ansible"] if "--ansible" in sys.argv else [])))
     else:
