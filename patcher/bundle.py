@@ -188,7 +188,7 @@ def _patch_data(patches: Sequence[Patch]) -> list[dict]:
             "file": p.target.path,
             "requires": dict(p.requires),
             "edits": [{"name": e.name, "when": dict(e.when)} for e in p.edits],
-            "needs": list(getattr(p, "needs", ())),
+            "needs": list(p.needs),
         }
         for p in patches
     ]

@@ -254,7 +254,7 @@ def list_patches(json_mode: bool) -> None:
                 "distribution": p.target.distribution,
                 "file": p.target.path,
                 "requires": dict(p.requires),
-                "needs": list(getattr(p, "needs", ())),
+                "needs": list(p.needs),
                 "edits": [{"name": e.name, "when": dict(e.when), "answers": e.answers} for e in p.edits],
                 "upstream": p.upstream,
                 "fixed_in": p.fixed_in,

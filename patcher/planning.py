@@ -138,7 +138,7 @@ def _with_needs(ids: list[str], by_id: dict[str, Patch]) -> tuple[list[str], dic
     while changed:
         changed = False
         for pid in list(keep):
-            missing = [n for n in getattr(by_id[pid], "needs", ()) if n not in keep]
+            missing = [n for n in by_id[pid].needs if n not in keep]
             if missing:
                 keep.remove(pid)
                 dropped[pid] = f"needs {', '.join(missing)}, which is not part of this run"

@@ -63,7 +63,7 @@ def select_patches(
             reasons = {r for e in patch.edits for r in failed_conditions(e.when, versions)}
             out[patch.id] = Selection(patch, False, "no edit applies: " + "; ".join(sorted(reasons)))
             continue
-        missing = [n for n in getattr(patch, "needs", ()) if not (n in out and out[n].selected)]
+        missing = [n for n in patch.needs if not (n in out and out[n].selected)]
         if missing:
             out[patch.id] = Selection(patch, False, f"needs {', '.join(missing)}, which is not selected")
             continue
