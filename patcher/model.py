@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:  # libcst is imported only where a codemod actually runs
-    from libcst.codemod import Codemod
+    from .codemod import PatchCodemod
 
 PATCH_ID = re.compile(r"^v(?P<number>[0-9]+)-[a-z0-9]+(?:-[a-z0-9]+)*$")
 
@@ -88,12 +88,12 @@ class Fact:
 class Edit:
     """One codemod of a patch, gated by its own version condition.
 
-    `codemod` is a libcst Codemod class. It rewrites only the unpatched shape, leaves the
+    `codemod` is a PatchCodemod class (a libcst transformer). It rewrites only the unpatched shape, leaves the
     patched shape alone (and records that it saw it), and raises SkipFile naming the shape
     it expected when it finds neither.
     """
 
-    codemod: type["Codemod"]
+    codemod: type["PatchCodemod"]
     when: Mapping[str, str] = field(default_factory=dict)  # {"vllm": ">=0.12.0"}
     answers: str = ""  # the upstream API fact this edit answers, in words
     fact: Fact | None = None  # the same fact, statically checkable (patcher check-upstream)

@@ -100,7 +100,7 @@ def _code_fingerprint() -> str:
     digest = hashlib.sha256()
     patches_dir = Path(importlib.import_module("patcher.patches").__file__).parent
     here = Path(__file__).parent
-    for path in [*sorted(patches_dir.rglob("*.py")), here / "transforms.py", here / "codemod.py", here / "model.py"]:
+    for path in [*sorted(patches_dir.rglob("*.py")), here / "transforms.py", here / "combined.py", here / "codemod.py", here / "shapes.py", here / "model.py"]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     try:
         digest.update(importlib.metadata.version("libcst").encode())
@@ -150,23 +150,14 @@ def _save_persisted(source: str, steps, filename: str, result: FileTransform) ->
 
 def apply_patch(tree, patch: Patch, edits: Iterable[Edit], filename: str):
     """One patch's edits on a parsed module: (new tree, outcome). All or nothing."""
-    from libcst.codemod import CodemodContext, SkipFile
-    from libcst.metadata import MetadataWrapper
+    from .codemod import SkipFile
 
     before_patch = tree
     edit_states: dict[str, str] = {}
     for edit in edits:
-        codemod = edit.codemod(CodemodContext(filename=filename))
+        codemod = edit.codemod(filename)
         try:
-            if codemod.get_inherited_dependencies():
-                tree = codemod.transform_module(tree)
-            else:
-                # No metadata needed: skip the defensive deep copy Codemod.transform_module makes
-                # (a third of a pass); libcst trees are immutable, so sharing is safe.
-                codemod.context = CodemodContext(
-                    filename=filename, wrapper=MetadataWrapper(tree, unsafe_skip_copy=True)
-                )
-                tree = codemod.transform_module_impl(tree)
+            tree = codemod.transform_module(tree)
         except SkipFile as skip:
             edit_states[edit.name] = "anchor-missing"
             message = f"{filename}: {edit.name}: {skip}"
@@ -184,7 +175,16 @@ def _transform(
 ) -> FileTransform:
     import libcst as cst
 
+    from .combined import apply_together
+
+    steps = [(patch, tuple(edits)) for patch, edits in steps]
     tree = cst.parse_module(source)
+    # One traversal for every edit; when some anchor is missing (a patch must then drop out
+    # whole, and later patches see the tree without it) the patches run one after another.
+    together = apply_together(tree, steps, filename)
+    if together is not None:
+        tree, outcomes = together
+        return FileTransform(source, tree.code, outcomes)
     outcomes: list[PatchOutcome] = []
     for patch, edits in steps:
         tree, outcome = apply_patch(tree, patch, edits, filename)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import textwrap
 
 import libcst as cst
-import libcst.matchers as m
+from patcher import shapes as m
 
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, Patch
@@ -191,8 +191,8 @@ class WorkerRecordsRequestRows(PatchCodemod):
 
     ANCHOR = f"a class with {STORE}, {RESET} and {GET}(self), and no {SET_METADATA}"
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
+    def __init__(self, filename: str = "<source>") -> None:
+        super().__init__(filename)
         self.needs_helper = False
 
     def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:

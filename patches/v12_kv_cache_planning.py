@@ -9,7 +9,7 @@ and init_none_hash (v1) stay in kv_cache_utils.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
+from patcher import shapes as m
 from libcst.helpers import get_full_name_for_node
 
 from patcher.codemod import PatchCodemod

@@ -12,8 +12,7 @@ import bisect
 import textwrap
 
 import libcst as cst
-import libcst.matchers as m
-from libcst.codemod.visitors import AddImportsVisitor
+from patcher import shapes as m
 from libcst.helpers import get_full_name_for_node
 
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
@@ -110,6 +109,22 @@ def with_names(node: cst.ImportFrom, names: list[str]) -> cst.ImportFrom:
     return node.with_changes(names=aliases)
 
 
+def with_new_imports(body: list[cst.BaseStatement], missing: list[tuple[str, str]]) -> list[cst.BaseStatement]:
+    """`from module import a, b` per module, after the last top-level import (else after the
+    docstring and __future__ imports)."""
+    by_module: dict[str, list[str]] = {}
+    for module, name in missing:
+        by_module.setdefault(module, []).append(name)
+    new = [cst.parse_statement(f"from {module} import {', '.join(names)}\n") for module, names in by_module.items()]
+    imports = [i for i, s in enumerate(body) if m.matches(s, m.SimpleStatementLine(body=[m.ImportFrom() | m.Import()]))]
+    if imports:
+        at = imports[-1] + 1
+    else:
+        docstring = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])
+        at = 1 if body and m.matches(body[0], docstring) else 0
+    return [*body[:at], *new, *body[at:]]
+
+
 # vLLM 0.12.0: prefix caching on by default makes the hasher mandatory (0.11.1 already has
 # every function it calls).
 BLOCK_HASHER_SINCE = {"vllm": ">=0.12.0"}
@@ -126,8 +141,8 @@ class BlockHasherSetup(PatchCodemod):
 
     ANCHOR = "a statement self.scheduler = Scheduler(...) in __init__"
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
+    def __init__(self, filename: str = "<source>") -> None:
+        super().__init__(filename)
         self.needs_imports = False
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
@@ -165,10 +180,8 @@ class BlockHasherSetup(PatchCodemod):
             ),
             None,
         )
-        if anchor is None:  # no from-import of kv_cache_utils to extend: libcst places them
-            for module, name in missing:
-                AddImportsVisitor.add_needed_import(self.context, module, name)
-            return updated
+        if anchor is None:  # no from-import of kv_cache_utils to extend: new ones after the last import
+            return updated.with_changes(body=with_new_imports(body, missing))
         statement = body[anchor]
         kv_names = [name for module, name in missing if module == KV_CACHE_UTILS]
         if kv_names:
@@ -351,6 +364,46 @@ PATCH = Patch(
                 "    def add(self):\n"
                 "        return Request(request_id=\"r\", prompt_token_ids=[1], sampling_params=None, "
                 "block_hasher=self.block_hasher)\n"
+            ),
+        ),
+        Example(
+            before=(
+                '"""Generator."""\n'
+                "import torch\n"
+                "\n"
+                "\n"
+                "class G:\n"
+                "    def __init__(self):\n"
+                "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n"
+                "\n"
+                "    def add(self):\n"
+                "        return Request(request_id=\"r\")\n"
+            ),
+            after=(
+                '"""Generator."""\n'
+                "import torch\n"
+                "from vllm.utils.hashing import get_hash_fn_by_name\n"
+                "from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash\n"
+                "\n"
+                "\n"
+                "class G:\n"
+                "    def __init__(self):\n"
+                "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n"
+                "\n"
+                "        # Create block hasher for request KV cache management\n"
+                "        # Following vLLM's pattern in v1/engine/core.py\n"
+                "        caching_hash_fn = get_hash_fn_by_name(\n"
+                "            self.vllm_config.cache_config.prefix_caching_hash_algo\n"
+                "        )\n"
+                "        init_none_hash(caching_hash_fn)\n"
+                "\n"
+                "        self.block_hasher = get_request_block_hasher(\n"
+                "            self.vllm_config.cache_config.block_size,\n"
+                "            caching_hash_fn,\n"
+                "        )\n"
+                "\n"
+                "    def add(self):\n"
+                "        return Request(request_id=\"r\", block_hasher=self.block_hasher)\n"
             ),
         ),
     ),

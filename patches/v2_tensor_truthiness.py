@@ -6,7 +6,7 @@ Upstream fix: https://github.com/vllm-project/speculators/pull/225
 """
 
 import libcst as cst
-import libcst.matchers as m
+from patcher import shapes as m
 
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, Patch

@@ -6,7 +6,7 @@ contract whatever this flag says (v5 answers that). Kept because the seeds' host
 """
 
 import libcst as cst
-import libcst.matchers as m
+from patcher import shapes as m
 
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
 from patcher.model import Edit, Example, Fact, Patch

@@ -8,7 +8,7 @@ sample_tokens(grammar_output) collects it; a second execute_model() before that 
 from typing import Sequence
 
 import libcst as cst
-import libcst.matchers as m
+from patcher import shapes as m
 
 from patcher.codemod import PatchCodemod
 from patcher.model import AttributeCall, Edit, Example, Fact, Patch

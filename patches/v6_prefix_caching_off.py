@@ -10,7 +10,7 @@ https://github.com/vllm-project/speculators/pull/225
 """
 
 import libcst as cst
-import libcst.matchers as m
+from patcher import shapes as m
 
 from patcher.codemod import PatchCodemod, append_arg, keyword_arg
 from patcher.model import Edit, Example, Fact, Patch

@@ -10,7 +10,7 @@ https://github.com/vllm-project/speculators/pull/225
 """
 
 import libcst as cst
-import libcst.matchers as m
+from patcher import shapes as m
 
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, Patch
@@ -29,8 +29,8 @@ def self_method_call(name: str) -> m.Call:
 class _InPatchedForward(PatchCodemod):
     """Tracks whether the visitor is inside `def _patched_forward(...)`."""
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
+    def __init__(self, filename: str = "<source>") -> None:
+        super().__init__(filename)
         self.depth = 0
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import libcst as cst
-import libcst.matchers as m
+from patcher import shapes as m
 
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, Patch
@@ -85,8 +85,8 @@ class _CudaCallToDeviceHelper(PatchCodemod):
     HELPER: ClassVar[str]
     HELPER_SOURCE: ClassVar[str]
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
+    def __init__(self, filename: str = "<source>") -> None:
+        super().__init__(filename)
         self.in_helper = 0
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:

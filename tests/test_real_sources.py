@@ -120,12 +120,17 @@ def test_each_patch_applies_to_0_3_0_and_compiles(speculators_0_3_0, patch):
 @pytest.mark.parametrize("target,patches", [(GENERATOR, GENERATOR_PATCHES), (WORKER, WORKER_PATCHES)], ids=["generator", "worker"])
 def test_every_subset_applies_and_compiles(speculators_0_3_0, target, patches):
     """All 2^n - 1 subsets, in canonical order. They share prefixes, so walking them as a tree
-    costs one codemod pass per subset: subset S + [p] is S's tree with p applied."""
+    costs one codemod pass per subset: subset S + [p] is S's tree with p applied.
+
+    Each subset is also run the way apply runs it, every edit in one traversal
+    (patcher.combined), which must give the same code and outcomes as one patch after another."""
     import libcst as cst
 
+    from patcher.combined import apply_together
     from patcher.transforms import apply_patch
 
     checked = 0
+    pristine = cst.parse_module(speculators_0_3_0[target.path])
 
     def walk(tree, chosen, start):
         nonlocal checked
@@ -135,10 +140,15 @@ def test_every_subset_applies_and_compiles(speculators_0_3_0, target, patches):
             subset = [*chosen, patch.short_id]
             assert outcome.outcome == "applied", (subset, outcome)
             compile(new_tree.code, target.path, "exec")
+            steps = [(p, p.edits) for p in patches if p.short_id in subset]
+            together = apply_together(pristine, steps, target.path)
+            assert together is not None, subset
+            assert together[0].code == new_tree.code, subset
+            assert [(o.outcome, o.edits) for o in together[1]] == [("applied", {e.name: "applied" for e in p.edits}) for p, _ in steps]
             checked += 1
             walk(new_tree, subset, index + 1)
 
-    walk(cst.parse_module(speculators_0_3_0[target.path]), [], 0)
+    walk(pristine, [], 0)
     assert checked == 2 ** len(patches) - 1
 
 

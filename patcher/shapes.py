@@ -1,0 +1,144 @@
+"""Structural patterns over libcst nodes: the part of `libcst.matchers` the patches use.
+
+Why not `libcst.matchers` itself: importing it (and `libcst.codemod`, which imports it) costs
+about 0.2 s, as much as importing libcst and parsing both target files together, and it is
+the same on every apply. The API is the same in the small: `shapes.Call(func=shapes.Name("x"))`
+fits a `cst.Call` whose `func` is a `cst.Name` with value "x"; fields not given fit anything;
+a list fits a sequence element by element, `ZeroOrMore()` standing for any run of elements;
+`a | b` fits what either fits; plain values (strings) compare equal. Types are exact, as in
+libcst.matchers (`Name` does not fit a subclass).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import libcst as cst
+
+
+class Shape:
+    def fits(self, value: Any) -> bool:
+        raise NotImplementedError
+
+    def __or__(self, other: "Shape") -> "Shape":
+        return OneOf(self, other)
+
+
+class NodeShape(Shape):
+    __slots__ = ("node_type", "fields")
+
+    def __init__(self, node_type: type, fields: dict[str, Any]) -> None:
+        self.node_type = node_type
+        self.fields = fields
+
+    def fits(self, value: Any) -> bool:
+        if type(value) is not self.node_type:
+            return False
+        return all(_fits(getattr(value, name), want) for name, want in self.fields.items())
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.fields.items())
+        return f"{self.node_type.__name__}({inner})"
+
+
+class OneOf(Shape):
+    __slots__ = ("options",)
+
+    def __init__(self, *options: Shape) -> None:
+        self.options = options
+
+    def fits(self, value: Any) -> bool:
+        return any(_fits(value, option) for option in self.options)
+
+    def __repr__(self) -> str:
+        return " | ".join(map(repr, self.options))
+
+
+class ZeroOrMore(Shape):
+    """In a list shape: any number (zero included) of elements."""
+
+    def fits(self, value: Any) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "ZeroOrMore()"
+
+
+def _fits(value: Any, want: Any) -> bool:
+    if isinstance(want, Shape):
+        return want.fits(value)
+    if isinstance(want, (list, tuple)):
+        return isinstance(value, (list, tuple)) and _fits_sequence(value, 0, want, 0)
+    return value == want
+
+
+def _fits_sequence(values: Sequence[Any], i: int, wants: Sequence[Any], j: int) -> bool:
+    if j == len(wants):
+        return i == len(values)
+    if isinstance(wants[j], ZeroOrMore):
+        return any(_fits_sequence(values, k, wants, j + 1) for k in range(i, len(values) + 1))
+    return i < len(values) and _fits(values[i], wants[j]) and _fits_sequence(values, i + 1, wants, j + 1)
+
+
+def matches(node: Any, shape: Shape) -> bool:
+    return _fits(node, shape)
+
+
+class _Collector(cst.CSTVisitor):
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+        self.found: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.shape.fits(node):
+            self.found.append(node)
+        return True
+
+
+def findall(tree: cst.CSTNode, shape: Shape) -> list[cst.CSTNode]:
+    """Every node of `tree` (itself included) that fits, in source order (parents first)."""
+    collector = _Collector(shape)
+    tree.visit(collector)
+    return collector.found
+
+
+class _Replacer(cst.CSTTransformer):
+    def __init__(self, shape: Shape, replacement: Callable[[cst.CSTNode], cst.CSTNode]) -> None:
+        self.shape = shape
+        self.replacement = replacement
+
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):  # type: ignore[override]
+        # Fitted on the original node, as libcst.matchers.replace does.
+        return self.replacement(updated) if self.shape.fits(original) else updated
+
+
+def replace(tree: cst.CSTNode, shape: Shape, replacement: Callable[[cst.CSTNode], cst.CSTNode]) -> cst.CSTNode:
+    """`tree` with every node that fits replaced by `replacement(node)` (children first)."""
+    return tree.visit(_Replacer(shape, replacement))
+
+
+def _shape_factory(node_type: type) -> Callable[..., NodeShape]:
+    names = [f.name for f in dataclasses.fields(node_type)]
+
+    def make(*args: Any, **fields: Any) -> NodeShape:
+        if len(args) > len(names):
+            raise TypeError(f"{node_type.__name__}() takes at most {len(names)} positional fields")
+        fields.update(zip(names, args))
+        unknown = set(fields) - set(names)
+        if unknown:
+            raise TypeError(f"{node_type.__name__} has no field {', '.join(sorted(unknown))}")
+        return NodeShape(node_type, fields)
+
+    make.__name__ = node_type.__name__
+    return make
+
+
+def __getattr__(name: str) -> Callable[..., NodeShape]:
+    # shapes.Call, shapes.Name, ...: one factory per libcst node class, made on first use.
+    node_type = getattr(cst, name, None)
+    if not (isinstance(node_type, type) and issubclass(node_type, cst.CSTNode)):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    factory = _shape_factory(node_type)
+    globals()[name] = factory
+    return factory
