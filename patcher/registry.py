@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from functools import lru_cache
+from pathlib import Path
 
 from .model import Patch
 
@@ -14,7 +16,25 @@ class UnknownPatch(ValueError):
 
 
 @lru_cache(maxsize=None)
-def load_patches(package: str = "patcher.patches") -> tuple[Patch, ...]:
+def load_patches(package: str = "patcher.patches", *, indexed: bool = True) -> tuple[Patch, ...]:
+    """Every patch of `package`. With `indexed`, from the declaration index when it is current
+    (codemods imported on first use, see patcher.declarations), else by importing the modules."""
+    if not indexed:
+        return import_patches(package)
+    from .declarations import index_path, read_index, write_index
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return import_patches(package)
+    path = index_path(Path(list(spec.submodule_search_locations)[0]))
+    patches = read_index(path)
+    if patches is None:
+        patches = import_patches(package)
+        write_index(path, patches)
+    return patches
+
+
+def import_patches(package: str = "patcher.patches") -> tuple[Patch, ...]:
     pkg = importlib.import_module(package)
     found: list[Patch] = []
     for info in pkgutil.iter_modules(pkg.__path__):

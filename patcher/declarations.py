@@ -1,0 +1,129 @@
+"""The patch declarations as data, kept on disk, so a run that transforms nothing never imports
+libcst or a patch module.
+
+Importing the patch modules costs about as much as a whole no-op apply should (they import
+libcst to define their codemods); what `status`, `plan` and a no-op `apply` need from them is
+declarations: ids, targets, version conditions, facts, examples. The first run after any change
+to the patch package (or the model) writes them to `$PATCHER_CACHE/declarations/<digest>.json`,
+the digest covering every byte they come from; later runs read that file and refer to each
+codemod by module and name (`LazyCodemod`), imported on first use. Decoding accepts the model's
+own dataclasses only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import __version__, model
+
+_TYPES = {cls.__name__: cls for cls in (model.TargetFile, model.Fact, model.Edit, model.Example, model.AttributeCall, model.Patch)}
+
+
+class LazyCodemod:
+    """Stands for a codemod class until it is called (or an attribute of it is read)."""
+
+    def __init__(self, module: str, qualname: str) -> None:
+        self.__module__ = module
+        self.__qualname__ = qualname
+        self.__name__ = qualname.rpartition(".")[2]
+        self._resolved: type | None = None
+
+    def resolve(self) -> type:
+        if self._resolved is None:
+            target: Any = importlib.import_module(self.__module__)
+            for part in self.__qualname__.split("."):
+                target = getattr(target, part)
+            self._resolved = target
+        return self._resolved
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_resolved":
+            raise AttributeError(name)
+        return getattr(self.resolve(), name)
+
+    def __eq__(self, other: object) -> bool:
+        return (self.__module__, self.__qualname__) == (
+            getattr(other, "__module__", None),
+            getattr(other, "__qualname__", None),
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.__module__, self.__qualname__))
+
+    def __repr__(self) -> str:
+        return f"<codemod {self.__module__}.{self.__qualname__} (not imported yet)>"
+
+
+def package_digest(package_dir: Path) -> str:
+    """Every byte a declaration can come from: the patch package's files, the model, versions."""
+    digest = hashlib.sha256(f"{__version__}\0{sys.version_info[:2]}\0".encode())
+    for path in [*sorted(package_dir.rglob("*.py")), Path(model.__file__)]:
+        digest.update(str(path.relative_to(path.parent.parent)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def index_path(package_dir: Path) -> Path:
+    base = Path(os.environ.get("PATCHER_CACHE", "~/.cache/patcher")).expanduser()
+    return base / "declarations" / f"{package_digest(package_dir)}.json"
+
+
+def encode(value: Any) -> Any:
+    if isinstance(value, type):
+        return {"@codemod": [value.__module__, value.__qualname__]}
+    if isinstance(value, LazyCodemod):
+        return {"@codemod": [value.__module__, value.__qualname__]}
+    if dataclasses.is_dataclass(value):
+        return {"@": type(value).__name__, **{f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    if isinstance(value, tuple):
+        return {"@tuple": [encode(v) for v in value]}
+    if isinstance(value, dict):
+        return {"@dict": {k: encode(v) for k, v in value.items()}}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"cannot keep {type(value).__name__} in the declaration index")
+
+
+def decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "@codemod" in value:
+            return LazyCodemod(*value["@codemod"])
+        if "@tuple" in value:
+            return tuple(decode(v) for v in value["@tuple"])
+        if "@dict" in value:
+            return {k: decode(v) for k, v in value["@dict"].items()}
+        cls = _TYPES[value["@"]]  # KeyError: not one of the model's types
+        return cls(**{k: decode(v) for k, v in value.items() if k != "@"})
+    if isinstance(value, list):
+        raise ValueError("lists are not part of the declaration index")
+    return value
+
+
+def read_index(path: Path) -> tuple[model.Patch, ...] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        patches = tuple(decode(item) for item in data["patches"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent or damaged: the patch modules are imported and it is written again
+    if not all(isinstance(p, model.Patch) for p in patches):
+        return None
+    return patches
+
+
+def write_index(path: Path, patches: tuple[model.Patch, ...]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"patches": [encode(p) for p in patches]}), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an index that cannot be written only makes the next run slower

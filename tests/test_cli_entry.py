@@ -1,0 +1,53 @@
+"""The console script's fast answers (--version, --help) are click's answers, without click."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from patcher.entry import render_help
+from patcher.help_text import HELP
+
+SCRIPT = Path(sys.executable).parent / "patcher"
+
+
+def run(args: list[str], columns: int, *, entry: bool = True) -> subprocess.CompletedProcess:
+    module = "patcher.entry" if entry else "patcher.cli"
+    code = f"import sys; sys.argv[0] = 'patcher'; from {module} import main; main()"
+    env = {**os.environ, "COLUMNS": str(columns)}
+    return subprocess.run([sys.executable, "-X", "importtime", "-c", code, *args], capture_output=True, text=True, env=env)
+
+
+def imported(importtime: str, module: str) -> bool:
+    return any(line.rsplit("|", 1)[-1].strip() == module for line in importtime.splitlines())
+
+
+def test_kept_help_is_what_click_renders_now():
+    assert HELP == render_help(), "the CLI changed: regenerate patcher/help_text.py with `python -m patcher.entry`"
+
+
+def test_help_and_version_match_click_and_do_not_import_it():
+    for args in (["--help"], ["-h"], ["--version"]):
+        fast, slow = run(args, 120), run(args, 120, entry=False)
+        assert fast.returncode == slow.returncode == 0
+        assert fast.stdout == slow.stdout, args
+        assert not imported(fast.stderr, "click"), f"{args}: click was imported"
+        assert imported(slow.stderr, "click")  # the check above can see an import of click
+
+
+def test_narrow_screen_goes_to_click():
+    fast, slow = run(["--help"], 60), run(["--help"], 60, entry=False)
+    assert fast.stdout == slow.stdout
+    assert imported(fast.stderr, "click")
+
+
+def test_everything_else_goes_to_the_cli():
+    done = run(["list", "--json"], 120)
+    assert done.returncode == 0 and '"v1-block-hasher"' in done.stdout
+
+
+def test_installed_script_is_the_entry():
+    assert SCRIPT.exists(), "the package is installed with its console script"
+    assert "patcher.entry" in SCRIPT.read_text()
