@@ -5,6 +5,7 @@ importlib.metadata, on the real vLLM environment), and a no-op apply that import
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -81,7 +82,7 @@ def test_damaged_or_foreign_index_is_ignored_and_rewritten(cache):
 
 
 def test_any_change_to_the_patch_package_is_a_new_index(tmp_path):
-    source = Path(sys.modules["patcher.patches"].__file__).parent
+    source = Path(importlib.import_module("patcher.patches").__file__).parent
     copy = tmp_path / "patches"
     shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
     before = declarations.package_digest(copy)
