@@ -92,7 +92,7 @@ def transform_source(
 
 
 @lru_cache(maxsize=1)
-def _code_fingerprint() -> str:
+def code_fingerprint() -> str:
     import hashlib
     import importlib
     import importlib.metadata
@@ -116,7 +116,7 @@ def _persist_path(source: str, steps, filename: str) -> Path:
     assert _persist is not None
     key = json.dumps(
         [hashlib.sha256(source.encode("utf-8")).hexdigest(), filename,
-         [[patch.id, [e.name for e in edits]] for patch, edits in steps], _code_fingerprint()]
+         [[patch.id, [e.name for e in edits]] for patch, edits in steps], code_fingerprint()]
     )  # fmt: skip
     return _persist / (hashlib.sha256(key.encode("utf-8")).hexdigest() + ".json")
 

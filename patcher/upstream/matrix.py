@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 from packaging.specifiers import SpecifierSet
@@ -91,24 +89,14 @@ TRANSFORMS_FILE = ".transforms.json"
 
 def codemod_fingerprint(group: Sequence[Patch]) -> str:
     """What a transform's result depends on besides the file: the patches (ids, edits, order),
-    the source of every module their codemods live in, every patch module, the engine's
-    transform code, and libcst's version. A change to any of them transforms again."""
-    import libcst
+    and every line of code that can change a result (the patch package, the engine's transform
+    code, libcst's version: patcher.transforms' fingerprint). A change to any of them transforms
+    again."""
+    from ..transforms import code_fingerprint
 
-    from .. import codemod, model, transforms
-
-    digest = hashlib.sha256(getattr(libcst, "__version__", "?").encode())
-    files = {Path(transforms.__file__), Path(codemod.__file__), Path(model.__file__)}
+    digest = hashlib.sha256(code_fingerprint().encode())
     for patch in group:
         digest.update(json.dumps([patch.id, [e.name for e in patch.edits]]).encode())
-        for edit in patch.edits:
-            module = sys.modules.get(edit.codemod.__module__)
-            if module is not None and getattr(module, "__file__", None):
-                files.add(Path(module.__file__))
-                files.update(Path(module.__file__).parent.glob("*.py"))  # helpers shared between patches
-    for file in sorted(files):
-        digest.update(str(file.name).encode())
-        digest.update(file.read_bytes())
     return digest.hexdigest()
 
 
