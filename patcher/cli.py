@@ -53,6 +53,11 @@ def _resolve(ids: tuple[str, ...], out: Output) -> list[str]:
 
 
 def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote: dict | None = None, **kwargs) -> None:
+    local = None
+    if not (remote and (remote["hosts"] or remote["inventories"])):
+        # The agent's interpreter starts (and compiles the agent) while patcher loads the rest.
+        local = _transport(python)
+        local.prestart()
     from .registry import load_patches
     from .render import render_reports
     from .report import document, overall_exit
@@ -67,7 +72,7 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
         return
     if remote:
         _refuse_remote_only(remote, out)
-    report = run_target(_transport(python), load_patches(), options)
+    report = run_target(local, load_patches(), options)
     reports = [report]
     if json_mode:
         click.echo(json.dumps(document(command, reports), indent=2))
@@ -227,7 +232,24 @@ def remote_options(f):
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The commands; those in LAZY are imported only when they run (or help lists them)."""
+
+    LAZY = {"demo": "patcher.demo.command:demo", "check-upstream": "patcher.upstream.command:check_upstream"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY:
+            import importlib
+
+            module, _, attribute = self.LAZY[name].partition(":")
+            return getattr(importlib.import_module(module), attribute)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="patcher")
 def main() -> None:
     """Versioned, verified, reversible patches that keep speculators running on newer vLLM.
@@ -380,14 +402,6 @@ def bundle(output, releases, wheels, quiet) -> None:
     )
     out.progress(f"on the host: /path/to/env/bin/python3 {Path(output).name} status   (then apply, rollback)")
 
-
-from .demo.command import demo  # noqa: E402  (the main job: `patcher demo`)
-
-main.add_command(demo)
-
-from .upstream.command import check_upstream  # noqa: E402
-
-main.add_command(check_upstream)
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,6 @@ original to restore) and the hash the file must have first; per patch, its state
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -45,6 +44,7 @@ class FileChange:
     attribute_calls: list[dict] = field(default_factory=list)
 
     def diff(self, original: str | None = None) -> str:
+        import difflib  # only where a diff is shown
         new = self.new_content if self.new_content is not None else (original or "")
         return "".join(
             difflib.unified_diff(
@@ -381,6 +381,7 @@ def _classify(info: dict, record: dict | None) -> tuple[str, list[str], dict[str
 
 
 def _diff(a: str, b: str, rel: str) -> str:
+    import difflib  # only where a diff is shown
     return "".join(
         difflib.unified_diff(
             a.splitlines(keepends=True), b.splitlines(keepends=True), fromfile=f"expected/{rel}", tofile=f"found/{rel}"

@@ -36,6 +36,14 @@ class RunOptions:
 
 
 def run_target(transport, patches: Sequence[Patch], options: RunOptions) -> TargetReport:
+    """The whole run on one target; the transport's session ends with it."""
+    try:
+        return _run_target(transport, patches, options)
+    finally:
+        transport.close()
+
+
+def _run_target(transport, patches: Sequence[Patch], options: RunOptions) -> TargetReport:
     report = TargetReport(target=transport.label)
     try:
         try:

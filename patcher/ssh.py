@@ -19,17 +19,11 @@ transport are the same as for a local target.
 from __future__ import annotations
 
 import ipaddress
-import json
-import queue
 import re
 import shlex
-import subprocess
-import threading
-import time
 from dataclasses import dataclass
-from functools import lru_cache
 
-from .transport import AgentFailure, LocalTransport, TransportError, bootstrap
+from .transport import AgentFailure, LocalTransport, TransportError, session_bootstrap
 
 DEFAULT_REMOTE_PYTHON = "python3"
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -191,9 +185,6 @@ class SshTransport(LocalTransport):
         super().__init__(python)
         self.host = host
         self.settings = settings
-        self.invocations = 0
-        self._op = ""
-        self._proc: subprocess.Popen | None = None
 
     @property
     def label(self) -> str:
@@ -235,92 +226,17 @@ class SshTransport(LocalTransport):
     def command(self) -> list[str]:
         return [*self.ssh_args(), "--", self.host.address, self.remote_command()]
 
-    # -------------------------------------------------------------- the session
+    # -------------------------------------------------------------- the session (LocalTransport's)
 
-    def _start(self) -> None:
-        self.invocations += 1
-        try:
-            self._proc = subprocess.Popen(
-                self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
-        except FileNotFoundError:
-            raise TransportError("usage", f"no `{self.settings.ssh}` client on this machine; install OpenSSH") from None
-        self._lines: queue.Queue = queue.Queue()
-        self._stderr: list[bytes] = []
-        proc = self._proc
+    def _cannot_start(self, exc: OSError) -> TransportError:
+        if isinstance(exc, FileNotFoundError):
+            return TransportError("usage", f"no `{self.settings.ssh}` client on this machine; install OpenSSH")
+        return super()._cannot_start(exc)
 
-        def pump_out() -> None:
-            for line in proc.stdout:
-                self._lines.put(line)
-            self._lines.put(None)
-
-        def pump_err() -> None:
-            for line in proc.stderr:
-                if len(self._stderr) < 200:
-                    self._stderr.append(line)
-
-        self._pumps = [
-            threading.Thread(target=target, daemon=True, name=f"ssh-{self.host.name}") for target in (pump_out, pump_err)
-        ]
-        for pump in self._pumps:
-            pump.start()
-
-    def call(self, request: dict, timeout: float = 900) -> dict:
-        """One round trip on the host's session (started by the first call)."""
-        from .transport import agent_source
-
-        self._op = request.get("op", "")
-        first = self._proc is None
-        if first:
-            self._start()
-        elif self._proc.poll() is not None:
-            raise self._ended()
-        payload = {"agent": agent_source(), **request} if first else dict(request)
-        try:
-            self._proc.stdin.write(json.dumps(payload).encode("utf-8") + b"\n")
-            self._proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self._ended() from None
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self._kill()
-                raise TransportError("unreachable", f"no answer within {timeout:g}s" + self._outcome_hint()) from None
-            if line is None:
-                raise self._ended()
-            text = line.decode("utf-8", "replace").strip()
-            if text.startswith("{"):
-                break
-        try:
-            answer = json.loads(text)
-        except ValueError:
-            raise TransportError("usage", f"{self.python} answered something that is not JSON: {text[:200]}") from None
-        if not answer.get("ok"):
-            error = answer.get("error", {})
-            kind, message = error.get("kind", "unknown"), error.get("message", "agent failed")
-            if kind == "not-writable" and not self.settings.sudo:
-                message += "; if the login user may sudo, try --sudo"
-            raise AgentFailure(kind, message)
-        return answer["result"]
-
-    def _ended(self) -> TransportError:
-        """The session ended before answering: why, from ssh's exit status and messages."""
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._kill()
-        for pump in self._pumps:
-            pump.join(timeout=5)  # ssh has exited: its pipes reach their end
-        returncode = self._proc.returncode
-        self._proc = None
-        return self._classify(returncode, b"".join(self._stderr))
-
-    def _kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+    def _agent_failure(self, kind: str, message: str) -> AgentFailure:
+        if kind == "not-writable" and not self.settings.sudo:
+            message += "; if the login user may sudo, try --sudo"
+        return AgentFailure(kind, message)
 
     def _outcome_hint(self) -> str:
         if self._op != "apply":
@@ -352,8 +268,8 @@ class SshTransport(LocalTransport):
                 if re.search(r"No \S+ host key is known", text):
                     return TransportError(
                         "unreachable",
-                        f"host key unknown and strict checking is on: check the key, then add "
-                        f"it to known_hosts (ssh-keyscan), or use StrictHostKeyChecking=accept-new",
+                        "host key unknown and strict checking is on: check the key, then add "
+                        "it to known_hosts (ssh-keyscan), or use StrictHostKeyChecking=accept-new",
                     )
                 return TransportError(
                     "unreachable",
@@ -414,40 +330,3 @@ class SshTransport(LocalTransport):
             f"no python at {self.python} on {self.host.address}; name it with --python "
             "(or ansible_python_interpreter in the inventory)",
         )
-
-    # -------------------------------------------------------------- end of the run
-
-    def close(self) -> None:
-        """End the session: the agent sees the end of its input and exits."""
-        if self._proc is None:
-            return
-        try:
-            self._proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._kill()
-        self._proc = None
-
-
-@lru_cache(maxsize=1)
-def session_bootstrap() -> str:
-    """The agent's BOOTSTRAP (same version check), serving one request per line until the end
-    of input, the agent compiled once: facts and apply share one interpreter."""
-    boot = bootstrap()
-    head, sep, _ = boot.partition("d=json.loads(")
-    if not sep:
-        raise RuntimeError("unexpected agent BOOTSTRAP")
-    return head + (
-        "ns=None\n"
-        "while True:\n"
-        " line=sys.stdin.buffer.readline()\n"
-        " if not line.strip():break\n"
-        " d=json.loads(line.decode('utf-8'))\n"
-        " if ns is None:\n"
-        "  ns={'__name__':'patcher_agent','AGENT_SOURCE':d['agent']}\n"
-        "  exec(compile(d['agent'],'<patcher-agent>','exec'),ns)\n"
-        " ns['serve'](d)\n"
-    )

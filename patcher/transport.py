@@ -1,14 +1,17 @@
 """Move the agent and its JSON into a target interpreter and back. Nothing else.
 
-A transport is a way to start the target's Python with `-c BOOTSTRAP`; the local one runs it
-as a subprocess. Another way to start a process on a target (ssh, a container exec) is a
-subclass that changes `command()`.
+A transport is a way to start the target's Python with `-c SESSION_BOOTSTRAP`; the local one
+runs it as a subprocess. Another way to start a process on a target (ssh, a container exec) is
+a subclass that changes `command()` (and how a failure to start or answer is explained).
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
+import threading
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -33,76 +36,214 @@ class AgentFailure(Exception):
 
 @lru_cache(maxsize=1)
 def agent_source() -> str:
-    from .remote import agent
+    import importlib.util
 
-    return Path(agent.__file__).read_text(encoding="utf-8")
+    spec = importlib.util.find_spec("patcher.remote.agent")  # its text, not an import of it
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)
 def bootstrap() -> str:
-    from .remote.agent import BOOTSTRAP
+    """The agent's BOOTSTRAP, read from its source (importing the agent module would cost
+    more than a no-op run's own work)."""
+    import ast
 
-    return BOOTSTRAP
+    source = agent_source()
+    start = source.index("\nBOOTSTRAP = (") + len("\nBOOTSTRAP = ")
+    end = source.index("\n)\n", start) + 2
+    return ast.literal_eval(source[start:end])
+
+
+@lru_cache(maxsize=1)
+def session_bootstrap() -> str:
+    """The agent's BOOTSTRAP (same version check), as a session: the first line is the agent's
+    source, compiled once; then one request per line, one answer each, until the end of input.
+    The controller starts it before it has a request, so the interpreter start and the agent's
+    compilation overlap the controller's own start; facts and apply share the interpreter."""
+    head, sep, _ = bootstrap().partition("d=json.loads(")
+    if not sep:
+        raise RuntimeError("unexpected agent BOOTSTRAP")
+    return head + (
+        "line=sys.stdin.buffer.readline()\n"
+        "if not line.strip():sys.exit(0)\n"
+        "d=json.loads(line.decode('utf-8'))\n"
+        "ns={'__name__':'patcher_agent','AGENT_SOURCE':d['agent']}\n"
+        "exec(compile(d['agent'],'<patcher-agent>','exec'),ns)\n"
+        "while True:\n"
+        " line=sys.stdin.buffer.readline()\n"
+        " if not line.strip():break\n"
+        " ns['serve'](json.loads(line.decode('utf-8')))\n"
+    )
 
 
 class LocalTransport:
-    """The target interpreter on this machine (`--python PATH`)."""
+    """The target interpreter on this machine (`--python PATH`): one agent process per run,
+    started by `start()` (or the first call) and ended by `close()`."""
 
     def __init__(self, python: str) -> None:
         self.python = python
+        self.invocations = 0
+        self._op = ""
+        self._proc: subprocess.Popen | None = None
 
     @property
     def label(self) -> str:
         return self.python
 
     def command(self) -> list[str]:
-        return [self.python, "-c", bootstrap()]
+        return [self.python, "-c", session_bootstrap()]
+
+    def __enter__(self) -> "LocalTransport":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- the session
+
+    def start(self) -> None:
+        """Start the agent now (idempotent), before the first request is ready."""
+        if self._proc is not None:
+            return
+        self.invocations += 1
+        try:
+            self._proc = subprocess.Popen(
+                self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except OSError as exc:
+            raise self._cannot_start(exc) from None
+        self._lines: queue.Queue = queue.Queue()
+        self._stderr: list[bytes] = []
+        proc = self._proc
+
+        def pump_out() -> None:
+            for line in proc.stdout:
+                self._lines.put(line)
+            self._lines.put(None)
+
+        def pump_err() -> None:
+            for line in proc.stderr:
+                if len(self._stderr) < 200:
+                    self._stderr.append(line)
+
+        self._pumps = [
+            threading.Thread(target=target, daemon=True, name=f"agent-{self.label}") for target in (pump_out, pump_err)
+        ]
+        for pump in self._pumps:
+            pump.start()
+        self._send({"agent": agent_source()})
+
+    def prestart(self) -> None:
+        """start(), for a caller that has other work to do first: a failure to start is
+        reported by the first call instead (which tries again)."""
+        try:
+            self.start()
+        except TransportError:
+            pass
+
+    def _send(self, payload: dict) -> None:
+        try:
+            self._proc.stdin.write(json.dumps(payload).encode("utf-8") + b"\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the agent has ended: what it said before (or why it ended) is read next
 
     def call(self, request: dict, timeout: float = 900) -> dict:
-        payload = json.dumps({"agent": agent_source(), **request}).encode("utf-8")
+        """One round trip on the session (started by the first call if not yet)."""
+        self._op = request.get("op", "")
+        if self._proc is None:
+            self.start()
+        self._send(request)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._kill()
+                raise TransportError(
+                    "unreachable", f"{self.label}: no answer within {timeout:g}s" + self._outcome_hint()
+                ) from None
+            if line is None:
+                raise self._ended()
+            text = line.decode("utf-8", "replace").strip()
+            if text.startswith("{"):
+                break
         try:
-            proc = subprocess.run(
-                self.command(),
-                input=payload,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                timeout=timeout,
-            )
-        except FileNotFoundError:
-            raise TransportError(
-                "usage", f"{self.python} does not exist; name the environment's interpreter with --python PATH"
-            ) from None
-        except PermissionError:
-            raise TransportError(
-                "usage", f"{self.python} cannot be executed; name a Python interpreter with --python PATH"
-            ) from None
-        except OSError as exc:
-            raise TransportError(
-                "usage", f"{self.python} is not a Python interpreter ({exc.strerror}); name one with --python PATH"
-            ) from None
+            answer = json.loads(text)
+        except ValueError:
+            raise TransportError("usage", f"{self.python} answered something that is not JSON: {text[:200]}") from None
+        if not answer.get("ok"):
+            error = answer.get("error", {})
+            raise self._agent_failure(error.get("kind", "unknown"), error.get("message", "agent failed"))
+        return answer["result"]
+
+    def close(self) -> None:
+        """End the session: the agent sees the end of its input and exits."""
+        if self._proc is None:
+            return
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            raise TransportError("unreachable", f"{self.label}: no answer within {timeout:g}s") from None
-        return parse_answer(self.label, proc)
+            self._kill()
+        for pump in self._pumps:
+            pump.join(timeout=5)  # the process has exited: its pipes reach their end
+        self._proc.stdout.close()
+        self._proc.stderr.close()
+        self._proc = None
 
+    def _ended(self) -> TransportError:
+        """The agent ended before answering: why, from its exit status and messages."""
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        for pump in self._pumps:
+            pump.join(timeout=5)  # the process has exited: its pipes reach their end
+        returncode = self._proc.returncode
+        self._proc = None
+        return self._classify(returncode, b"".join(self._stderr))
 
-def parse_answer(label: str, proc: subprocess.CompletedProcess) -> dict:
-    if proc.returncode < 0:
-        raise TransportError(
-            "unreachable",
-            f"{label}: the agent was killed by signal {-proc.returncode} before it answered; every "
-            "file is either its old or its new bytes: run `patcher status`, then the command again",
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    # -------------------------------------------------------------- what went wrong (local)
+
+    def _cannot_start(self, exc: OSError) -> TransportError:
+        if isinstance(exc, FileNotFoundError):
+            return TransportError(
+                "usage", f"{self.python} does not exist; name the environment's interpreter with --python PATH"
+            )
+        if isinstance(exc, PermissionError):
+            return TransportError(
+                "usage", f"{self.python} cannot be executed; name a Python interpreter with --python PATH"
+            )
+        return TransportError(
+            "usage", f"{self.python} is not a Python interpreter ({exc.strerror}); name one with --python PATH"
         )
-    lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
-    try:
-        answer = json.loads(lines[-1])
-    except (IndexError, ValueError):
-        stderr = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        detail = stderr[-1] if stderr else f"exit status {proc.returncode}"
-        raise TransportError(
+
+    def _outcome_hint(self) -> str:
+        return ""
+
+    def _agent_failure(self, kind: str, message: str) -> AgentFailure:
+        return AgentFailure(kind, message)
+
+    def _classify(self, returncode: int, stderr: bytes) -> TransportError:
+        if returncode < 0:
+            return TransportError(
+                "unreachable",
+                f"{self.label}: the agent was killed by signal {-returncode} before it answered; every "
+                "file is either its old or its new bytes: run `patcher status`, then the command again",
+            )
+        lines = stderr.decode("utf-8", "replace").strip().splitlines()
+        detail = lines[-1] if lines else f"exit status {returncode}"
+        return TransportError(
             "usage",
-            f"{label} did not answer as a Python 3.9+ interpreter ({detail}); name one with --python PATH",
-        ) from None
-    if not answer.get("ok"):
-        error = answer.get("error", {})
-        raise AgentFailure(error.get("kind", "unknown"), error.get("message", "agent failed"))
-    return answer["result"]
+            f"{self.label} did not answer as a Python 3.9+ interpreter ({detail}); name one with --python PATH",
+        )
