@@ -17,7 +17,6 @@ private venv (from the package index) the first time.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -36,6 +35,9 @@ from tests.support.envs import light_env, site_file  # noqa: E402
 from tests.support.sshd import SshClient, SshServer, why_no_sshd  # noqa: E402
 
 TARGETS = sorted({p.target.path for p in load_patches()})
+# What users run: the console script installed beside this interpreter.
+SCRIPT = Path(sys.executable).parent / "patcher"
+PATCHER = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "patcher.entry"]
 
 
 def address(i: int) -> str:
@@ -65,6 +67,7 @@ class Fleet:
         bin_dir = work / "bin"
         bin_dir.mkdir()
         self.counter = work / "ssh-calls"
+        self.last_cpu = 0.0  # machine CPU seconds of the last timed patcher run
         real_ssh = shutil.which("ssh")
         (bin_dir / "ssh").write_text(
             "#!/bin/sh\n"
@@ -108,17 +111,42 @@ def time_patcher(fleet: Fleet, n: int, forks: int, cache: Path) -> tuple[float, 
     """One `patcher apply`; `cache` is $PATCHER_CACHE (an empty folder: a cold run, whose codemods
     run; a used one: a warm run, whose transforms come from the cache)."""
     fleet.reset(n)
-    command = [sys.executable, "-m", "patcher.cli", "apply", "--no-verify", "-q", "--no-retry-file",
+    command = [*PATCHER, "apply", "--no-verify", "-q", "--no-retry-file",
                "-i", str(fleet.inventory(n)), "--forks", str(forks), "--ssh-config", str(fleet.client.config)]  # fmt: skip
-    started = time.perf_counter()
+    cpu, started = machine_cpu_seconds(), time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env={**fleet.env, "PATCHER_CACHE": str(cache)},
                           cwd=fleet.work)  # fmt: skip
     elapsed = time.perf_counter() - started
+    fleet.last_cpu = machine_cpu_seconds() - cpu
     if done.returncode != 0:
         raise SystemExit(f"patcher apply on {n} hosts exited {done.returncode}:\n{done.stderr[-3000:]}")
     calls = fleet.counter.read_text().splitlines()
     control = calls.count("control")
     return elapsed, len(calls) - control, control
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time used by every process on the machine so far (/proc/stat: user, nice, system, irq...)."""
+    with open("/proc/stat") as fh:
+        ticks = fh.readline().split()[1:]
+    return sum(int(x) for x in ticks[:3] + ticks[5:8]) / os.sysconf("SC_CLK_TCK")
+
+
+def time_ssh_only(fleet: Fleet, n: int, forks: int) -> tuple[float, float]:
+    """n bare logins (`ssh HOST true`), `forks` at a time: the connection work any run over ssh
+    pays (client and sshd: key exchange, authentication, session), with nothing of patcher's.
+    (wall seconds, machine CPU seconds)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = str(fleet.client.config)
+
+    def login(server) -> None:
+        sh(["ssh", "-F", config, "-p", str(server.port), f"root@{server.address}", "true"], env=fleet.env)
+
+    cpu, started = machine_cpu_seconds(), time.perf_counter()
+    with ThreadPoolExecutor(forks) as pool:
+        list(pool.map(login, fleet.servers[:n]))
+    return time.perf_counter() - started, machine_cpu_seconds() - cpu
 
 
 def time_manual(fleet: Fleet, n: int, script: Path) -> float:
@@ -201,8 +229,15 @@ def main() -> None:
             if patched is None:
                 patched = {rel: site_file(fleet.pythons[0], rel).read_bytes() for rel in TARGETS}
             fleet.check_patched(n, patched)
-            runs = [time_patcher(fleet, n, args.forks, warm) for _ in range(args.repeat)]
+            runs, cpus = [], []
+            for _ in range(args.repeat):
+                runs.append(time_patcher(fleet, n, args.forks, warm))
+                cpus.append(fleet.last_cpu)
             point["patcher_s"] = statistics.median(r[0] for r in runs)
+            point["patcher_cpu_s"] = statistics.median(cpus)
+            logins = [time_ssh_only(fleet, n, args.forks) for _ in range(args.repeat)]
+            point["ssh_only_s"] = statistics.median(w for w, _ in logins)
+            point["ssh_only_cpu_s"] = statistics.median(c for _, c in logins)
             point["ssh_sessions_per_host"] = runs[-1][1] / n
             point["ssh_control_per_host"] = runs[-1][2] / n
             fleet.check_patched(n, patched)
@@ -222,6 +257,7 @@ def main() -> None:
     print(f"\npatcher apply --no-verify on loopback hosts, {results['cpus']} CPUs, --forks {args.forks}, "
           f"median of {args.repeat}; ratios against 1 host in the same run")  # fmt: skip
     header = (f"{'hosts':>5} {'cold':>7} {'ratio':>6} {'warm':>7} {'ratio':>6} {'forks=N':>8} {'ssh/host':>9} "
+              f"{'ssh-only':>9} {'warm/ssh-only':>14} {'cpu/host':>9} {'ssh cpu/host':>13} "
               f"{'manual':>8} {'manual/warm':>12}")  # fmt: skip
     if args.ansible:
         header += f" {'ansible':>8} {'ansible/warm':>13} {'ansible/cold':>13}"
@@ -229,7 +265,10 @@ def main() -> None:
     for p in results["points"]:
         line = (f"{p['hosts']:>5} {p['patcher_cold_s']:>6.2f}s {p['patcher_cold_s'] / first['patcher_cold_s']:>5.2f}x "
                 f"{p['patcher_s']:>6.2f}s {p['patcher_s'] / first['patcher_s']:>5.2f}x {p['forks_n_s']:>7.2f}s "
-                f"{p['ssh_sessions_per_host']:>4.0f}+{p['ssh_control_per_host']:.0f}ctl {p['manual_s']:>7.2f}s "
+                f"{p['ssh_sessions_per_host']:>4.0f}+{p['ssh_control_per_host']:.0f}ctl "
+                f"{p['ssh_only_s']:>8.2f}s {p['patcher_s'] / p['ssh_only_s']:>13.2f}x "
+                f"{p['patcher_cpu_s'] / p['hosts'] * 1000:>6.0f} ms {p['ssh_only_cpu_s'] / p['hosts'] * 1000:>10.0f} ms "
+                f"{p['manual_s']:>7.2f}s "
                 f"{p['manual_s'] / p['patcher_s']:>11.1f}x")  # fmt: skip
         if args.ansible:
             line += f" {p['ansible_s']:>7.2f}s {p['ansible_s'] / p['patcher_s']:>12.1f}x {p['ansible_s'] / p['patcher_cold_s']:>12.1f}x"
