@@ -42,6 +42,15 @@ def _transport(python: str | None):
     return LocalTransport(python or sys.executable)
 
 
+def _transform_cache() -> Path | None:
+    """Where transform results are kept across runs (keyed by the source's sha256, the patches
+    and the code fingerprint, see patcher.transforms): the next environment or host with the same
+    files needs no libcst. PATCHER_NO_TRANSFORM_CACHE=1 turns it off."""
+    if os.environ.get("PATCHER_NO_TRANSFORM_CACHE"):
+        return None
+    return Path(os.environ.get("PATCHER_CACHE", "~/.cache/patcher")).expanduser() / "transforms"
+
+
 def _resolve(ids: tuple[str, ...], out: Output) -> list[str]:
     from .registry import UnknownPatch, load_patches, resolve_ids
 
@@ -72,7 +81,10 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
         return
     if remote:
         _refuse_remote_only(remote, out)
-    report = run_target(local, load_patches(), options)
+    from .transforms import shared_transforms
+
+    with shared_transforms(persist=_transform_cache()):
+        report = run_target(local, load_patches(), options)
     reports = [report]
     if json_mode:
         click.echo(json.dumps(document(command, reports), indent=2))
@@ -132,8 +144,7 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
     else:
         progress = PlainProgress(out.progress, announce_done=len(hosts) > 1)
     interrupted = False
-    cache = Path(os.environ.get("PATCHER_CACHE", "~/.cache/patcher")).expanduser() / "transforms"
-    with shared_transforms(persist=None if os.environ.get("PATCHER_NO_TRANSFORM_CACHE") else cache):
+    with shared_transforms(persist=_transform_cache()):
         try:
             results = run_fleet(hosts, python, settings, load_patches(), options, fleet, progress)
         except FleetInterrupted as exc:

@@ -93,20 +93,34 @@ def transform_source(
 
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
+    """sha256 of every line of code that can change a transform's result: the patch package,
+    the transform engine, and libcst's installed version."""
     import hashlib
-    import importlib
-    import importlib.metadata
+    import importlib.util
 
     digest = hashlib.sha256()
-    patches_dir = Path(importlib.import_module("patcher.patches").__file__).parent
+    spec = importlib.util.find_spec("patcher.patches")
+    assert spec is not None and spec.submodule_search_locations
+    patches_dir = Path(list(spec.submodule_search_locations)[0])
     here = Path(__file__).parent
-    for path in [*sorted(patches_dir.rglob("*.py")), here / "transforms.py", here / "combined.py", here / "codemod.py", here / "shapes.py", here / "model.py"]:
+    engine = ("transforms.py", "combined.py", "codemod.py", "shapes.py", "model.py")
+    for path in [*sorted(patches_dir.rglob("*.py")), *(here / name for name in engine)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    try:
-        digest.update(importlib.metadata.version("libcst").encode())
-    except importlib.metadata.PackageNotFoundError:
-        pass
+    digest.update(_libcst_release().encode())
     return digest.hexdigest()
+
+
+def _libcst_release() -> str:
+    """libcst's dist-info folder name (name and version), found without importing libcst or
+    importlib.metadata: a cached transform is there to save those imports."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("libcst")
+    if spec is None or not spec.submodule_search_locations:
+        return "libcst missing"
+    site = Path(list(spec.submodule_search_locations)[0]).parent
+    found = sorted(path.name for path in site.glob("libcst-*.dist-info"))
+    return found[-1] if found else "libcst without metadata"
 
 
 def _persist_path(source: str, steps, filename: str) -> Path:

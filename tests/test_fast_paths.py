@@ -157,3 +157,27 @@ for n in names:
         found[n] = by_name[n]
 print(json.dumps(found))
 """
+
+
+def test_transforms_cached_from_another_environment_are_the_same_bytes(tmp_path, cache):
+    """A second environment with the same pristine files: its apply takes the transforms from
+    the cache (no libcst import) and writes exactly what the codemods wrote for the first."""
+    from tests.support.envs import site_file
+
+    first, second = light_env(tmp_path / "a"), light_env(tmp_path / "b")
+    env = {**os.environ, "PATCHER_CACHE": str(cache)}
+
+    def apply(python: Path, **extra: str) -> set[str]:
+        command = [sys.executable, "-X", "importtime", "-m", "patcher.cli", "apply", "--python", str(python), "--no-verify", "--quiet"]
+        done = subprocess.run(command, capture_output=True, text=True, env={**env, **extra})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+
+    assert "libcst" in apply(first)
+    assert "libcst" not in apply(second)
+    targets = sorted({p.target.path for p in import_patches()})
+    for rel in targets:
+        assert site_file(second, rel).read_bytes() == site_file(first, rel).read_bytes(), rel
+    pristine = light_env(tmp_path / "c")
+    assert any(site_file(pristine, rel).read_bytes() != site_file(second, rel).read_bytes() for rel in targets)
+    assert "libcst" in apply(pristine, PATCHER_NO_TRANSFORM_CACHE="1")  # the switch turns the cache off
