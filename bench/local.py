@@ -132,21 +132,19 @@ def verification(repeat: int) -> list[dict]:
     baseline = timed(imports, repeat)
     print(f"{'IMPORTS: the patched modules':<34} {baseline * 1000:8.0f} ms  (baseline)")
     # The verifier itself, as apply runs it: the agent's verify operation in a fresh interpreter.
-    from patcher.planning import plan_target
+    from patcher.planning import condition_names, plan_target, target_files
     from patcher.transport import LocalTransport
 
-    transport = LocalTransport(str(target))
-    from patcher.planning import condition_names, target_files
-
-    facts = transport.call({"op": "facts", "names": condition_names(load_patches()), "files": target_files(load_patches())})
-    plan = plan_target(facts, load_patches())
-    spec = {"files": plan.verify_files, "import_prefixes": ["vllm"]}
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        answer = transport.call({"op": "verify", "spec": spec})
-        times.append(time.perf_counter() - start)
-        assert answer["ok"], answer
+    with LocalTransport(str(target)) as transport:
+        facts = transport.call({"op": "facts", "names": condition_names(load_patches()), "files": target_files(load_patches())})
+        plan = plan_target(facts, load_patches())
+        spec = {"files": plan.verify_files, "import_prefixes": ["vllm"]}
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            answer = transport.call({"op": "verify", "spec": spec})
+            times.append(time.perf_counter() - start)
+            assert answer["ok"], answer
     verify = statistics.median(times)
     return [row("verification (fresh interpreter)", verify, baseline, "<= 1.10x", verify <= 1.10 * baseline)]
 

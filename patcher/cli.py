@@ -95,6 +95,7 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
 
 REMOTE_ONLY = {
     "sudo": "--sudo",
+    "limit": "--limit",
     "ssh_options": "--ssh-option",
     "ssh_config": "--ssh-config",
     "serial": "--serial",
@@ -112,7 +113,7 @@ def _refuse_remote_only(remote: dict, out: Output) -> None:
 def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict, options, out: Output) -> None:
     from .fleet import FleetInterrupted, FleetOptions, batch_size, fleet_document, run_fleet, succeeded
     from .fleetview import LiveProgress, PlainProgress, render_summary
-    from .inventory import InventoryError, hosts_from_options, is_retry_file, write_retry_file
+    from .inventory import InventoryError, hosts_from_options, is_retry_file, limit_hosts, write_retry_file
     from .registry import load_patches
     from .render import render_reports
     from .report import overall_exit
@@ -121,6 +122,8 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
 
     try:
         hosts = hosts_from_options(remote["hosts"], remote["inventories"])
+        if remote["limit"]:
+            hosts = limit_hosts(hosts, remote["limit"])
         if python is not None:
             check_remote_python(python)
         settings = SshSettings(
@@ -199,6 +202,11 @@ REMOTE_OPTIONS = [
         help="hosts from a file: one per line, or an Ansible INI/YAML inventory; repeatable",
     ),
     click.option(
+        "--limit", "-l", metavar="PATTERN",
+        help="only these hosts: names, addresses or inventory groups, comma-separated, wildcards "
+        "allowed; !x drops, &x intersects (as Ansible's --limit)",
+    ),
+    click.option(
         "--forks", "-f", default=8, show_default=True, type=click.IntRange(1, 1024), metavar="N",
         help="hosts worked on at the same time",
     ),
@@ -229,10 +237,10 @@ def remote_options(f):
     """--host, --inventory and the fleet and ssh options, gathered into `remote=`."""
 
     @functools.wraps(f)
-    def wrapper(*args, hosts, inventories, forks, serial, max_fail, sudo, ssh_options, ssh_config,
+    def wrapper(*args, hosts, inventories, limit, forks, serial, max_fail, sudo, ssh_options, ssh_config,
                 connect_timeout, retry_file, no_retry_file, **kwargs):  # fmt: skip
         remote = {
-            "hosts": hosts, "inventories": inventories, "forks": forks, "serial": serial,
+            "hosts": hosts, "inventories": inventories, "limit": limit, "forks": forks, "serial": serial,
             "max_fail": max_fail, "sudo": sudo, "ssh_options": ssh_options, "ssh_config": ssh_config,
             "connect_timeout": connect_timeout, "retry_file": None if no_retry_file else retry_file,
         }  # fmt: skip

@@ -9,7 +9,8 @@ An inventory is one of
   `name:`): groups with `hosts`, `vars` and `children`, nested to any depth under `all`.
 
 Variables read: `ansible_host`, `ansible_user`, `ansible_port`, `ansible_python_interpreter`
-(and the older `ansible_ssh_host/_user/_port`). Host variables win over group variables, a
+(and the older `ansible_ssh_host/_user/_port`), `ansible_become` (the host is run through
+`sudo -n`, as `--sudo` does; `ansible_become_method` must be sudo and `ansible_become_user` root). Host variables win over group variables, a
 child group's over its parent's, and `all`'s come last, as in Ansible. Others are ignored.
 """
 
@@ -241,11 +242,34 @@ def _resolve(tree: _Tree, path: Path) -> list[Host]:
         for group in sorted(member[name] - {"all"}, key=lambda g: (depth.get(g, 1), g)):
             merged.update(tree.groups[group].vars)
         merged.update(tree.host_vars[name])
-        hosts.append(_host(name, merged, path))
+        hosts.append(_host(name, merged, path, tuple(sorted(member[name] | {"all"}))))
     return hosts
 
 
-def _host(name: str, variables: dict, path: Path) -> Host:
+_TRUE = ("true", "yes", "on", "1", "y", "t")
+_FALSE = ("false", "no", "off", "0", "n", "f")
+
+
+def _become(variables: dict) -> bool:
+    """ansible_become (and its method and user, which must be what patcher does: sudo, root)."""
+    value = variables.get("ansible_become", variables.get("ansible_sudo"))
+    if value is None:
+        return False
+    text = str(value).strip().lower()
+    if text not in _TRUE + _FALSE:
+        raise HostError(f"ansible_become={value} is not a boolean; write true or false")
+    if text in _FALSE:
+        return False
+    method = str(variables.get("ansible_become_method", "sudo"))
+    if method != "sudo":
+        raise HostError(f"ansible_become_method={method} is not supported (patcher uses `sudo -n`); use sudo")
+    user = str(variables.get("ansible_become_user", "root"))
+    if user != "root":
+        raise HostError(f"ansible_become_user={user} is not supported (patcher's agent runs as root); drop it")
+    return True
+
+
+def _host(name: str, variables: dict, path: Path, groups: tuple[str, ...] = ()) -> Host:
     def pick(*keys: str) -> str | None:
         for key in keys:
             if variables.get(key) is not None:
@@ -278,9 +302,10 @@ def _host(name: str, variables: dict, path: Path) -> Host:
             python = None  # Ansible's interpreter discovery or a template: let --python decide
         if python is not None:
             check_remote_python(python)
+        become = _become(variables)
     except HostError as exc:
         raise InventoryError(f"inventory {path}: host {name!r}: {exc}") from None
-    return Host(name=name, address=address, user=user, port=port, python=python)
+    return Host(name=name, address=address, user=user, port=port, python=python, become=become, groups=groups)
 
 
 # ------------------------------------------------------------------ --host and the retry file
@@ -295,7 +320,7 @@ def hosts_from_options(specs: Iterable[str], inventories: Iterable[str]) -> list
     unique: list[Host] = []
     seen = set()
     for host in hosts:
-        key = (host.name, host.address, host.user, host.port, host.python)
+        key = (host.name, host.address, host.user, host.port, host.python, host.become)
         if key not in seen:
             seen.add(key)
             unique.append(host)
@@ -314,7 +339,40 @@ def inventory_line(host: Host) -> str:
         words.append(f"ansible_port={host.port}")
     if host.python:
         words.append(f"ansible_python_interpreter={shlex.quote(host.python)}")
+    if host.become:
+        words.append("ansible_become=true")
     return " ".join(words)
+
+
+def limit_hosts(hosts: list[Host], pattern: str) -> list[Host]:
+    """The hosts `--limit PATTERN` keeps, as Ansible reads it: comma-separated terms, each a host
+    name, an address or a group name, shell wildcards allowed (`gpu-*`); `!term` drops the hosts
+    it matches, `&term` keeps only hosts that also match it; without plain terms, every host is
+    the start. A plain term that matches nothing is a mistake (a typo would skip hosts silently)."""
+    import fnmatch
+
+    terms = [t.strip() for t in pattern.split(",") if t.strip()]
+    if not terms:
+        raise InventoryError("--limit needs a pattern: host or group names, comma-separated")
+
+    def matches(host: Host, term: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, term) for name in (host.name, host.address, *host.groups))
+
+    plain = [t for t in terms if t[0] not in "!&"]
+    for term in plain:
+        if not any(matches(h, term) for h in hosts):
+            groups = sorted({g for h in hosts for g in h.groups} - {"all"})
+            known = f"; groups: {', '.join(groups)}" if groups else ""
+            raise InventoryError(f"--limit: {term!r} matches no host or group{known}; check the name")
+    kept = [h for h in hosts if any(matches(h, t) for t in plain)] if plain else list(hosts)
+    for term in terms:
+        if term.startswith("&"):
+            kept = [h for h in kept if matches(h, term[1:])]
+        elif term.startswith("!"):
+            kept = [h for h in kept if not matches(h, term[1:])]
+    if not kept:
+        raise InventoryError(f"--limit {pattern!r} leaves no host to run on")
+    return kept
 
 
 def write_retry_file(path: str | Path, command: str, hosts: list[tuple[Host, str]]) -> None:

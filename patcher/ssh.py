@@ -21,7 +21,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .transport import AgentFailure, LocalTransport, TransportError, session_bootstrap
 
@@ -48,6 +48,9 @@ class Host:
     user: str | None = None
     port: int | None = None
     python: str | None = None  # per-host interpreter (ansible_python_interpreter); None: --python
+    become: bool = False  # through `sudo -n` (ansible_become), as --sudo does for every host
+    # the inventory groups it belongs to, for --limit; not part of what the host is
+    groups: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def spec(self) -> str:
@@ -190,6 +193,13 @@ class SshTransport(LocalTransport):
     def label(self) -> str:
         return self.host.name
 
+    @property
+    def sudo(self) -> bool:
+        return self.settings.sudo or self.host.become
+
+    def _sudo_source(self) -> str:
+        return "--sudo" if self.settings.sudo else "ansible_become from the inventory"
+
     # -------------------------------------------------------------- the command line
 
     def ssh_args(self) -> list[str]:
@@ -219,7 +229,7 @@ class SshTransport(LocalTransport):
         if self.python.startswith("~/") and len(self.python) > 2:
             python = '"$HOME"/' + shlex.quote(self.python[2:])
         words = [python, "-c", shlex.quote(session_bootstrap())]
-        if self.settings.sudo:
+        if self.sudo:
             words = ["sudo", "-n", "--", *words]
         return " ".join(words)
 
@@ -234,7 +244,7 @@ class SshTransport(LocalTransport):
         return super()._cannot_start(exc)
 
     def _agent_failure(self, kind: str, message: str) -> AgentFailure:
-        if kind == "not-writable" and not self.settings.sudo:
+        if kind == "not-writable" and not self.sudo:
             message += "; if the login user may sudo, try --sudo"
         return AgentFailure(kind, message)
 
@@ -294,22 +304,22 @@ class SshTransport(LocalTransport):
             return TransportError(
                 "unreachable", f"connection lost ({last})" + self._outcome_hint()
             )
-        if self.settings.sudo:
+        if self.sudo:
             if "a password is required" in text or "a terminal is required" in text:
                 return TransportError(
                     "usage",
                     f"sudo -n refused: {host.user or 'the login user'} may not run "
-                    f"{self.python} without a password there (sudoers NOPASSWD), or drop --sudo",
+                    f"{self.python} without a password there (sudoers NOPASSWD), or drop {self._sudo_source()}",
                 )
             if "must have a tty" in text:
                 return TransportError(
                     "usage", f"sudo refused: `requiretty` is set for {host.user or 'the login user'} there; "
-                    "allow it without a tty (Defaults !requiretty) or drop --sudo",
+                    f"allow it without a tty (Defaults !requiretty) or drop {self._sudo_source()}",
                 )
             if "not in the sudoers" in text or "not allowed to execute" in text or "may not run sudo" in text:
                 return TransportError("usage", f"sudo refused: {last}")
             if returncode == 127 and re.search(r"\bsudo: (command )?not found|sudo: No such file", text):
-                return TransportError("usage", f"no sudo on {host.address}; drop --sudo")
+                return TransportError("usage", f"no sudo on {host.address}; drop {self._sudo_source()}")
             if re.search(r"sudo: .*(command not found|No such file)", text):
                 return self._no_python()
         if returncode == 127:

@@ -12,6 +12,7 @@ import queue
 import subprocess
 import threading
 import time
+import weakref
 from functools import lru_cache
 from pathlib import Path
 
@@ -77,6 +78,13 @@ def session_bootstrap() -> str:
     )
 
 
+def _end_of_input(proc: subprocess.Popen) -> None:
+    try:
+        proc.stdin.close()
+    except (OSError, ValueError):
+        pass
+
+
 class LocalTransport:
     """The target interpreter on this machine (`--python PATH`): one agent process per run,
     started by `start()` (or the first call) and ended by `close()`."""
@@ -113,25 +121,29 @@ class LocalTransport:
             )
         except OSError as exc:
             raise self._cannot_start(exc) from None
-        self._lines: queue.Queue = queue.Queue()
-        self._stderr: list[bytes] = []
         proc = self._proc
+        lines: queue.Queue = queue.Queue()
+        stderr: list[bytes] = []
+        self._lines, self._stderr = lines, stderr
 
+        # The pumps hold the process and its pipes, not this object: a transport dropped without
+        # close() is collected, and its finalizer ends the session (the agent sees end of input).
         def pump_out() -> None:
             for line in proc.stdout:
-                self._lines.put(line)
-            self._lines.put(None)
+                lines.put(line)
+            lines.put(None)
 
         def pump_err() -> None:
             for line in proc.stderr:
-                if len(self._stderr) < 200:
-                    self._stderr.append(line)
+                if len(stderr) < 200:
+                    stderr.append(line)
 
         self._pumps = [
             threading.Thread(target=target, daemon=True, name=f"agent-{self.label}") for target in (pump_out, pump_err)
         ]
         for pump in self._pumps:
             pump.start()
+        weakref.finalize(self, _end_of_input, proc)
         self._send({"agent": agent_source()})
 
     def prestart(self) -> None:

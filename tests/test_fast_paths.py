@@ -113,7 +113,8 @@ def test_agent_finds_the_distributions_importlib_metadata_finds():
     python = build_demo_env(progress=lambda message: None)
     names = ["vllm", "speculators", "torch", "transformers", "numpy", "nosuchpackage"]
     files = [{"distribution": "vllm", "path": "vllm/v1/request.py"}, {"distribution": "torch", "path": "torch/__init__.py"}]
-    facts = LocalTransport(str(python)).call({"op": "facts", "names": names, "files": files})
+    with LocalTransport(str(python)) as transport:
+        facts = transport.call({"op": "facts", "names": names, "files": files})
     reference = subprocess.run(
         [str(python), "-c", REFERENCE, json.dumps(names)], capture_output=True, text=True, check=True
     )
@@ -181,3 +182,35 @@ def test_transforms_cached_from_another_environment_are_the_same_bytes(tmp_path,
     pristine = light_env(tmp_path / "c")
     assert any(site_file(pristine, rel).read_bytes() != site_file(second, rel).read_bytes() for rel in targets)
     assert "libcst" in apply(pristine, PATCHER_NO_TRANSFORM_CACHE="1")  # the switch turns the cache off
+
+
+def test_one_agent_process_per_session_and_none_left_behind(tmp_path):
+    """Facts and apply share one agent process; close() ends it, and so does dropping the
+    transport without close() (a forgotten session must not outlive its use)."""
+    import gc
+    import time
+
+    from patcher.planning import condition_names, target_files
+    from patcher.transport import LocalTransport
+
+    python = light_env(tmp_path)
+    patches = load_patches()
+    request = {"op": "facts", "names": condition_names(patches), "files": target_files(patches)}
+    with LocalTransport(str(python)) as transport:
+        transport.call(request)
+        proc = transport._proc
+        transport.call(request)
+        assert transport._proc is proc and transport.invocations == 1
+    assert proc.poll() is not None
+
+    def forgotten():
+        transport = LocalTransport(str(python))
+        transport.call(request)
+        return transport._proc
+
+    proc = forgotten()
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() == 0

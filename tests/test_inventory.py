@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.inventory import InventoryError, hosts_from_options, inventory_line, read_inventory
+from patcher.inventory import InventoryError, hosts_from_options, inventory_line, limit_hosts, read_inventory
 from patcher.ssh import Host, HostError, SshSettings, SshTransport, parse_host
 
 
@@ -109,3 +109,79 @@ def test_remote_command_quotes_every_word():
     assert home.startswith('"$HOME"/ml-env/bin/python3 -c ')
     user_first = SshTransport(parse_host("gpu.lab"), None, SshSettings(options=("StrictHostKeyChecking=yes",))).command()
     assert user_first.index("StrictHostKeyChecking=yes") < user_first.index("StrictHostKeyChecking=accept-new")
+
+
+GROUPED = (
+    "[all:vars]\nansible_user=admin\n\n"
+    "[gpus]\ngpu[01:04].lab\n\n[gpus:vars]\nansible_become=yes\n\n"
+    "[canary]\ngpu01.lab ansible_become=false\n\n"
+    "[cpu]\ncpu01.lab ansible_host=10.9.9.1\n\n"
+    "[fleet:children]\ngpus\n"
+)
+
+
+def test_groups_and_become_from_the_inventory(tmp_path: Path):
+    path = tmp_path / "hosts.ini"
+    path.write_text(GROUPED)
+    hosts = {h.name: h for h in read_inventory(path)}
+    assert hosts["gpu02.lab"].become and hosts["gpu04.lab"].become
+    assert not hosts["gpu01.lab"].become  # the host's own variable wins over its group's
+    assert not hosts["cpu01.lab"].become
+    assert hosts["gpu02.lab"].groups == ("all", "fleet", "gpus")
+    assert hosts["gpu01.lab"].groups == ("all", "canary", "fleet", "gpus")
+    line = tmp_path / "one"
+    line.write_text(inventory_line(hosts["gpu02.lab"]) + "\n")
+    assert read_inventory(line) == [hosts["gpu02.lab"]]  # a retry file keeps ansible_become
+    settings = SshSettings()
+    assert SshTransport(hosts["gpu02.lab"], None, settings).remote_command().startswith("sudo -n -- ")
+    assert not SshTransport(hosts["gpu01.lab"], None, settings).remote_command().startswith("sudo")
+
+
+@pytest.mark.parametrize(
+    "variables,message",
+    [
+        ("ansible_become=maybe", "ansible_become=maybe is not a boolean"),
+        ("ansible_become=true ansible_become_method=su", "ansible_become_method=su is not supported"),
+        ("ansible_become=true ansible_become_user=postgres", "ansible_become_user=postgres is not supported"),
+    ],
+)
+def test_become_is_sudo_to_root_or_refused(tmp_path: Path, variables: str, message: str):
+    path = tmp_path / "hosts"
+    path.write_text(f"gpu01 {variables}\n")
+    with pytest.raises(InventoryError, match=f"host 'gpu01': {message}"):
+        read_inventory(path)
+
+
+@pytest.mark.parametrize(
+    "pattern,expected",
+    [
+        ("gpus", ["gpu01.lab", "gpu02.lab", "gpu03.lab", "gpu04.lab"]),
+        ("gpus,!canary", ["gpu02.lab", "gpu03.lab", "gpu04.lab"]),
+        ("gpu0[23]*", ["gpu02.lab", "gpu03.lab"]),
+        ("fleet,&canary", ["gpu01.lab"]),
+        ("!gpus", ["cpu01.lab"]),
+        ("cpu01.lab, gpu03.lab", ["gpu03.lab", "cpu01.lab"]),  # inventory order, not the pattern's
+        ("10.9.9.*", ["cpu01.lab"]),  # addresses too
+        ("all,!gpu0[1-3].lab", ["gpu04.lab", "cpu01.lab"]),
+    ],
+)
+def test_limit_reads_patterns_as_ansible_does(tmp_path: Path, pattern: str, expected: list[str]):
+    path = tmp_path / "hosts.ini"
+    path.write_text(GROUPED)
+    assert [h.name for h in limit_hosts(read_inventory(path), pattern)] == expected
+
+
+@pytest.mark.parametrize(
+    "pattern,message",
+    [
+        ("gpux", "--limit: 'gpux' matches no host or group; groups: canary, cpu, fleet, gpus; check the name"),
+        ("gpus,!gpus", "--limit 'gpus,!gpus' leaves no host to run on"),
+        (" , ", "--limit needs a pattern"),
+    ],
+)
+def test_limit_mistakes_are_refused(tmp_path: Path, pattern: str, message: str):
+    path = tmp_path / "hosts.ini"
+    path.write_text(GROUPED)
+    with pytest.raises(InventoryError) as error:
+        limit_hosts(read_inventory(path), pattern)
+    assert str(error.value).startswith(message)

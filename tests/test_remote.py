@@ -203,6 +203,19 @@ def test_yaml_inventory_with_nested_groups_and_per_host_python(tmp_path: Path, c
                              cwd=tmp_path)  # fmt: skip
     assert code == 0, err
     assert {t["target"]: t["python"] for t in doc["targets"]} == {"one": str(env_first), "two": str(env_second)}
+    # --limit by group (a nested one), by name with a wildcard, and by exclusion: only those hosts are contacted
+    for pattern, expected in (("special", ["two"]), ("o*", ["one"]), ("gpus,!special", ["one"])):
+        code, doc, err = patcher("status", "-i", str(inventory), "--limit", pattern, *client.args(), "--json",
+                                 cwd=tmp_path)  # fmt: skip
+        assert code == 0, err
+        assert [t["target"] for t in doc["targets"]] == expected, pattern
+    code, doc, err = patcher("status", "-i", str(inventory), "--limit", "gpu", *client.args(), cwd=tmp_path)
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        "error: --limit: 'gpu' matches no host or group; groups: gpus, special; check the name"
+    )
+    code, _, err = patcher("status", "--limit", "gpus", cwd=tmp_path)
+    assert code == 2 and "--limit only apply to remote hosts" in err
 
 
 def test_serial_batches_and_max_fail_stop_the_rollout(tmp_path: Path, client, servers, host_env):
@@ -453,6 +466,26 @@ def shared_env(tmp_path: Path, host_env):
             os.chmod(path, (mode & ~0o022) | (0o755 if stat.S_ISDIR(mode) or mode & 0o100 else 0o644))
     yield env / "bin" / "python"
     shutil.rmtree(root, ignore_errors=True)
+
+
+def test_ansible_become_in_the_inventory_is_sudo_for_that_host(tmp_path: Path, client, servers, shared_env, sudoer):
+    server = servers(users=(sudoer,))
+    pristine = files(shared_env)
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(
+        f"[gpus]\n{spec(server, sudoer)} ansible_python_interpreter={shared_env}\n\n[gpus:vars]\nansible_become=true\n"
+    )
+    code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path)
+    assert code == 0, err
+    assert doc["targets"][0]["status"] == "changed"
+    assert files(shared_env) != pristine
+    assert site_file(shared_env, TARGETS[0]).stat().st_uid == 0  # written as root, owner kept
+    # the same login without ansible_become cannot write there
+    inventory.write_text(f"{spec(server, sudoer)} ansible_python_interpreter={shared_env}\n")
+    code, doc, err = patcher("rollback", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path)
+    assert code == 1, err
+    assert doc["targets"][0]["message"].endswith("try --sudo")
+    assert files(shared_env) != pristine
 
 
 def test_environment_not_writable_for_the_login_user(tmp_path: Path, client, servers, shared_env):

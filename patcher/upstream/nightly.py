@@ -77,7 +77,8 @@ class NightlyCheck:
 
 
 def detect(python: str, site: Path, names: Sequence[str]) -> dict[str, str]:
-    answer = FabricatedTarget(python, site).call({"op": "facts", "names": list(names), "files": []}, timeout=60)
+    with FabricatedTarget(python, site) as target:
+        answer = target.call({"op": "facts", "names": list(names), "files": []}, timeout=60)
     return {name: info["version"] for name, info in answer["distributions"].items()}
 
 
