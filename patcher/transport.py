@@ -198,27 +198,26 @@ class LocalTransport:
             self._proc.stdin.close()
         except OSError:
             pass
+        self._reap(timeout=10)
+
+    def _ended(self) -> TransportError:
+        """The agent ended before answering: why, from its exit status and messages."""
+        returncode = self._reap(timeout=30)
+        return self._classify(returncode, b"".join(self._stderr))
+
+    def _reap(self, timeout: float) -> int:
+        """Wait for the agent to exit (kill it after `timeout`), collect its pipes; its status."""
         try:
-            self._proc.wait(timeout=10)
+            self._proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self._kill()
         for pump in self._pumps:
             pump.join(timeout=5)  # the process has exited: its pipes reach their end
         self._proc.stdout.close()
         self._proc.stderr.close()
-        self._proc = None
-
-    def _ended(self) -> TransportError:
-        """The agent ended before answering: why, from its exit status and messages."""
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._kill()
-        for pump in self._pumps:
-            pump.join(timeout=5)  # the process has exited: its pipes reach their end
         returncode = self._proc.returncode
         self._proc = None
-        return self._classify(returncode, b"".join(self._stderr))
+        return returncode
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

@@ -125,6 +125,9 @@ def with_new_imports(body: list[cst.BaseStatement], missing: list[tuple[str, str
     return [*body[:at], *new, *body[at:]]
 
 
+SETUP_IN_INIT = textwrap.indent(HASHER_SETUP, " " * 8)  # as the examples' __init__ bodies carry it
+
+
 # vLLM 0.12.0: prefix caching on by default makes the hasher mandatory (0.11.1 already has
 # every function it calls).
 BLOCK_HASHER_SINCE = {"vllm": ">=0.12.0"}
@@ -348,19 +351,8 @@ PATCH = Patch(
                 "class G:\n"
                 "    def __init__(self):\n"
                 "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n"
-                "\n"
-                "        # Create block hasher for request KV cache management\n"
-                "        # Following vLLM's pattern in v1/engine/core.py\n"
-                "        caching_hash_fn = get_hash_fn_by_name(\n"
-                "            self.vllm_config.cache_config.prefix_caching_hash_algo\n"
-                "        )\n"
-                "        init_none_hash(caching_hash_fn)\n"
-                "\n"
-                "        self.block_hasher = get_request_block_hasher(\n"
-                "            self.vllm_config.cache_config.block_size,\n"
-                "            caching_hash_fn,\n"
-                "        )\n"
-                "\n"
+                + SETUP_IN_INIT
+                + "\n"
                 "    def add(self):\n"
                 "        return Request(request_id=\"r\", prompt_token_ids=[1], sampling_params=None, "
                 "block_hasher=self.block_hasher)\n"
@@ -389,19 +381,8 @@ PATCH = Patch(
                 "class G:\n"
                 "    def __init__(self):\n"
                 "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n"
-                "\n"
-                "        # Create block hasher for request KV cache management\n"
-                "        # Following vLLM's pattern in v1/engine/core.py\n"
-                "        caching_hash_fn = get_hash_fn_by_name(\n"
-                "            self.vllm_config.cache_config.prefix_caching_hash_algo\n"
-                "        )\n"
-                "        init_none_hash(caching_hash_fn)\n"
-                "\n"
-                "        self.block_hasher = get_request_block_hasher(\n"
-                "            self.vllm_config.cache_config.block_size,\n"
-                "            caching_hash_fn,\n"
-                "        )\n"
-                "\n"
+                + SETUP_IN_INIT
+                + "\n"
                 "    def add(self):\n"
                 "        return Request(request_id=\"r\", block_hasher=self.block_hasher)\n"
             ),
