@@ -3,14 +3,16 @@ writes to a target. Standard library only, Python 3.9+; it never imports libcst,
 anything of patcher, so a host needs nothing but its Python.
 
 It is sent as text over stdin together with one JSON request, and answers with one JSON
-object on stdout (see BOOTSTRAP). Operations:
+object on stdout (see BOOTSTRAP); or, as a session, it is sent once and answers one request per
+line (the controller's SESSION_BOOTSTRAP, patcher/transport.py). Operations:
 
 - facts:      interpreter, distributions that provide the named import packages, the target
               files (bytes as text, sha256, the sha256 pip recorded), the state record.
 - apply:      one transaction per environment: lock, pristine backups taken once, each file
               written atomically, stale bytecode removed, state record, optional verification
               in a fresh interpreter, automatic restore of the previous bytes on failure.
-- verify:     the check itself, run in a fresh interpreter by `apply`.
+- verify:     the check apply runs, on its own: in a fresh interpreter (verify-here, the check
+              itself, is what that interpreter is asked).
 - forget:     drop record entries (and backups) of files pip has since replaced.
 
 State lives under <sys.prefix>/share/patcher/: state.json, backups/<sha256>.py, lock.
@@ -619,7 +621,7 @@ def run_verification(spec: dict) -> dict:
     import subprocess
     import tempfile
 
-    payload = json.dumps({"agent": AGENT_SOURCE, "op": "verify", "spec": spec})
+    payload = json.dumps({"agent": AGENT_SOURCE, "op": "verify-here", "spec": spec})
     proc = subprocess.run(
         [sys.executable, "-c", BOOTSTRAP],
         input=payload.encode("utf-8"),
@@ -637,6 +639,13 @@ def run_verification(spec: dict) -> dict:
 
 
 def op_verify(req: dict) -> dict:
+    """Verification on its own, as apply runs it: in a fresh interpreter (this process may be a
+    session that has imported the modules already, or an older version of them)."""
+    return run_verification(req["spec"])
+
+
+def op_verify_here(req: dict) -> dict:
+    """The verification itself, in this (fresh) interpreter: what run_verification starts."""
     import ast
     import importlib
 
@@ -763,7 +772,13 @@ def check_attribute_call(module, tree, call: dict) -> list:
 
 # ---------------------------------------------------------------- entry point
 
-OPERATIONS = {"facts": op_facts, "apply": op_apply, "forget": op_forget, "verify": op_verify}
+OPERATIONS = {
+    "facts": op_facts,
+    "apply": op_apply,
+    "forget": op_forget,
+    "verify": op_verify,
+    "verify-here": op_verify_here,
+}
 
 
 def serve(req: dict) -> None:

@@ -67,3 +67,24 @@ def test_patched_generator_passes_verification(env: Path):
     code, doc, err = patcher("rollback", "--python", str(env), "--json")
     assert code == 0, err
     assert sha(site_file(env, GENERATOR)) == PRISTINE_GENERATOR
+
+
+def test_verification_in_a_session_always_takes_a_fresh_interpreter(env: Path):
+    """One agent session serves several requests; a verification must still see the files as a
+    new process sees them now, not the modules the session (or an earlier check) imported."""
+    from patcher.planning import condition_names, plan_target, target_files
+    from patcher.registry import load_patches
+    from patcher.transport import LocalTransport
+
+    code, _, err = patcher("apply", "--python", str(env), "--no-verify")
+    assert code == 0, err
+    patches = load_patches()
+    with LocalTransport(str(env)) as transport:
+        facts = transport.call({"op": "facts", "names": condition_names(patches), "files": target_files(patches)})
+        spec = {"files": plan_target(facts, patches).verify_files, "import_prefixes": ["vllm"]}
+        assert transport.call({"op": "verify", "spec": spec})["ok"]
+        code, _, err = patcher("rollback", "--python", str(env))  # another process, meanwhile
+        assert code == 0, err
+        answer = transport.call({"op": "verify", "spec": spec})
+    assert not answer["ok"]
+    assert len(answer["problems"]) == 3, answer["problems"]  # the pristine generator's three calls
