@@ -71,6 +71,13 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
+    # patcher's own bytecode, as an installed wheel has it (an editable install under
+    # PYTHONDONTWRITEBYTECODE would compile every module on every run; the floor's libcst is
+    # installed, compiled).
+    import compileall
+
+    for folder in ("patcher", "patches", "remote"):
+        compileall.compile_dir(str(ROOT / folder), quiet=1)
     work = Path(tempfile.mkdtemp(prefix="patcher-bench-"))
     python = light_env(work)
     files = [site_file(python, rel) for rel in TARGETS]

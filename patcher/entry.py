@@ -34,7 +34,31 @@ def main() -> None:
         return
     from .cli import main as cli_main
 
-    cli_main()
+    run_and_exit(cli_main)
+
+
+def run_and_exit(command) -> None:
+    """Run the click command as the process, and end the process without tearing the
+    interpreter down: once libcst is loaded, freeing its objects one by one at exit costs about
+    20 ms, a tenth of a whole apply, for memory the system reclaims at once. Everything patcher
+    writes is closed before this point; only the standard streams need a flush."""
+    import os
+
+    try:
+        command()
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, OSError):
+        code = code or 1
+    os._exit(code)
 
 
 def render_help() -> str:

@@ -75,6 +75,10 @@ def session_bootstrap() -> str:
         " line=sys.stdin.buffer.readline()\n"
         " if not line.strip():break\n"
         " ns['serve'](json.loads(line.decode('utf-8')))\n"
+        # Every answer is flushed and every file closed: skip the interpreter's teardown.
+        "sys.stdout.flush()\n"
+        "import os\n"
+        "os._exit(0)\n"
     )
 
 

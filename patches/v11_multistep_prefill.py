@@ -226,8 +226,26 @@ class PrefillAcrossSteps(PatchCodemod):
         'self.executor.collective_rpc("_get_captured_states", ...)'
     )
 
+    def __init__(self, filename: str = "<source>") -> None:
+        super().__init__(filename)
+        # Per enclosing function: which of ADD_REQUEST, EXECUTE_MODEL its body holds (nested
+        # functions included), noted on the way instead of searching every function again.
+        self.functions: list[set[str]] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(set())
+
+    def leave_SimpleStatementLine(
+        self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+    ) -> cst.SimpleStatementLine:
+        if self.functions:
+            seen = {name for name, shape in (("add", ADD_REQUEST), ("execute", EXECUTE_MODEL)) if m.matches(updated, shape)}
+            for frame in self.functions:
+                frame |= seen
+        return updated
+
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        if not (m.findall(updated, ADD_REQUEST) and m.findall(updated, EXECUTE_MODEL)):
+        if self.functions.pop() != {"add", "execute"}:
             return updated
         parts = _Parts()
         result = updated.visit(parts)
