@@ -36,18 +36,21 @@ PATCHER = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "patcher.
 TARGETS = sorted({p.target.path for p in load_patches()})
 
 
+def once(command: list[str], before=None, env=None) -> float:
+    """Wall time of one run of `command` (`before` runs first, untimed)."""
+    if before:
+        before()
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    elapsed = time.perf_counter() - start
+    if done.returncode not in (0, 6):
+        raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    return elapsed
+
+
 def timed(command: list[str], repeat: int, before=None, env=None) -> float:
-    """Median wall time of `command` over `repeat` runs (`before` runs untimed each time)."""
-    times = []
-    for _ in range(repeat):
-        if before:
-            before()
-        start = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
-        times.append(time.perf_counter() - start)
-        if done.returncode not in (0, 6):
-            raise SystemExit(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
-    return statistics.median(times)
+    """Median wall time of `command` over `repeat` runs."""
+    return statistics.median(once(command, before, env) for _ in range(repeat))
 
 
 def floor_command(python_files: list[Path]) -> list[str]:
@@ -91,12 +94,16 @@ def main() -> int:
 
     results = []
     print(f"{'measure':<34} {'median':>11}  {'ratio':>6}")
-    floor = timed(floor_command(files), args.repeat)
-    print(f"{'FLOOR: read + parse + codegen':<34} {floor * 1000:8.0f} ms  (baseline)")
     apply = [*PATCHER, "apply", "--python", str(python), "--no-verify", "--quiet"]
     # The codemods run every time: no transform cache (it would answer from an earlier run).
     cold = {**os.environ, "PATCHER_NO_TRANSFORM_CACHE": "1"}
-    full = timed(apply, args.repeat, before=reset, env=cold)
+    # The floor and the full apply alternate, so a drift of the machine's speed hits both alike.
+    floors, fulls = [], []
+    for _ in range(args.repeat):
+        floors.append(once(floor_command(files)))
+        fulls.append(once(apply, before=reset, env=cold))
+    floor, full = statistics.median(floors), statistics.median(fulls)
+    print(f"{'FLOOR: read + parse + codegen':<34} {floor * 1000:8.0f} ms  (baseline)")
     results.append(row("apply --no-verify (all patches)", full, floor, "<= 1.5x", full <= 1.5 * floor))
     # The same files met before (another environment, the next batch): transforms from the cache.
     cache = {**os.environ, "PATCHER_CACHE": tempfile.mkdtemp(prefix="patcher-bench-cache-")}
