@@ -62,8 +62,8 @@ def _resolve(ids: tuple[str, ...], out: Output) -> list[str]:
 
 
 def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote: dict | None = None, **kwargs) -> None:
-    local = None
-    if not (remote and (remote["hosts"] or remote["inventories"])):
+    fleet = bool(remote and (remote["hosts"] or remote["inventories"]))
+    if not fleet:
         # The agent's interpreter starts (and compiles the agent) while patcher loads the rest.
         local = _transport(python)
         local.prestart()
@@ -76,7 +76,7 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
     only = _resolve(kwargs.pop("only", ()), out)
     skip = _resolve(kwargs.pop("skip", ()), out)
     options = RunOptions(command=command, only=only, skip=skip, progress=out.progress, **kwargs)
-    if remote and (remote["hosts"] or remote["inventories"]):
+    if fleet:
         _run_fleet(command, python, json_mode, quiet, remote, options, out)
         return
     if remote:
