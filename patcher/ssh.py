@@ -268,19 +268,15 @@ class SshTransport(LocalTransport):
         host = self.host
         where = f"{host.address}" + (f" port {host.port}" if host.port else "")
         if returncode == 255:
-            if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text:
+            changed = "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text
+            refused = "Host key verification failed" in text
+            if refused and not changed and re.search(r"No \S+ host key is known", text):
                 return TransportError(
                     "unreachable",
-                    f"host key changed: check it, then remove the old key with "
-                    f"ssh-keygen -R '{host.known_hosts_name}'",
+                    "host key unknown and strict checking is on: check the key, then add "
+                    "it to known_hosts (ssh-keyscan), or use StrictHostKeyChecking=accept-new",
                 )
-            if "Host key verification failed" in text:
-                if re.search(r"No \S+ host key is known", text):
-                    return TransportError(
-                        "unreachable",
-                        "host key unknown and strict checking is on: check the key, then add "
-                        "it to known_hosts (ssh-keyscan), or use StrictHostKeyChecking=accept-new",
-                    )
+            if changed or refused:
                 return TransportError(
                     "unreachable",
                     f"host key changed: check it, then remove the old key with "

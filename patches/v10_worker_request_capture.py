@@ -264,7 +264,7 @@ class HiddenStatesWorkerExtension:
 AFTER = (
     "import torch\n\n\n"
     + HELPER_SOURCE
-    + '''
+    + """
 
 class HiddenStatesWorkerExtension:
     def _store_captured_states(self, aux_hidden_states):
@@ -273,60 +273,19 @@ class HiddenStatesWorkerExtension:
         else:
             for i, h in enumerate(aux_hidden_states):
                 self._captured_states[i].append(h)
-
-        # Which request each row of this step belongs to, in vLLM's batch order
-        # (vLLM reorders requests and splits long prompts across steps).
-        scheduled = getattr(self, "_current_request_metadata", None)
-        self._current_request_metadata = None
-        steps = getattr(self, "_request_metadata", None)
-        if steps is None:
-            steps = self._request_metadata = []
-        if scheduled is None:
-            steps.append(None)
-        else:
-            index = self.model_runner.input_batch.req_id_to_index  # type: ignore[attr-defined]
-            steps.append(
-                sorted(scheduled.items(), key=lambda item: index.get(item[0], len(index)))
-            )
-
-    def _set_request_metadata(self, request_metadata):
-        """Requests of the next forward pass: {request id: number of scheduled tokens}."""
-        self._current_request_metadata = dict(request_metadata)
-
+"""
+    + textwrap.indent(STORE_ADDITION, " " * 8)
+    + "\n"
+    + textwrap.indent(SET_METADATA_SOURCE, " " * 4)
+    + """
     def _reset_capture(self):
-        """Reset captured states before starting a new batch"""
+        \"\"\"Reset captured states before starting a new batch\"\"\"
         self._captured_states = None
-        self._request_metadata = []
-        self._current_request_metadata = None
-
-    def _get_captured_states(self, request_tokens=None):
-        """Get the captured hidden states
-
-        Args:
-            request_tokens: {request id: number of prompt tokens}, in the caller's order;
-                None keeps the rows in the order vLLM computed them.
-
-        Returns:
-            List of tensors, one per target layer, or None if no states captured; with
-            request_tokens, each request's rows in the caller's order (raises unless every
-            request has exactly its number of prompt tokens).
-        """
-        if self._captured_states is None:
-            return None
-        steps = getattr(self, "_request_metadata", None) or []
-        if request_tokens is not None:
-            result = _rows_by_request(self._captured_states, steps, request_tokens)
-        else:
-            # Concatenate lists of tensors into single tensors
-            result = [
-                torch.cat(layer_tensors, dim=0) for layer_tensors in self._captured_states
-            ]
-        # Clear intermediate storage after concatenating
-        self._captured_states = None  # type: ignore[assignment]
-        self._request_metadata = []
-        return result
-'''
-)
+"""
+    + textwrap.indent(RESET_ADDITION, " " * 8)
+    + "\n"
+    + textwrap.indent(GET_SOURCE, " " * 4)
+)  # the BEFORE class with the codemod's additions, in the layout it writes them
 
 PATCH = Patch(
     id="v10-worker-request-capture",
