@@ -21,7 +21,8 @@ from patcher.planning import condition_names, target_files
 from patcher.registry import load_patches
 from patcher.transport import LocalTransport
 from tests.support.envs import light_env, site_file
-from tests.support.sshd import why_no_sshd
+from patcher.inventory import RETRY_HEADER
+from tests.support.sshd import SshClient, free_port, why_no_sshd
 from tests.test_engine import GENERATOR, PRISTINE_GENERATOR
 from tests.test_remote import client, host_env, servers, shared_env, sudoer  # noqa: F401  (fixtures)
 
@@ -198,10 +199,10 @@ def test_backups_symlinked_elsewhere_is_refused_and_nothing_written_or_deleted_t
     (state_dir(env) / "backups").symlink_to(outside, target_is_directory=True)
     pristine = files(env)
     code, out, err = run("apply", "--python", str(env), "--no-verify", "--json")
-    assert code == 3, err
-    assert "symbolic link" in message(out) and str(state_dir(env) / "backups") in message(out)
     assert snapshot(outside) == before
     assert files(env) == pristine
+    assert code == 3, err
+    assert "symbolic link" in message(out) and str(state_dir(env) / "backups") in message(out)
 
 
 def test_backups_made_a_symlink_after_apply_rollback_and_forget_refuse(env: Path, outside: Path, tmp_path: Path):
@@ -216,10 +217,10 @@ def test_backups_made_a_symlink_after_apply_rollback_and_forget_refuse(env: Path
     before = snapshot(outside)
     for command in (("status",), ("rollback",), ("forget", "--all")):
         code, out, err = run(*command, "--python", str(env), "--json")
-        assert code == 3, (command, err)
-        assert "symbolic link" in message(out), command
         assert snapshot(outside) == before, command
         assert files(env) == patched, command
+        assert code == 3, (command, err)
+        assert "symbolic link" in message(out), command
 
 
 def test_a_backup_file_that_is_a_symlink_is_refused(env: Path, outside: Path):
@@ -233,9 +234,9 @@ def test_a_backup_file_that_is_a_symlink_is_refused(env: Path, outside: Path):
     before = snapshot(outside)
     for command in (("status",), ("rollback",), ("forget", "--all")):
         code, out, err = run(*command, "--python", str(env), "--json")
+        assert snapshot(outside) == before and files(env) == patched, command
         assert code == 3, (command, err)
         assert "symbolic link" in message(out), command
-        assert snapshot(outside) == before and files(env) == patched, command
 
 
 def test_dangling_lock_symlink_is_refused_and_its_target_not_created(env: Path, tmp_path: Path):
@@ -245,10 +246,10 @@ def test_dangling_lock_symlink_is_refused_and_its_target_not_created(env: Path, 
     pristine = files(env)
     for command in (("apply", "--no-verify"), ("forget", "--all")):
         code, out, err = run(*command, "--python", str(env), "--json")
+        assert not victim.exists(), command
+        assert files(env) == pristine
         assert code == 3, (command, err)
         assert "symbolic link" in message(out) and "lock" in message(out), command
-        assert not victim.exists() and not victim.is_symlink(), command
-        assert files(env) == pristine
 
 
 def test_state_record_symlink_is_refused(env: Path, outside: Path):
@@ -262,9 +263,9 @@ def test_state_record_symlink_is_refused(env: Path, outside: Path):
     before = snapshot(outside)
     for command in (("status",), ("rollback",), ("apply", "--no-verify"), ("forget", "--all")):
         code, out, err = run(*command, "--python", str(env), "--json")
+        assert snapshot(outside) == before and files(env) == patched, command
         assert code == 3, (command, err)
         assert "symbolic link" in message(out), command
-        assert snapshot(outside) == before and files(env) == patched, command
 
 
 def test_state_folder_symlink_is_refused(env: Path, outside: Path):
@@ -274,9 +275,9 @@ def test_state_folder_symlink_is_refused(env: Path, outside: Path):
     pristine = files(env)
     for command in (("status",), ("apply", "--no-verify"), ("forget", "--all")):
         code, out, err = run(*command, "--python", str(env), "--json")
+        assert snapshot(outside) == before and files(env) == pristine, command
         assert code == 3, (command, err)
         assert "symbolic link" in message(out) and str(state_dir(env)) in message(out), command
-        assert snapshot(outside) == before and files(env) == pristine, command
 
 
 def test_symlinked_temporaries_in_the_state_folder_are_refused(env: Path, outside: Path):
@@ -284,9 +285,9 @@ def test_symlinked_temporaries_in_the_state_folder_are_refused(env: Path, outsid
     (state_dir(env) / "backups" / ".patcher-planted.tmp").symlink_to(outside / "important.py")
     before = snapshot(outside)
     code, out, err = run("rollback", "--python", str(env), "--json")
+    assert snapshot(outside) == before
     assert code == 3, err
     assert "symbolic link" in message(out)
-    assert snapshot(outside) == before
 
 
 def test_a_symlinked_prefix_and_share_folder_keep_working(tmp_path: Path):
@@ -350,3 +351,75 @@ def test_root_through_sudo_on_a_users_environment_deletes_and_reads_nothing_outs
             assert "state record" in message(out), (command, message(out))
     finally:
         shutil.rmtree(vault, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ 3. --retry-file
+
+
+@pytest.fixture
+def unreachable(tmp_path: Path):
+    """A host on loopback where nothing listens (its port was free a moment ago), and the
+    private ssh configuration to try it with: every run against it fails, so a retry file is due."""
+    if not shutil.which("ssh") or not shutil.which("ssh-keygen"):
+        pytest.skip("the OpenSSH client (ssh, ssh-keygen) is missing")
+    client = SshClient(tmp_path / "client")
+    host = f"root@127.0.0.1:{free_port('127.0.0.1')}"
+    return host, client.args()
+
+
+def test_retry_file_is_written_new_or_over_a_retry_file_only(tmp_path: Path, unreachable):
+    host, ssh = unreachable
+    code, out, err = run("status", "--host", host, *ssh, "--retry-file", "failed.retry", cwd=tmp_path)
+    assert code == 4, err
+    retry = tmp_path / "failed.retry"
+    first = retry.read_text()
+    assert first.startswith(RETRY_HEADER) and host.split("@")[1].split(":")[0] in first
+    code, out, err = run("status", "--host", host, *ssh, "--retry-file", "failed.retry", cwd=tmp_path)
+    assert code == 4, err  # patcher's own retry file: rewritten
+    assert retry.read_text().startswith(RETRY_HEADER)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".failed")] == []  # no temporary left
+
+
+@pytest.mark.parametrize("kind", ["inventory", "other-file", "folder", "link"])
+def test_retry_file_refuses_what_patcher_did_not_write(tmp_path: Path, unreachable, kind: str):
+    host, ssh = unreachable
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(f"[gpus]\n{host.split('@')[1].split(':')[0]} ansible_port={host.rsplit(':', 1)[1]} ansible_user=root\n")
+    victim = {"inventory": inventory, "other-file": tmp_path / "notes.txt", "folder": tmp_path / "folder",
+              "link": tmp_path / "link"}[kind]  # fmt: skip
+    if kind == "other-file":
+        victim.write_text("my notes\n")
+    elif kind == "folder":
+        victim.mkdir()
+    elif kind == "link":
+        victim.symlink_to(inventory)
+    before = snapshot(tmp_path)
+    code, out, err = run("apply", "-i", str(inventory), *ssh, "--retry-file", str(victim), cwd=tmp_path)
+    assert snapshot(tmp_path) == before  # nothing written: not the file, not a temporary
+    assert code == 2, err
+    errors = [line for line in err.splitlines() if line.strip()]
+    assert len(errors) == 1 and "--retry-file" in errors[0] and "--no-retry-file" in errors[0], err
+    assert "connection refused" not in err  # refused before any host was tried
+
+
+def test_retry_file_temporary_is_never_written_through_a_planted_link(tmp_path: Path, unreachable):
+    host, ssh = unreachable
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for name in (".patcher.retry.tmp", ".patcher.retry.new"):
+        (tmp_path / name).symlink_to(victim)
+    code, out, err = run("status", "--host", host, *ssh, cwd=tmp_path)
+    assert code == 4, err
+    assert victim.read_text() == "precious\n"
+    assert (tmp_path / "patcher.retry").read_text().startswith(RETRY_HEADER)
+
+
+def test_retry_file_that_is_the_limited_inventory_is_not_cut_down(tmp_path: Path, unreachable):
+    host, ssh = unreachable
+    code, _, err = run("status", "--host", host, "--host", "root@127.0.0.1:1", *ssh, cwd=tmp_path)
+    assert code == 4, err
+    retry = tmp_path / "patcher.retry"
+    listed = retry.read_text()
+    code, out, err = run("status", "-i", "patcher.retry", "--limit", "root@127.0.0.1:1", *ssh, cwd=tmp_path)
+    assert retry.read_text() == listed
+    assert code == 2 and "--limit" in err and "--no-retry-file" in err, err
