@@ -373,10 +373,13 @@ class Declared:
         """Locations found already (facts looks its distributions up anyway)."""
         self._roots.update({name: d["location"] for name, d in dists.items()})
 
-    def root(self, rel: str) -> str | None:
-        """The sys.path entry holding the distribution of `rel`; None if it is not installed."""
+    def check(self, rel: str) -> None:
         if rel not in self.distribution:
             raise AgentError("hostile-path", f"refusing {rel!r}: it is none of the files patcher's patches rewrite")
+
+    def root(self, rel: str) -> str | None:
+        """The sys.path entry holding the distribution of `rel`; None if it is not installed."""
+        self.check(rel)
         name = self.distribution[rel]
         if name not in self._roots:
             found = find_distributions([name])
@@ -691,7 +694,7 @@ def _file_facts(targets: list, dists: dict, declared: Declared, state: dict, own
     for target in targets:
         dist = dists.get(target["distribution"])
         rel = target["path"]
-        declared.root(rel)  # refuses a file that is not declared
+        declared.check(rel)
         if dist is None:
             files[rel] = {"exists": False}
             continue
