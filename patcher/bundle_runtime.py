@@ -340,7 +340,9 @@ def run(command: str, verify: bool, lock_timeout: float) -> dict:
         "state_dir": None, "files": [], "patches": [],
     }  # fmt: skip
     try:
-        facts = ns["op_facts"]({"names": data["names"], "files": data["files"]})
+        # The agent reads, writes and records the declared files only, as when patcher drives it.
+        declared = [{"distribution": f["distribution"], "path": f["path"]} for f in data["files"]]
+        facts = ns["op_facts"]({"names": data["names"], "files": declared, "declared": declared})
         report["state_dir"] = facts["state_dir"]
         report["versions"] = {n: d["version"] for n, d in facts["distributions"].items()}
         report["distributions"] = {n: d["name"] for n, d in facts["distributions"].items()}
@@ -377,6 +379,7 @@ def run(command: str, verify: bool, lock_timeout: float) -> dict:
             "verify": {"files": verify_files, "import_prefixes": ["vllm"]} if verify and mode == "apply" and verify_files else None,
             "lock_timeout": lock_timeout,
             "written_by": f"patcher bundle {data['patcher_version']}",
+            "declared": declared,
         }
         result = ns["op_apply"](request)
         if result["status"] == "rolled-back":

@@ -113,7 +113,14 @@ def _refuse_remote_only(remote: dict, out: Output) -> None:
 def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict, options, out: Output) -> None:
     from .fleet import FleetInterrupted, FleetOptions, batch_size, fleet_document, run_fleet, succeeded
     from .fleetview import LiveProgress, PlainProgress, render_summary
-    from .inventory import InventoryError, hosts_from_options, is_retry_file, limit_hosts, write_retry_file
+    from .inventory import (
+        InventoryError,
+        check_retry_file,
+        hosts_from_options,
+        is_retry_file,
+        limit_hosts,
+        write_retry_file,
+    )
     from .registry import load_patches
     from .render import render_reports
     from .report import overall_exit
@@ -134,6 +141,8 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
         )
         fleet = FleetOptions(forks=remote["forks"], serial=remote["serial"], max_fail=remote["max_fail"])
         batch_size(fleet.serial, len(hosts))
+        if remote["retry_file"]:  # before any host is touched, not after the rollout
+            check_retry_file(remote["retry_file"], remote["inventories"], limited=bool(remote["limit"]))
     except (HostError, InventoryError, ValueError) as exc:
         out.error(str(exc))
         sys.exit(2)
@@ -169,17 +178,21 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
             render_summary(command, results)
     retry = remote["retry_file"]
     failed = [(r.host, f"{r.report.status}: {r.report.message}") for r in results if not succeeded(r.report)]
+    code = 130 if interrupted else overall_exit(reports)
     if retry:
         try:
             if failed:
                 write_retry_file(retry, command, failed)
                 out.progress(f"{len(failed)} host(s) did not succeed; listed in {retry} (use it with --inventory {retry})")
-            elif os.path.exists(retry) and is_retry_file(retry):
+            elif is_retry_file(retry):
                 os.unlink(retry)
                 out.progress(f"every host succeeded; removed the old {retry}")
+        except InventoryError as exc:  # the file appeared during the run
+            out.error(str(exc))
+            code = max(code, 2)
         except OSError as exc:
             out.error(f"cannot write the retry file {retry}: {exc}")
-    sys.exit(130 if interrupted else overall_exit(reports))
+    sys.exit(code)
 
 
 python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP)

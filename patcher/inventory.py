@@ -375,23 +375,72 @@ def limit_hosts(hosts: list[Host], pattern: str) -> list[Host]:
     return kept
 
 
-def write_retry_file(path: str | Path, command: str, hosts: list[tuple[Host, str]]) -> None:
-    """`hosts`: (host, why it did not succeed). Written atomically."""
+def check_retry_file(path: str | Path, inventories: Iterable[str] = (), limited: bool = False) -> None:
+    """Refuse (exit 2) a --retry-file patcher may not write: one that exists and is not a retry
+    file patcher wrote (its first line is RETRY_HEADER), a link, or (with --limit) an inventory
+    of this run, which a rewrite would cut down to the hosts the limit kept."""
     import os
 
+    path = Path(path)
+    if path.is_symlink():
+        raise InventoryError(f"--retry-file {path} is a symbolic link; name the file itself, or pass --no-retry-file")
+    if path.exists() and not is_retry_file(path):
+        raise InventoryError(
+            f"--retry-file {path} exists and patcher did not write it (its first line is not patcher's "
+            "marker); name a new file with --retry-file, move it aside, or pass --no-retry-file"
+        )
+    if limited and path.exists():
+        for inventory in inventories:
+            try:
+                same = os.path.samefile(inventory, path)
+            except OSError:
+                same = False
+            if same:
+                raise InventoryError(
+                    f"--retry-file {path} is also this run's inventory and --limit runs only part of it: "
+                    "rewriting it would drop the hosts left out; name another --retry-file or pass --no-retry-file"
+                )
+
+
+def write_retry_file(path: str | Path, command: str, hosts: list[tuple[Host, str]]) -> None:
+    """`hosts`: (host, why it did not succeed). Written atomically, over nothing but a new name
+    or a retry file patcher wrote (check_retry_file; InventoryError otherwise)."""
+    import os
+
+    check_retry_file(path)
     path = Path(path)
     lines = [RETRY_HEADER + str(path), f"# command: patcher {command}"]
     for host, why in hosts:
         lines.append(f"# {why}".replace("\n", " ")[:300])
         lines.append(inventory_line(host))
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    while True:  # a new temporary, never through a link someone left at a known name
+        tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def is_retry_file(path: str | Path) -> bool:
+    """A regular file (not a link) whose first line is patcher's marker."""
+    import os
+    import stat
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.readline().startswith(RETRY_HEADER)
-    except (OSError, UnicodeDecodeError):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
         return False
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a fifo...
+        os.close(fd)
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        return fh.readline(4096).decode("utf-8", "replace").startswith(RETRY_HEADER)

@@ -69,8 +69,11 @@ def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
 
 def _run(transport, patches: Sequence[Patch], options: RunOptions, report: TargetReport) -> TargetReport:
     options.progress(f"{transport.label}: reading installed versions and target files")
+    # Every request declares the patches' target files: the agent reads, writes and records
+    # nothing else, whatever the state record on the target says.
+    declared = target_files(patches)
     facts = transport.call(
-        {"op": "facts", "names": condition_names(patches), "files": target_files(patches)}
+        {"op": "facts", "names": condition_names(patches), "files": declared, "declared": declared}
     )
     report.python = facts["python"]["executable"]
     report.state_dir = facts["state_dir"]
@@ -79,7 +82,9 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     report.versions = {name: d["version"] for name, d in installed.items()}
     report.distributions = {name: d["name"] for name, d in installed.items()}
     if options.command == "forget":
-        result = transport.call({"op": "forget", "all": options.forget_all, "lock_timeout": options.lock_timeout})
+        result = transport.call(
+            {"op": "forget", "all": options.forget_all, "lock_timeout": options.lock_timeout, "declared": declared}
+        )
         report.files = [{"path": p, "action": "forgotten"} for p in result["forgotten"]]
         report.status = "changed" if result["forgotten"] else "ok"
         report.message = f"forgot {len(result['forgotten'])} record(s)"
@@ -116,7 +121,10 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
             report.message = "no patch selected: " + _why_none(plan)
         return report
     if not plan.pending and plan.cleanup:
-        transport.call({"op": "apply", "files": [], "cleanup": plan.cleanup, "lock_timeout": options.lock_timeout})
+        transport.call(
+            {"op": "apply", "files": [], "cleanup": plan.cleanup, "lock_timeout": options.lock_timeout,
+             "declared": declared}
+        )  # fmt: skip
         report.status = "changed"
         report.message = "removed temporary files an interrupted run left; the patches were already in place"
         return report
@@ -137,6 +145,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         "verify": {"files": plan.verify_files, "import_prefixes": ["vllm"]} if verify else None,
         "lock_timeout": options.lock_timeout,
         "written_by": f"patcher {__version__}",
+        "declared": declared,
     }
     fault = os.environ.get("PATCHER_FAULT")  # crash tests only: see remote/agent.py checkpoint()
     if fault:

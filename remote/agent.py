@@ -90,12 +90,20 @@ def state_dir() -> str:
     return os.path.join(sys.prefix, *STATE_DIR_PARTS)
 
 
-def state_path() -> str:
-    return os.path.join(state_dir(), "state.json")
+def is_sha256(value) -> bool:
+    return isinstance(value, str) and len(value) == 64 and not value.strip("0123456789abcdef")
 
 
-def backup_path(sha: str) -> str:
-    return os.path.join(state_dir(), "backups", sha + ".py")
+def backup_name(sha) -> str:
+    """backups/<sha256>.py: the name is made from a validated digest, never from a record's text."""
+    if not is_sha256(sha):
+        raise AgentError(
+            "corrupt-state",
+            f"refusing {sha!r} as a backup's sha256 (not 64 lowercase hex digits): the state record "
+            f"{state_dir()}/state.json was edited; restore it from a copy, or move it aside, "
+            "reinstall the package (pip install --force-reinstall) and apply again",
+        )
+    return sha + ".py"
 
 
 def fsync_dir(path: str) -> None:
@@ -167,6 +175,220 @@ def inside(root: str, rel: str) -> str:
     if os.path.commonpath([real_root, full]) != real_root:
         raise AgentError("hostile-path", f"refusing path {rel!r}: it leaves {root}")
     return full
+
+
+# ---------------------------------------------------------------- patcher's own folder
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_LINK_ADVICE = (
+    "patcher never follows a link among its own files (whoever can write the environment could "
+    "point one anywhere while root runs patcher); replace the link with the real file or folder "
+    "(or remove it) and run patcher again"
+)
+
+
+class StateFolder:
+    """<sys.prefix>/share/patcher: state.json, lock, backups/<sha256>.py and their temporaries.
+
+    sys.prefix and the folders above this one may be symlinks (a conda prefix, /usr/local);
+    patcher's own entries may not. The folder is opened once without following a link, and every
+    entry is reached through that descriptor (or backups/'s) with O_NOFOLLOW, temporaries created
+    with O_EXCL: a link planted among them is refused, never followed, so nothing is read,
+    created, written or deleted where it points, and no link can be swapped in between a check
+    and its use."""
+
+    def __init__(self, create: bool) -> None:
+        self.path = state_dir()
+        self.fd = -1  # -1: the folder does not exist (and was not to be created)
+        self._backups = -1
+        if create:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)  # share/, which may be a link
+            try:
+                os.mkdir(self.path, 0o755)
+            except FileExistsError:
+                pass
+        self.fd = self._open_dir(self.path, None, self.path, missing_ok=not create)
+
+    def close(self) -> None:
+        for fd in (self._backups, self.fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self._backups = -1
+
+    def shown(self, name: str, where: str = "") -> str:
+        return os.path.join(self.path, where, name) if where else os.path.join(self.path, name)
+
+    def refusal(self, name: str, dir_fd, shown: str, exc: OSError | None = None) -> Exception:
+        """Why `name` cannot be used: a link (refused, with where it points), else `exc`."""
+        import stat
+
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except OSError:
+            return exc or AgentError("corrupt-state", f"{shown} vanished; run patcher again")
+        if stat.S_ISLNK(mode):
+            target = os.readlink(name, dir_fd=dir_fd)
+            return AgentError("hostile-path", f"refusing {shown}: it is a symbolic link (to {target}); {_LINK_ADVICE}")
+        if exc is not None and exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            return exc
+        return AgentError(
+            "corrupt-state", f"refusing {shown}: it is not a plain file or folder; move it aside and run patcher again"
+        )
+
+    def _open_dir(self, name: str, dir_fd, shown: str, missing_ok: bool) -> int:
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if missing_ok:
+                return -1
+            raise
+        except OSError as exc:
+            raise self.refusal(name, dir_fd, shown, exc) from None
+
+    def dir_fd(self, where: str, create: bool) -> int:
+        """The descriptor of this folder (where="") or of backups/ (-1: it does not exist)."""
+        if not where:
+            return self.fd
+        if self._backups < 0 and self.fd >= 0:
+            if create:
+                try:
+                    os.mkdir(where, 0o755, dir_fd=self.fd)
+                except FileExistsError:
+                    pass
+            self._backups = self._open_dir(where, self.fd, self.shown(where), missing_ok=not create)
+        return self._backups
+
+    def open(self, name: str, flags: int, where: str = "", create: bool = False, mode: int = 0o644) -> int:
+        """os.open of an entry, never through a link (FileNotFoundError when it is absent)."""
+        folder = self.dir_fd(where, create)
+        if folder < 0:
+            raise FileNotFoundError(errno.ENOENT, "no such folder", self.shown(where))
+        try:
+            return os.open(name, flags | _NOFOLLOW | _CLOEXEC, mode, dir_fd=folder)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise self.refusal(name, folder, self.shown(name, where), exc) from None
+
+    def read(self, name: str, where: str = "") -> bytes | None:
+        """An entry's bytes, or None when it is absent."""
+        import stat
+
+        try:
+            fd = self.open(name, os.O_RDONLY | os.O_NONBLOCK, where)  # a fifo must not block us
+        except FileNotFoundError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise self.refusal(name, self.dir_fd(where, False), self.shown(name, where))
+            chunks = []
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+
+    def write(self, name: str, data: bytes, where: str = "") -> None:
+        """Atomically: a new temporary (O_EXCL), fsync, rename over the entry, fsync the folder."""
+        folder = self.dir_fd(where, create=True)
+        while True:
+            tmp = ".patcher-" + os.urandom(8).hex() + ".tmp"
+            try:
+                fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, where, mode=0o600)
+                break
+            except FileExistsError:
+                continue
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                os.fchmod(fh.fileno(), 0o644)
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            checkpoint("temp-written:" + name)
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=folder)
+            except OSError:
+                pass
+            raise
+        try:
+            os.fsync(folder)
+        except OSError:
+            pass
+
+    def unlink(self, name: str, where: str = "") -> None:
+        """Delete an entry (absent is fine); a link is refused, not removed."""
+        import stat
+
+        folder = self.dir_fd(where, create=False)
+        if folder < 0:
+            return
+        try:
+            mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(mode):
+            raise self.refusal(name, folder, self.shown(name, where))
+        try:
+            os.unlink(name, dir_fd=folder)
+        except FileNotFoundError:
+            pass
+
+    def remove_temporaries(self, where: str = "") -> None:
+        """Temporary files an interrupted run left here (we hold the lock: no live run owns them)."""
+        folder = self.dir_fd(where, create=False)
+        if folder < 0:
+            return
+        for entry in os.listdir(folder):
+            if entry.startswith(".patcher-") and entry.endswith(".tmp"):
+                self.unlink(entry, where)
+
+
+# ---------------------------------------------------------------- the declared target files
+
+
+class Declared:
+    """The files the patches declare (path -> distribution), sent by the controller with every
+    request: the only files the agent reads, writes or records. Each lives under the sys.path
+    entry that holds its distribution, found here: a path is never taken from the state record
+    (which whoever can write the environment can edit) nor from the request as is."""
+
+    def __init__(self, files) -> None:
+        if not isinstance(files, list):
+            raise AgentError("usage", "the request declares no target files; run a patcher that matches this agent")
+        self.distribution: dict = {}
+        for item in files:
+            rel = item.get("path") if isinstance(item, dict) else None
+            parts = rel.split("/") if isinstance(rel, str) else [""]
+            if any(p in ("", ".", "..") or p.startswith("~") or "\\" in p or "\0" in p for p in parts):
+                raise AgentError("usage", f"refusing the declared target file {rel!r}: not a plain relative path")
+            self.distribution[rel] = item.get("distribution")
+        self._roots: dict = {}
+
+    def know(self, dists: dict) -> None:
+        """Locations found already (facts looks its distributions up anyway)."""
+        self._roots.update({name: d["location"] for name, d in dists.items()})
+
+    def check(self, rel: str) -> None:
+        if rel not in self.distribution:
+            raise AgentError("hostile-path", f"refusing {rel!r}: it is none of the files patcher's patches rewrite")
+
+    def root(self, rel: str) -> str | None:
+        """The sys.path entry holding the distribution of `rel`; None if it is not installed."""
+        self.check(rel)
+        name = self.distribution[rel]
+        if name not in self._roots:
+            found = find_distributions([name])
+            self._roots[name] = found[name]["location"] if name in found else None
+        return self._roots[name]
+
+    def path(self, rel: str) -> str | None:
+        root = self.root(rel)
+        return None if root is None else inside(root, rel)
 
 
 def remove_bytecode(path: str) -> list[str]:
@@ -326,12 +548,10 @@ def _record_hashes(dist, paths: set) -> dict:
 # ---------------------------------------------------------------- state record
 
 
-def load_state() -> dict:
-    path = state_path()
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
+def load_state(folder: StateFolder, declared: Declared) -> dict:
+    path = folder.shown("state.json")
+    raw = folder.read("state.json") if folder.fd >= 0 else None
+    if raw is None:
         return {"schema_version": SCHEMA_VERSION, "files": {}}
     try:
         state = json.loads(raw.decode("utf-8"))
@@ -350,14 +570,38 @@ def load_state() -> dict:
             f"the state record {path} has schema version {version!r}, newer than this patcher "
             f"understands ({SCHEMA_VERSION}); upgrade patcher",
         )
+    check_record(state, declared, path)
     return state
 
 
-def save_state(state: dict) -> None:
-    os.makedirs(state_dir(), exist_ok=True)
+def check_record(state: dict, declared: Declared, path: str) -> None:
+    """Every entry names a declared file and carries sha256 digests where digests belong: the
+    record is as writable as the environment, and backups' names are made from its digests."""
+
+    def refuse(what: str) -> None:
+        raise AgentError(
+            "corrupt-state",
+            f"the state record {path} {what}: it was edited by hand or by another program; nothing "
+            "was read or written through it. Restore it from a copy, or move it aside, reinstall the "
+            "package (pip install --force-reinstall) and apply again",
+        )
+
+    for rel, entry in state["files"].items():
+        if rel not in declared.distribution:
+            refuse(f"has an entry for {rel!r}, which is none of the files patcher's patches rewrite")
+        if not isinstance(entry, dict) or not is_sha256(entry.get("original_sha256")):
+            refuse(f"gives {rel} an original sha256 that is not 64 lowercase hex digits")
+        if entry.get("patched_sha256") is not None and not is_sha256(entry["patched_sha256"]):
+            refuse(f"gives {rel} a patched sha256 that is not 64 lowercase hex digits")
+        pending = entry.get("pending")
+        if pending is not None and not (isinstance(pending, dict) and is_sha256(pending.get("sha256"))):
+            refuse(f"gives {rel} a pending write without a valid sha256")
+
+
+def save_state(folder: StateFolder, state: dict) -> None:
     state["schema_version"] = SCHEMA_VERSION
     data = json.dumps(state, indent=2, sort_keys=True).encode("utf-8") + b"\n"
-    atomic_write(state_path(), data)
+    folder.write("state.json", data)
 
 
 class Lock:
@@ -366,19 +610,26 @@ class Lock:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self.fd = -1
+        self.folder: StateFolder | None = None  # the state folder, opened while the lock is held
 
     def __enter__(self) -> "Lock":
         import fcntl
 
         try:
-            os.makedirs(state_dir(), exist_ok=True)
-            self.fd = os.open(os.path.join(state_dir(), "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+            self.folder = StateFolder(create=True)
+            self.fd = self.folder.open("lock", os.O_RDWR | os.O_CREAT)  # a link there is refused
         except OSError as exc:
+            if self.folder is not None:
+                self.folder.close()
             raise AgentError(
                 "not-writable",
                 f"cannot create {state_dir()} ({exc.strerror}); run as a user who can write "
                 f"to {sys.prefix}",
             )
+        except AgentError:
+            if self.folder is not None:
+                self.folder.close()
+            raise
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -389,6 +640,7 @@ class Lock:
                     raise
                 if time.monotonic() >= deadline:
                     os.close(self.fd)
+                    self.folder.close()
                     raise AgentError(
                         "locked",
                         f"another patcher run holds {state_dir()}/lock; wait for it to finish "
@@ -398,22 +650,51 @@ class Lock:
 
     def __exit__(self, *exc) -> None:
         os.close(self.fd)  # closing releases the flock
+        self.folder.close()
 
 
 # ---------------------------------------------------------------- operations
 
 
 def op_facts(req: dict) -> dict:
+    declared = Declared(req.get("declared", req.get("files", [])))
     dists = find_distributions(req.get("names", []), req.get("files", []))
+    declared.know(dists)
+    own = None
     try:
-        state = load_state()
+        own = StateFolder(create=False)
+        state = load_state(own, declared)
         state_error = None
     except AgentError as exc:
         state, state_error = {"files": {}}, exc.message
+    try:
+        files = _file_facts(req.get("files", []), dists, declared, state, own)
+    finally:
+        if own is not None:
+            own.close()
+    for info in dists.values():
+        info.pop("record", None)
+    return {
+        "python": {
+            "executable": sys.executable,
+            "version": "%d.%d.%d" % sys.version_info[:3],
+            "prefix": sys.prefix,
+        },
+        "state_dir": state_dir(),
+        "distributions": dists,
+        "files": files,
+        "state": state,
+        "state_error": state_error,
+    }
+
+
+def _file_facts(targets: list, dists: dict, declared: Declared, state: dict, own) -> dict:
+    """Each declared file's bytes and hashes, with its pristine backup when the record has one."""
     files = {}
-    for target in req.get("files", []):
+    for target in targets:
         dist = dists.get(target["distribution"])
         rel = target["path"]
+        declared.check(rel)
         if dist is None:
             files[rel] = {"exists": False}
             continue
@@ -439,45 +720,34 @@ def op_facts(req: dict) -> dict:
         }
         recorded = state["files"].get(rel)
         if recorded:
-            backup = backup_path(recorded.get("original_sha256", ""))
+            # the record was checked (load_state): the name is made from a validated digest
+            original = own.read(backup_name(recorded["original_sha256"]), "backups")
             try:
-                with open(backup, "rb") as fh:
-                    original = fh.read()
-                entry["original"] = original.decode("utf-8")
-                entry["original_intact"] = sha256_bytes(original) == recorded["original_sha256"]
-            except (FileNotFoundError, UnicodeDecodeError):
+                entry["original"] = None if original is None else original.decode("utf-8")
+                entry["original_intact"] = original is not None and sha256_bytes(original) == recorded["original_sha256"]
+            except UnicodeDecodeError:
                 entry["original"] = None
                 entry["original_intact"] = False
         files[rel] = entry
-    for info in dists.values():
-        info.pop("record", None)
-    return {
-        "python": {
-            "executable": sys.executable,
-            "version": "%d.%d.%d" % sys.version_info[:3],
-            "prefix": sys.prefix,
-        },
-        "state_dir": state_dir(),
-        "distributions": dists,
-        "files": files,
-        "state": state,
-        "state_error": state_error,
-    }
+    return files
 
 
 def op_apply(req: dict) -> dict:
     """Carry out a plan: each item writes new bytes or restores the original, as one transaction."""
     items = req.get("files", [])
-    with Lock(float(req.get("lock_timeout", 10))):
+    declared = Declared(req.get("declared"))
+    with Lock(float(req.get("lock_timeout", 10))) as lock:
+        own = lock.folder
         checkpoint("locked")
-        state = load_state()
+        state = load_state(own, declared)
         for item in items + req.get("cleanup", []):
-            remove_stale_temporaries(os.path.dirname(inside(item["root"], item["path"])))
-        remove_stale_temporaries(os.path.join(state_dir(), "backups"))
+            remove_stale_temporaries(os.path.dirname(_installed(declared, item["path"])))
+        own.remove_temporaries()
+        own.remove_temporaries("backups")
         previous = {}  # rel -> (full path, bytes before, record entry before)
         # Check everything before touching anything: a plan made on other bytes is refused.
         for item in items:
-            full = inside(item["root"], item["path"])
+            full = _installed(declared, item["path"])
             current = sha256_file(full)
             if current != item["expected_sha256"]:
                 raise AgentError(
@@ -497,33 +767,38 @@ def op_apply(req: dict) -> dict:
         for item in items:
             full, before, _ = previous[item["path"]]
             original_sha = item["original_sha256"]
-            backup = backup_path(original_sha)
-            if sha256_file(backup) == original_sha:
+            backup = backup_name(original_sha)
+            kept = own.read(backup, "backups")
+            if kept is not None and sha256_bytes(kept) == original_sha:
                 continue
             if sha256_bytes(before) != original_sha:
                 raise AgentError(
                     "backup-missing",
-                    f"the pristine copy of {full} ({backup}) is missing or damaged; reinstall "
-                    "the package (pip install --force-reinstall) and run `patcher forget`",
+                    f"the pristine copy of {full} ({own.shown(backup, 'backups')}) is missing or damaged; "
+                    "reinstall the package (pip install --force-reinstall) and run `patcher forget`",
                 )
-            os.makedirs(os.path.dirname(backup), exist_ok=True)
-            atomic_write(backup, before)
+            own.write(backup, before, "backups")
             checkpoint("backup-written:" + item["path"])
         # Record the intent, then write: a crash between leaves a file that is either its
         # old or its new bytes, and the record knows both hashes.
         new_bytes = {}
         for item in items:
             if item.get("restore_original"):
-                with open(backup_path(item["original_sha256"]), "rb") as fh:
-                    data = fh.read()
+                data = own.read(backup_name(item["original_sha256"]), "backups")
+                if data is None or sha256_bytes(data) != item["original_sha256"]:
+                    raise AgentError(
+                        "backup-missing",
+                        f"the pristine backup of {item['path']} is missing or damaged; reinstall the "
+                        "package (pip install --force-reinstall) and run `patcher forget`",
+                    )
             else:
                 data = item["new_content"].encode("utf-8")
             new_bytes[item["path"]] = data
             entry = dict(state["files"].get(item["path"]) or {})
             entry.update(
                 {
-                    "root": item["root"],
-                    "distribution": item["distribution"],
+                    "root": declared.root(item["path"]),
+                    "distribution": declared.distribution[item["path"]],
                     "distribution_version": item["distribution_version"],
                     "original_sha256": item["original_sha256"],
                 }
@@ -539,7 +814,7 @@ def op_apply(req: dict) -> dict:
             }
             state["files"][item["path"]] = entry
         if items:
-            save_state(state)
+            save_state(own, state)
             checkpoint("intent-recorded")
         for item in items:
             full = previous[item["path"]][0]
@@ -563,7 +838,7 @@ def op_apply(req: dict) -> dict:
                         state["files"].pop(item["path"], None)
                     else:
                         state["files"][item["path"]] = old_entry
-                save_state(state)
+                save_state(own, state)
                 checkpoint("restore-recorded")
                 return {"status": "rolled-back", "verification": verification}
         for item in items:
@@ -571,7 +846,7 @@ def op_apply(req: dict) -> dict:
             pending = entry.pop("pending")
             if item.get("restore_original"):
                 state["files"].pop(item["path"], None)
-                _drop_backup_if_unused(state, item["original_sha256"])
+                _drop_backup_if_unused(own, state, item["original_sha256"])
                 continue
             entry["patched_sha256"] = pending["sha256"]
             entry["patches"] = pending["patches"]
@@ -580,36 +855,43 @@ def op_apply(req: dict) -> dict:
             entry["versions"] = pending["versions"]
             entry["written_by"] = req.get("written_by", "patcher")
         if items:
-            save_state(state)
+            save_state(own, state)
             checkpoint("result-recorded")
         return {"status": "changed" if items else "ok", "verification": verification}
 
 
-def _drop_backup_if_unused(state: dict, sha: str) -> None:
+def _installed(declared: Declared, rel: str) -> str:
+    """The full path of a declared file that is installed (a plan for it was made on facts)."""
+    full = declared.path(rel)
+    if full is None:
+        raise AgentError("stale-plan", f"{rel} is no longer installed; run the command again")
+    return full
+
+
+def _drop_backup_if_unused(own: StateFolder, state: dict, sha: str) -> None:
     if any(e.get("original_sha256") == sha for e in state["files"].values()):
         return
-    try:
-        os.unlink(backup_path(sha))
-    except FileNotFoundError:
-        pass
+    own.unlink(backup_name(sha), "backups")
 
 
 def op_forget(req: dict) -> dict:
     """Drop record entries of files whose bytes are neither the recorded original nor patched."""
-    with Lock(float(req.get("lock_timeout", 10))):
-        state = load_state()
+    declared = Declared(req.get("declared"))
+    with Lock(float(req.get("lock_timeout", 10))) as lock:
+        own = lock.folder
+        state = load_state(own, declared)  # every entry declared, every digest checked
         forgotten = []
         for rel, entry in list(state["files"].items()):
-            full = inside(entry["root"], rel)
-            current = sha256_file(full)
+            full = declared.path(rel)  # None: its distribution is no longer installed
+            current = sha256_file(full) if full is not None else None
             known = {entry.get("original_sha256"), entry.get("patched_sha256")}
             if entry.get("pending"):
                 known.add(entry["pending"]["sha256"])
             if req.get("all") or current not in known:
                 state["files"].pop(rel)
-                _drop_backup_if_unused(state, entry.get("original_sha256", ""))
+                _drop_backup_if_unused(own, state, entry["original_sha256"])
                 forgotten.append(rel)
-        save_state(state)
+        save_state(own, state)
         return {"forgotten": forgotten}
 
 

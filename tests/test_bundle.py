@@ -108,6 +108,39 @@ def test_a_file_it_does_not_know_is_refused(bundle: Path, tmp_path: Path):
     assert files(target) == before
 
 
+def test_a_hostile_record_or_a_symlinked_backups_folder_is_refused(bundle: Path, tmp_path: Path):
+    """The bundle's agent takes the same declared files as patcher's: a record digest made a
+    path, and backups/ made a link, are refused; what they point at is left as it was."""
+    target = light_env(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    sentinel = outside / "important.py"
+    sentinel.write_text("# SECRET-bundle\n")
+    assert run_bundle(bundle, target, "apply", "--no-verify")[0] == 0
+    patched = files(target)
+    record = target.parent.parent / "share" / "patcher" / "state.json"
+    valid = record.read_text()
+    state = json.loads(valid)
+    state["files"][TARGETS[-1]]["original_sha256"] = str(outside / "important")
+    record.write_text(json.dumps(state))
+    for command in ("status", "rollback", "apply"):
+        code, doc, err = run_bundle(bundle, target, command, "--no-verify", "--json")
+        assert sentinel.read_text() == "# SECRET-bundle\n" and files(target) == patched, command
+        assert "SECRET" not in json.dumps(doc) + err, command
+        assert code == 3 and "state record" in doc["targets"][0]["message"], (command, err)
+    record.write_text(valid)
+    backups = record.parent / "backups"
+    for entry in backups.iterdir():
+        shutil.copy(entry, outside / entry.name)
+    shutil.rmtree(backups)
+    backups.symlink_to(outside, target_is_directory=True)
+    before = {p.name: p.read_bytes() for p in outside.iterdir()}
+    for command in ("status", "rollback"):
+        code, doc, err = run_bundle(bundle, target, command, "--no-verify", "--json")
+        assert {p.name: p.read_bytes() for p in outside.iterdir()} == before and files(target) == patched, command
+        assert code == 3 and "symbolic link" in doc["targets"][0]["message"], (command, err)
+
+
 def test_other_releases_and_wrong_interpreters(bundle: Path, tmp_path: Path):
     newer = light_env(tmp_path / "new", speculators="0.4.0")
     before = files(newer) if all(site_file(newer, rel).exists() for rel in TARGETS) else None

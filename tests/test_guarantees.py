@@ -127,7 +127,7 @@ def test_state_record_path_leaving_site_packages_is_refused(env: Path, tmp_path:
     record.write_text(json.dumps(state))
     code, doc, err = patcher("forget", "--python", str(env), "--all", "--json")
     assert code == 3, err
-    assert "leaves" in doc["targets"][0]["message"]
+    assert "none of the files patcher's patches rewrite" in doc["targets"][0]["message"]
     assert outside.read_text() == "keep me\n"
 
 
