@@ -57,7 +57,11 @@ def checkpoint(name: str) -> None:
     if FAULT.get("at") != name or FAULT_POINTS.count(name) != int(FAULT.get("nth", 1)):
         return
     if FAULT.get("action") == "pause":
-        time.sleep(float(FAULT.get("seconds", 5)))
+        # Until the file `until` exists (tests release the pause when the other run is where
+        # they want it), at most `seconds`.
+        deadline = time.monotonic() + float(FAULT.get("seconds", 5))
+        while time.monotonic() < deadline and not (FAULT.get("until") and os.path.exists(FAULT["until"])):
+            time.sleep(0.01)
         return
     import signal
 
@@ -115,6 +119,9 @@ def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
     """Write via a temporary file in the same folder, fsync, rename; keep mode and owner."""
     import tempfile
 
+    # Temporary files exist only while their run holds the lock, and only a holder of the lock
+    # removes them: whatever one finds under the lock was left by an interrupted run.
+    HELD.require_exclusive("write " + path)
     folder = os.path.dirname(path)
     ref = like if like and os.path.exists(like) else None
     fd, tmp = tempfile.mkstemp(prefix=".patcher-", suffix=".tmp", dir=folder)
@@ -146,6 +153,7 @@ def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
 
 def remove_stale_temporaries(folder: str) -> None:
     """Temporary files an interrupted run left (we hold the lock: no live run owns them)."""
+    HELD.require_exclusive("clear temporary files in " + folder)
     try:
         entries = os.listdir(folder)
     except FileNotFoundError:
@@ -326,12 +334,19 @@ def _record_hashes(dist, paths: set) -> dict:
 # ---------------------------------------------------------------- state record
 
 
-def load_state() -> dict:
-    path = state_path()
+def read_state_bytes() -> bytes | None:
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        with open(state_path(), "rb") as fh:
+            return fh.read()
     except FileNotFoundError:
+        return None
+
+
+def load_state(raw: bytes | None = None) -> dict:
+    path = state_path()
+    if raw is None:
+        raw = read_state_bytes()
+    if raw is None:
         return {"schema_version": SCHEMA_VERSION, "files": {}}
     try:
         state = json.loads(raw.decode("utf-8"))
@@ -360,53 +375,119 @@ def save_state(state: dict) -> None:
     atomic_write(state_path(), data)
 
 
-class Lock:
-    """An exclusive flock on <state dir>/lock, waited for at most `timeout` seconds."""
+class HeldLock:
+    """The flock this process holds on <state dir>/lock, if any: exclusive for a run that
+    writes, from its facts to the end of its transaction (so what it plans on is what it
+    writes over), or shared for one that only reads (status, plan)."""
 
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
+    def __init__(self) -> None:
         self.fd = -1
+        self.mode = None  # None | "shared" | "exclusive"
 
-    def __enter__(self) -> "Lock":
+    def require_exclusive(self, what: str) -> None:
+        if self.mode != "exclusive":
+            raise AgentError("internal", f"refusing to {what} without holding {state_dir()}/lock")
+
+    def acquire(self, mode: str, timeout: float) -> bool:
+        """Take the lock in `mode`, waiting at most `timeout` seconds. Exclusive: raise
+        `locked` when it stays busy. Shared: False when it stays busy, or when there is no lock
+        file to take (a reader creates nothing in the target)."""
         import fcntl
 
+        if self.mode == "exclusive" or self.mode == mode:
+            return True
+        self.release()
+        path = os.path.join(state_dir(), "lock")
         try:
-            os.makedirs(state_dir(), exist_ok=True)
-            self.fd = os.open(os.path.join(state_dir(), "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+            if mode == "exclusive":
+                os.makedirs(state_dir(), exist_ok=True)
+                self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            else:
+                self.fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
+            if mode != "exclusive":
+                return False
             raise AgentError(
                 "not-writable",
                 f"cannot create {state_dir()} ({exc.strerror}); run as a user who can write "
                 f"to {sys.prefix}",
             )
-        deadline = time.monotonic() + self.timeout
+        operation = fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
+                fcntl.flock(self.fd, operation | fcntl.LOCK_NB)
+                self.mode = mode
+                return True
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    self.release()
                     raise
                 if time.monotonic() >= deadline:
-                    os.close(self.fd)
+                    self.release()
+                    if mode != "exclusive":
+                        return False
                     raise AgentError(
                         "locked",
                         f"another patcher run holds {state_dir()}/lock; wait for it to finish "
-                        f"(waited {self.timeout:g}s; --lock-timeout raises the wait)",
+                        f"(waited {timeout:g}s; --lock-timeout raises the wait)",
                     )
                 time.sleep(0.05)
 
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing releases the flock
+        self.fd, self.mode = -1, None
+
+
+HELD = HeldLock()
+
+
+class Lock:
+    """The exclusive lock for one transaction (apply, forget): the one facts took, or taken
+    now; released when the transaction ends."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+
+    def __enter__(self) -> "Lock":
+        HELD.acquire("exclusive", self.timeout)
+        return self
+
     def __exit__(self, *exc) -> None:
-        os.close(self.fd)  # closing releases the flock
+        HELD.release()
 
 
 # ---------------------------------------------------------------- operations
 
 
 def op_facts(req: dict) -> dict:
-    dists = find_distributions(req.get("names", []), req.get("files", []))
+    """What the target holds. With "lock": "exclusive" (a run that will write) the lock is
+    taken first and kept until the transaction ends, so nothing changes between these facts
+    and the writes planned on them; "shared" (status, plan) waits for a writer to finish, and
+    reads anyway, saying so, if it is still busy after `lock_timeout`."""
+    mode = req.get("lock")
+    if mode in ("exclusive", "shared"):
+        HELD.acquire(mode, float(req.get("lock_timeout", 10)))
     try:
-        state = load_state()
+        return _facts(req)
+    except BaseException:
+        HELD.release()  # the run ends here: it plans nothing on these facts
+        raise
+    finally:
+        if HELD.mode == "shared":
+            HELD.release()  # a reader's whole run is this one request
+
+
+def _facts(req: dict) -> dict:
+    lock = HELD.mode or ("busy" if os.path.exists(os.path.join(state_dir(), "lock")) else None)
+    dists = find_distributions(req.get("names", []), req.get("files", []))
+    raw_state = read_state_bytes()
+    # What the plan depends on, every target file and the record: apply checks it under the
+    # lock (request "expect"), not only the files it writes.
+    snapshot = {"state_sha256": sha256_bytes(raw_state) if raw_state is not None else None, "files": {}}
+    try:
+        state = load_state(raw_state)
         state_error = None
     except AgentError as exc:
         state, state_error = {"files": {}}, exc.message
@@ -416,6 +497,7 @@ def op_facts(req: dict) -> dict:
         rel = target["path"]
         if dist is None:
             files[rel] = {"exists": False}
+            snapshot["files"][rel] = {"root": None, "sha256": None}
             continue
         root = dist["location"]
         full = inside(root, rel)
@@ -424,7 +506,9 @@ def op_facts(req: dict) -> dict:
                 data = fh.read()
         except FileNotFoundError:
             files[rel] = {"exists": False, "root": root}
+            snapshot["files"][rel] = {"root": root, "sha256": None}
             continue
+        snapshot["files"][rel] = {"root": root, "sha256": sha256_bytes(data)}
         folder = os.path.dirname(full)
         entry = {
             "exists": True,
@@ -462,7 +546,30 @@ def op_facts(req: dict) -> dict:
         "files": files,
         "state": state,
         "state_error": state_error,
+        "lock": lock,
+        "snapshot": snapshot,
     }
+
+
+def check_snapshot(expect: dict) -> None:
+    """Refuse (stale-plan) if the record or any target file is not what the plan was made on."""
+    for rel, seen in sorted(expect.get("files", {}).items()):
+        if seen.get("root") is None:
+            continue
+        full = inside(seen["root"], rel)
+        current = sha256_file(full)
+        if current != seen.get("sha256"):
+            raise AgentError(
+                "stale-plan",
+                f"{full} changed since the plan was made (sha256 {current}, expected "
+                f"{seen.get('sha256')}); run the command again",
+            )
+    raw = read_state_bytes()
+    if (sha256_bytes(raw) if raw is not None else None) != expect.get("state_sha256"):
+        raise AgentError(
+            "stale-plan",
+            f"the state record {state_path()} changed since the plan was made; run the command again",
+        )
 
 
 def op_apply(req: dict) -> dict:
@@ -470,10 +577,13 @@ def op_apply(req: dict) -> dict:
     items = req.get("files", [])
     with Lock(float(req.get("lock_timeout", 10))):
         checkpoint("locked")
+        if req.get("expect") is not None:
+            check_snapshot(req["expect"])
         state = load_state()
         for item in items + req.get("cleanup", []):
             remove_stale_temporaries(os.path.dirname(inside(item["root"], item["path"])))
         remove_stale_temporaries(os.path.join(state_dir(), "backups"))
+        remove_stale_temporaries(state_dir())  # the record's own
         previous = {}  # rel -> (full path, bytes before, record entry before)
         # Check everything before touching anything: a plan made on other bytes is refused.
         for item in items:
