@@ -21,6 +21,7 @@ from patcher.registry import load_patches
 from patcher.transport import AgentFailure, LocalTransport
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import why_no_sshd
+from tests.test_remote import client, servers, spec  # noqa: F401  (fixtures)
 
 PATCHES = load_patches()
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -181,3 +182,35 @@ def test_the_agent_refuses_a_plan_made_before_any_file_of_the_selection_changed(
     assert WORKER in failure.value.message
     assert files(python) == reference["pristine"]  # nothing written
     assert worker_patched != reference["pristine"][WORKER]
+
+
+# ------------------------------------------------------------------ stress (short form)
+
+STRESS_ROUNDS = int(os.environ.get("PATCHER_RACE_ROUNDS", "10"))  # per kind; bench/race.py: hundreds
+
+
+def stress(python: Path, vias: dict[str, list[str]], plan: list[tuple[int, list[str]]]) -> None:
+    """`plan`: (rounds, ways) in turn, on one environment."""
+    from tests.support.race import Stress
+
+    seed = int(os.environ.get("PATCHER_RACE_SEED", str(time.time_ns() % 100000)))
+    harness = Stress(python, vias, seed)
+    for rounds, ways in plan:
+        for _ in range(rounds):
+            harness.round(ways)
+    print(f"seed {seed}: {harness.summary()}")
+    assert not harness.bad, f"seed {seed} (PATCHER_RACE_SEED reruns it):\n" + "\n".join(harness.bad)
+
+
+def test_stress_runs_at_random_offsets_locally(tmp_path: Path):
+    stress(light_env(tmp_path), {"local": []}, [(STRESS_ROUNDS, ["local"])])
+
+
+@pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
+def test_stress_runs_at_random_offsets_over_ssh_and_locally_at_once(tmp_path: Path, client, servers):
+    server = servers()
+    python = light_env(tmp_path)
+    via = ["--host", spec(server), *client.args()]
+    assert run_cli("status", *via, "--python", str(python))[0] == 0  # its host key is known from here on
+    rounds = max(1, STRESS_ROUNDS // 2)
+    stress(python, {"ssh": via, "local": []}, [(rounds, ["ssh"]), (rounds, ["ssh", "local"])])
