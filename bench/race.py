@@ -52,20 +52,19 @@ def main() -> int:
             client = SshClient(work / "client")
             server = SshServer(work / "sshd", "127.0.2.2", {"root": client.public_key}).start()
             vias["ssh"] = ["--host", f"root@{server.address}:{server.port}", *client.args()]
-    results = {"seed": args.seed, "rounds_per_way": args.rounds, "ways": {}}
+    results = {"seed": args.seed, "rounds_per_way": args.rounds, "ways": {}}  # way n uses seed + n
     bad = 0
     try:
-        for way in ways:
+        for number, way in enumerate(ways):
             python = light_env(work / way)
             allowed = {"local": ["local"], "ssh": ["ssh"], "mixed": ["local", "ssh"]}[way]
-            harness = Stress(python, vias, args.seed, args.max_offset_ms / 1000)
+            harness = Stress(python, vias, args.seed + number, args.max_offset_ms / 1000)
             started = time.monotonic()
-            for number in range(1, args.rounds + 1):
-                problems = harness.round(allowed)
-                if problems:
+            for done in range(1, args.rounds + 1):
+                if harness.round(allowed):
                     print(harness.bad[-1], flush=True)
-                if number % 25 == 0:
-                    print(f"{way}: {number} rounds, {len(harness.bad)} bad", flush=True)
+                if done % 25 == 0:
+                    print(f"{way}: {done} rounds, {len(harness.bad)} bad", flush=True)
             summary = harness.summary()
             summary["seconds"] = round(time.monotonic() - started, 1)
             results["ways"][way] = summary
