@@ -388,10 +388,12 @@ class HeldLock:
         if self.mode != "exclusive":
             raise AgentError("internal", f"refusing to {what} without holding {state_dir()}/lock")
 
-    def acquire(self, mode: str, timeout: float) -> bool:
+    def acquire(self, mode: str, timeout: float, or_shared: bool = False) -> bool:
         """Take the lock in `mode`, waiting at most `timeout` seconds. Exclusive: raise
         `locked` when it stays busy. Shared: False when it stays busy, or when there is no lock
-        file to take (a reader creates nothing in the target)."""
+        file to take (a reader creates nothing in the target). `or_shared`: a user who may not
+        write here gets the shared lock instead (its facts are still read whole; a run with
+        nothing to write succeeds, its first write fails as not writable)."""
         import fcntl
 
         if self.mode == "exclusive" or self.mode == mode:
@@ -407,6 +409,8 @@ class HeldLock:
         except OSError as exc:
             if mode != "exclusive":
                 return False
+            if or_shared and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                return self.acquire("shared", timeout)
             raise AgentError(
                 "not-writable",
                 f"cannot create {state_dir()} ({exc.strerror}); run as a user who can write "
@@ -468,7 +472,7 @@ def op_facts(req: dict) -> dict:
     reads anyway, saying so, if it is still busy after `lock_timeout`."""
     mode = req.get("lock")
     if mode in ("exclusive", "shared"):
-        HELD.acquire(mode, float(req.get("lock_timeout", 10)))
+        HELD.acquire(mode, float(req.get("lock_timeout", 10)), or_shared=True)
     try:
         return _facts(req)
     except BaseException:

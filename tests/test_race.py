@@ -21,7 +21,8 @@ from patcher.registry import load_patches
 from patcher.transport import AgentFailure, LocalTransport
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import why_no_sshd
-from tests.test_remote import client, servers, spec  # noqa: F401  (fixtures)
+from tests.test_remote import client, host_env, servers, shared_env, spec  # noqa: F401  (fixtures)
+from tests.support.sshd import ensure_user
 
 PATCHES = load_patches()
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -182,6 +183,27 @@ def test_the_agent_refuses_a_plan_made_before_any_file_of_the_selection_changed(
     assert WORKER in failure.value.message
     assert files(python) == reference["pristine"]  # nothing written
     assert worker_patched != reference["pristine"][WORKER]
+
+
+@pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
+def test_a_user_who_cannot_write_reads_under_the_lock_and_succeeds_with_nothing_to_do(
+    tmp_path: Path, client, servers, shared_env
+):
+    """A run that would write takes the lock before its facts; a login user who may not write
+    the environment (cannot open the lock for writing) still reads under a shared lock: an apply
+    with nothing to do succeeds as before, one that must write fails as not writable."""
+    assert run_cli("apply", "--python", str(shared_env), "--no-verify")[0] == 0  # as root, locally
+    patched = files(shared_env)
+    ensure_user("patcher-plain")
+    server = servers(users=("patcher-plain",))
+    via = ("--host", spec(server, "patcher-plain"), "--python", str(shared_env), *client.args())
+    code, doc, err = run_cli("apply", "--no-verify", *via)
+    assert code == 0, err
+    assert doc["targets"][0]["message"].startswith("nothing to do"), doc["targets"][0]["message"]
+    code, doc, err = run_cli("rollback", *via)
+    assert code == 1, err
+    assert doc["targets"][0]["message"].endswith("try --sudo")
+    assert files(shared_env) == patched
 
 
 # ------------------------------------------------------------------ stress (short form)
