@@ -383,6 +383,7 @@ class HeldLock:
     def __init__(self) -> None:
         self.fd = -1
         self.mode = None  # None | "shared" | "exclusive"
+        self.busy = False  # the last wait for a shared lock ran out: another run holds it
 
     def require_exclusive(self, what: str) -> None:
         if self.mode != "exclusive":
@@ -399,6 +400,7 @@ class HeldLock:
         if self.mode == "exclusive" or self.mode == mode:
             return True
         self.release()
+        self.busy = False
         path = os.path.join(state_dir(), "lock")
         try:
             if mode == "exclusive":
@@ -430,6 +432,7 @@ class HeldLock:
                 if time.monotonic() >= deadline:
                     self.release()
                     if mode != "exclusive":
+                        self.busy = True
                         return False
                     raise AgentError(
                         "locked",
@@ -484,7 +487,7 @@ def op_facts(req: dict) -> dict:
 
 
 def _facts(req: dict) -> dict:
-    lock = HELD.mode or ("busy" if os.path.exists(os.path.join(state_dir(), "lock")) else None)
+    lock = HELD.mode or ("busy" if HELD.busy else None)
     dists = find_distributions(req.get("names", []), req.get("files", []))
     raw_state = read_state_bytes()
     # What the plan depends on, every target file and the record: apply checks it under the

@@ -156,6 +156,23 @@ def test_status_during_a_run_does_not_take_its_temporary_file_for_an_interrupted
     assert not list(folder.glob(".patcher-*.tmp"))
 
 
+def test_status_reads_anyway_and_says_so_when_a_run_keeps_the_lock(tmp_path: Path):
+    """status waits for a writer (10 s) rather than show its work half done, but never blocks
+    on one that does not finish: it reads the files as they are and says so."""
+    import fcntl
+
+    python = light_env(tmp_path)
+    assert run_cli("apply", "--python", str(python), "--no-verify")[0] == 0
+    with open(lock_path(python), "a") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # a run that does not finish
+        code, doc, err = run_cli("status", "--python", str(python))
+    assert code == 0, err
+    assert doc["targets"][0]["notes"][0].startswith("another patcher run held the lock for 10s")
+    assert set(applied(doc).values()) == {"applied"}
+    code, doc, err = run_cli("status", "--python", str(python))
+    assert code == 0 and doc["targets"][0]["notes"] == [], doc["targets"][0]["notes"]
+
+
 def test_the_agent_refuses_a_plan_made_before_any_file_of_the_selection_changed(tmp_path: Path, reference: dict):
     """Defence in depth behind the lock: an apply request carries the facts it was planned on
     (every target file and the record), not only the files it writes; if any differs under the
