@@ -183,14 +183,21 @@ def plan_target(
             continue
         record = state_files.get(rel)
         current_sha = info["sha256"]
+        # Read under the lock, what a run left half done is an interrupted run's; read while
+        # another run holds it (status after --lock-timeout), it may be that run's work.
+        live = facts.get("lock") == "busy"
         if info.get("temporaries"):
             cleanup.append({"root": info["root"], "path": rel})
-            notes.append(f"{rel}: an interrupted run left {len(info['temporaries'])} temporary file(s) beside it")
+            who = "the run holding the lock has" if live else "an interrupted run left"
+            notes.append(f"{rel}: {who} {len(info['temporaries'])} temporary file(s) beside it")
         kind, applied, applied_edits = _classify(info, record)
         interrupted = kind == "interrupted"
         if interrupted:
             kind = "patched"
-            notes.append(f"{rel}: an interrupted run left it patched but unrecorded; apply completes it")
+            notes.append(
+                f"{rel}: the run holding the lock has written it, not yet recorded"
+                if live else f"{rel}: an interrupted run left it patched but unrecorded; apply completes it"
+            )
         if kind == "replaced":
             notes.append(
                 f"{rel}: pip replaced it (now {p_dist(file_patches, dists)}); the earlier record is "

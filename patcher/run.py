@@ -69,11 +69,26 @@ def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
 
 def _run(transport, patches: Sequence[Patch], options: RunOptions, report: TargetReport) -> TargetReport:
     options.progress(f"{transport.label}: reading installed versions and target files")
+<<<<<<< HEAD
     # Every request declares the patches' target files: the agent reads, writes and records
     # nothing else, whatever the state record on the target says.
     declared = target_files(patches)
     facts = transport.call(
         {"op": "facts", "names": condition_names(patches), "files": declared, "declared": declared}
+=======
+    # A run that may write takes the target's lock before it reads anything and keeps it to the
+    # end of its transaction: it plans on exactly what it writes over. status and plan wait
+    # for a writer to finish (a shared lock) rather than report its work half done.
+    writes = options.command in ("apply", "rollback", "forget")
+    facts = transport.call(
+        {
+            "op": "facts",
+            "names": condition_names(patches),
+            "files": target_files(patches),
+            "lock": "exclusive" if writes else "shared",
+            "lock_timeout": options.lock_timeout,
+        }
+>>>>>>> race
     )
     report.python = facts["python"]["executable"]
     report.state_dir = facts["state_dir"]
@@ -102,6 +117,11 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     plan = plan_target(facts, patches, mode, options.only, options.skip, options.force)
     report.patches = plan.patches
     report.notes = plan.notes
+    if facts.get("lock") == "busy":
+        report.notes = [
+            f"another patcher run held the lock for {options.lock_timeout:g}s: this shows the "
+            "files as that run had left them so far"
+        ] + report.notes
     report.files = [_file_entry(change, plan, options.diff) for change in plan.changes]
     if plan.conflicts:
         report.status, report.exit_code = "failed", EXIT_CONFLICT
@@ -122,9 +142,20 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         return report
     if not plan.pending and plan.cleanup:
         transport.call(
+<<<<<<< HEAD
             {"op": "apply", "files": [], "cleanup": plan.cleanup, "lock_timeout": options.lock_timeout,
              "declared": declared}
         )  # fmt: skip
+=======
+            {
+                "op": "apply",
+                "files": [],
+                "cleanup": plan.cleanup,
+                "expect": facts.get("snapshot"),
+                "lock_timeout": options.lock_timeout,
+            }
+        )
+>>>>>>> race
         report.status = "changed"
         report.message = "removed temporary files an interrupted run left; the patches were already in place"
         return report
@@ -143,6 +174,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         "files": [change.as_request() for change in plan.changes],
         "cleanup": plan.cleanup,
         "verify": {"files": plan.verify_files, "import_prefixes": ["vllm"]} if verify else None,
+        "expect": facts.get("snapshot"),
         "lock_timeout": options.lock_timeout,
         "written_by": f"patcher {__version__}",
         "declared": declared,

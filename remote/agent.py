@@ -57,7 +57,11 @@ def checkpoint(name: str) -> None:
     if FAULT.get("at") != name or FAULT_POINTS.count(name) != int(FAULT.get("nth", 1)):
         return
     if FAULT.get("action") == "pause":
-        time.sleep(float(FAULT.get("seconds", 5)))
+        # Until the file `until` exists (tests release the pause when the other run is where
+        # they want it), at most `seconds`.
+        deadline = time.monotonic() + float(FAULT.get("seconds", 5))
+        while time.monotonic() < deadline and not (FAULT.get("until") and os.path.exists(FAULT["until"])):
+            time.sleep(0.01)
         return
     import signal
 
@@ -123,6 +127,9 @@ def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
     """Write via a temporary file in the same folder, fsync, rename; keep mode and owner."""
     import tempfile
 
+    # Temporary files exist only while their run holds the lock, and only a holder of the lock
+    # removes them: whatever one finds under the lock was left by an interrupted run.
+    HELD.require_exclusive("write " + path)
     folder = os.path.dirname(path)
     ref = like if like and os.path.exists(like) else None
     fd, tmp = tempfile.mkstemp(prefix=".patcher-", suffix=".tmp", dir=folder)
@@ -154,6 +161,7 @@ def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
 
 def remove_stale_temporaries(folder: str) -> None:
     """Temporary files an interrupted run left (we hold the lock: no live run owns them)."""
+    HELD.require_exclusive("clear temporary files in " + folder)
     try:
         entries = os.listdir(folder)
     except FileNotFoundError:
@@ -293,6 +301,7 @@ class StateFolder:
 
     def write(self, name: str, data: bytes, where: str = "") -> None:
         """Atomically: a new temporary (O_EXCL), fsync, rename over the entry, fsync the folder."""
+        HELD.require_exclusive("write " + self.shown(name, where))
         folder = self.dir_fd(where, create=True)
         while True:
             tmp = ".patcher-" + os.urandom(8).hex() + ".tmp"
@@ -340,6 +349,7 @@ class StateFolder:
 
     def remove_temporaries(self, where: str = "") -> None:
         """Temporary files an interrupted run left here (we hold the lock: no live run owns them)."""
+        HELD.require_exclusive("clear temporary files in " + self.shown(where or "."))
         folder = self.dir_fd(where, create=False)
         if folder < 0:
             return
@@ -548,9 +558,14 @@ def _record_hashes(dist, paths: set) -> dict:
 # ---------------------------------------------------------------- state record
 
 
-def load_state(folder: StateFolder, declared: Declared) -> dict:
+def read_state_bytes(folder: StateFolder) -> bytes | None:
+    return folder.read("state.json") if folder.fd >= 0 else None
+
+
+def load_state(folder: StateFolder, declared: Declared, raw: bytes | None = None) -> dict:
     path = folder.shown("state.json")
-    raw = folder.read("state.json") if folder.fd >= 0 else None
+    if raw is None:
+        raw = read_state_bytes(folder)
     if raw is None:
         return {"schema_version": SCHEMA_VERSION, "files": {}}
     try:
@@ -604,73 +619,156 @@ def save_state(folder: StateFolder, state: dict) -> None:
     folder.write("state.json", data)
 
 
-class Lock:
-    """An exclusive flock on <state dir>/lock, waited for at most `timeout` seconds."""
+class HeldLock:
+    """The flock this process holds on <state dir>/lock, if any: exclusive for a run that
+    writes, from its facts to the end of its transaction (so what it plans on is what it
+    writes over), or shared for one that only reads (status, plan)."""
 
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
+    def __init__(self) -> None:
         self.fd = -1
         self.folder: StateFolder | None = None  # the state folder, opened while the lock is held
+        self.mode = None  # None | "shared" | "exclusive"
+        self.busy = False  # the last wait for a shared lock ran out: another run holds it
 
-    def __enter__(self) -> "Lock":
+    def require_exclusive(self, what: str) -> None:
+        if self.mode != "exclusive":
+            raise AgentError("internal", f"refusing to {what} without holding {state_dir()}/lock")
+
+    def acquire(self, mode: str, timeout: float, or_shared: bool = False) -> bool:
+        """Take the lock in `mode`, waiting at most `timeout` seconds. Exclusive: raise
+        `locked` when it stays busy. Shared: False when it stays busy, or when there is no lock
+        file to take (a reader creates nothing in the target). `or_shared`: a user who may not
+        write here gets the shared lock instead (its facts are still read whole; a run with
+        nothing to write succeeds, its first write fails as not writable)."""
         import fcntl
 
+        if self.mode == "exclusive" or self.mode == mode:
+            return True
+        self.release()
+        self.busy = False
         try:
-            self.folder = StateFolder(create=True)
-            self.fd = self.folder.open("lock", os.O_RDWR | os.O_CREAT)  # a link there is refused
+            if mode == "exclusive":
+                self.folder = StateFolder(create=True)
+                self.fd = self.folder.open("lock", os.O_RDWR | os.O_CREAT)  # a link there is refused
+            else:
+                self.folder = StateFolder(create=False)
+                if self.folder.fd < 0:
+                    self.release()
+                    return False  # no state folder: nothing to wait for, and a reader creates nothing
+                self.fd = self.folder.open("lock", os.O_RDONLY)
+        except FileNotFoundError:
+            self.release()
+            if mode != "exclusive":
+                return False
+            raise
         except OSError as exc:
-            if self.folder is not None:
-                self.folder.close()
+            self.release()
+            if mode != "exclusive":
+                return False
+            if or_shared and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                return self.acquire("shared", timeout)
             raise AgentError(
                 "not-writable",
                 f"cannot create {state_dir()} ({exc.strerror}); run as a user who can write "
                 f"to {sys.prefix}",
             )
         except AgentError:
-            if self.folder is not None:
-                self.folder.close()
+            self.release()
             raise
-        deadline = time.monotonic() + self.timeout
+        operation = fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
+                fcntl.flock(self.fd, operation | fcntl.LOCK_NB)
+                self.mode = mode
+                return True
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    self.release()
                     raise
                 if time.monotonic() >= deadline:
-                    os.close(self.fd)
-                    self.folder.close()
+                    self.release()
+                    if mode != "exclusive":
+                        self.busy = True
+                        return False
                     raise AgentError(
                         "locked",
                         f"another patcher run holds {state_dir()}/lock; wait for it to finish "
-                        f"(waited {self.timeout:g}s; --lock-timeout raises the wait)",
+                        f"(waited {timeout:g}s; --lock-timeout raises the wait)",
                     )
                 time.sleep(0.05)
 
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing releases the flock
+        if self.folder is not None:
+            self.folder.close()
+        self.fd, self.mode, self.folder = -1, None, None
+
+
+HELD = HeldLock()
+
+
+class Lock:
+    """The exclusive lock for one transaction (apply, forget): the one facts took, or taken
+    now; released when the transaction ends."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+
+    def __enter__(self) -> "Lock":
+        HELD.acquire("exclusive", self.timeout)
+        self.folder: StateFolder = HELD.folder  # type: ignore[assignment]
+        return self
+
     def __exit__(self, *exc) -> None:
-        os.close(self.fd)  # closing releases the flock
-        self.folder.close()
+        HELD.release()
 
 
 # ---------------------------------------------------------------- operations
 
 
 def op_facts(req: dict) -> dict:
+    """What the target holds. With "lock": "exclusive" (a run that will write) the lock is
+    taken first and kept until the transaction ends, so nothing changes between these facts
+    and the writes planned on them; "shared" (status, plan) waits for a writer to finish, and
+    reads anyway, saying so, if it is still busy after `lock_timeout`."""
     declared = Declared(req.get("declared", req.get("files", [])))
+    mode = req.get("lock")
+    if mode in ("exclusive", "shared"):
+        HELD.acquire(mode, float(req.get("lock_timeout", 10)), or_shared=True)
+    try:
+        return _facts(req, declared)
+    except BaseException:
+        HELD.release()  # the run ends here: it plans nothing on these facts
+        raise
+    finally:
+        if HELD.mode == "shared":
+            HELD.release()  # a reader's whole run is this one request
+
+
+def _facts(req: dict, declared: Declared) -> dict:
+    lock = HELD.mode or ("busy" if HELD.busy else None)
     dists = find_distributions(req.get("names", []), req.get("files", []))
     declared.know(dists)
-    own = None
+    # What the plan depends on, every target file and the record: apply checks it under the
+    # lock (request "expect"), not only the files it writes.
+    snapshot: dict = {"state_sha256": None, "files": {}}
+    held = HELD.folder if HELD.mode == "exclusive" else None
+    own = held
     try:
-        own = StateFolder(create=False)
-        state = load_state(own, declared)
+        if own is None:
+            own = StateFolder(create=False)
+        raw_state = read_state_bytes(own)
+        snapshot["state_sha256"] = sha256_bytes(raw_state) if raw_state is not None else None
+        state = load_state(own, declared, raw_state)
         state_error = None
     except AgentError as exc:
         state, state_error = {"files": {}}, exc.message
     try:
-        files = _file_facts(req.get("files", []), dists, declared, state, own)
+        files = _file_facts(req.get("files", []), dists, declared, state, own, snapshot)
     finally:
-        if own is not None:
+        if own is not None and own is not held:
             own.close()
     for info in dists.values():
         info.pop("record", None)
@@ -685,11 +783,14 @@ def op_facts(req: dict) -> dict:
         "files": files,
         "state": state,
         "state_error": state_error,
+        "lock": lock,
+        "snapshot": snapshot,
     }
 
 
-def _file_facts(targets: list, dists: dict, declared: Declared, state: dict, own) -> dict:
-    """Each declared file's bytes and hashes, with its pristine backup when the record has one."""
+def _file_facts(targets: list, dists: dict, declared: Declared, state: dict, own, snapshot: dict) -> dict:
+    """Each declared file's bytes and hashes, with its pristine backup when the record has one;
+    `snapshot` gets each file's sha256 (what a plan made on these facts depends on)."""
     files = {}
     for target in targets:
         dist = dists.get(target["distribution"])
@@ -697,6 +798,7 @@ def _file_facts(targets: list, dists: dict, declared: Declared, state: dict, own
         declared.check(rel)
         if dist is None:
             files[rel] = {"exists": False}
+            snapshot["files"][rel] = {"root": None, "sha256": None}
             continue
         root = dist["location"]
         full = inside(root, rel)
@@ -705,7 +807,9 @@ def _file_facts(targets: list, dists: dict, declared: Declared, state: dict, own
                 data = fh.read()
         except FileNotFoundError:
             files[rel] = {"exists": False, "root": root}
+            snapshot["files"][rel] = {"root": root, "sha256": None}
             continue
+        snapshot["files"][rel] = {"root": root, "sha256": sha256_bytes(data)}
         folder = os.path.dirname(full)
         entry = {
             "exists": True,
@@ -732,6 +836,26 @@ def _file_facts(targets: list, dists: dict, declared: Declared, state: dict, own
     return files
 
 
+def check_snapshot(expect: dict, declared: Declared, own: StateFolder) -> None:
+    """Refuse (stale-plan) if the record or any target file is not what the plan was made on.
+    Paths come from the declared files, never from the request's copy of the facts."""
+    for rel, seen in sorted(expect.get("files", {}).items()):
+        full = declared.path(rel)
+        current = sha256_file(full) if full is not None else None
+        if current != seen.get("sha256"):
+            raise AgentError(
+                "stale-plan",
+                f"{full or rel} changed since the plan was made (sha256 {current}, expected "
+                f"{seen.get('sha256')}); run the command again",
+            )
+    raw = read_state_bytes(own)
+    if (sha256_bytes(raw) if raw is not None else None) != expect.get("state_sha256"):
+        raise AgentError(
+            "stale-plan",
+            f"the state record {own.shown('state.json')} changed since the plan was made; run the command again",
+        )
+
+
 def op_apply(req: dict) -> dict:
     """Carry out a plan: each item writes new bytes or restores the original, as one transaction."""
     items = req.get("files", [])
@@ -739,6 +863,8 @@ def op_apply(req: dict) -> dict:
     with Lock(float(req.get("lock_timeout", 10))) as lock:
         own = lock.folder
         checkpoint("locked")
+        if req.get("expect") is not None:
+            check_snapshot(req["expect"], declared, own)
         state = load_state(own, declared)
         for item in items + req.get("cleanup", []):
             remove_stale_temporaries(os.path.dirname(_installed(declared, item["path"])))

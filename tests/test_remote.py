@@ -9,7 +9,6 @@ in an apply, a login user who cannot write the environment, sudo with and withou
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import itertools
 import json
@@ -394,17 +393,19 @@ def test_connection_dropped_during_apply(tmp_path: Path, client, servers, host_e
     env = host_env()
     pristine = files(env)
     lock = env.parent.parent / "share" / "patcher" / "lock"
-    lock.parent.mkdir(parents=True)
-    holder = open(lock, "w")
-    fcntl.flock(holder, fcntl.LOCK_EX)  # the agent's apply waits here, connection open
+    release = tmp_path / "release"
+    # Paused inside the apply, its intent recorded, connection open.
+    fault = {"at": "intent-recorded", "action": "pause", "until": str(release), "seconds": 60}
+    state = lock.parent / "state.json"
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "patcher.cli", "apply", "--no-verify", "--host", spec(server),
              "--python", str(env), "--lock-timeout", "60", *client.args(), "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            env={**os.environ, "PATCHER_FAULT": json.dumps(fault)},
         )  # fmt: skip
         deadline = time.monotonic() + 60
-        while not _holders(lock) and time.monotonic() < deadline:
+        while not (state.exists() and "pending" in state.read_text()) and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)
         agents = _holders(lock)
@@ -412,8 +413,7 @@ def test_connection_dropped_during_apply(tmp_path: Path, client, servers, host_e
         assert server.drop_connections()  # the connection dies in the middle of the apply
         out, err = proc.communicate(timeout=60)
     finally:
-        fcntl.flock(holder, fcntl.LOCK_UN)
-        holder.close()
+        release.touch()  # the orphaned agent goes on with its transaction
     assert proc.returncode == 4, err
     target = json.loads(out)["targets"][0]
     assert target["status"] == "unreachable"
