@@ -340,17 +340,13 @@ def run(command: str, verify: bool, lock_timeout: float) -> dict:
         "state_dir": None, "files": [], "patches": [],
     }  # fmt: skip
     try:
-<<<<<<< HEAD
-        # The agent reads, writes and records the declared files only, as when patcher drives it.
+        # The agent reads, writes and records the declared files only, as when patcher drives it;
+        # as patcher does, a run that writes holds the lock from its facts to its last write.
         declared = [{"distribution": f["distribution"], "path": f["path"]} for f in data["files"]]
-        facts = ns["op_facts"]({"names": data["names"], "files": declared, "declared": declared})
-=======
-        # As patcher does: a run that writes holds the lock from its facts to its last write.
         lock = "exclusive" if command in ("apply", "rollback") else "shared"
         facts = ns["op_facts"](
-            {"names": data["names"], "files": data["files"], "lock": lock, "lock_timeout": lock_timeout}
+            {"names": data["names"], "files": declared, "declared": declared, "lock": lock, "lock_timeout": lock_timeout}
         )
->>>>>>> race
         report["state_dir"] = facts["state_dir"]
         report["versions"] = {n: d["version"] for n, d in facts["distributions"].items()}
         report["distributions"] = {n: d["name"] for n, d in facts["distributions"].items()}

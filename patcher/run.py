@@ -69,13 +69,9 @@ def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
 
 def _run(transport, patches: Sequence[Patch], options: RunOptions, report: TargetReport) -> TargetReport:
     options.progress(f"{transport.label}: reading installed versions and target files")
-<<<<<<< HEAD
     # Every request declares the patches' target files: the agent reads, writes and records
     # nothing else, whatever the state record on the target says.
     declared = target_files(patches)
-    facts = transport.call(
-        {"op": "facts", "names": condition_names(patches), "files": declared, "declared": declared}
-=======
     # A run that may write takes the target's lock before it reads anything and keeps it to the
     # end of its transaction: it plans on exactly what it writes over. status and plan wait
     # for a writer to finish (a shared lock) rather than report its work half done.
@@ -84,11 +80,11 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         {
             "op": "facts",
             "names": condition_names(patches),
-            "files": target_files(patches),
+            "files": declared,
+            "declared": declared,
             "lock": "exclusive" if writes else "shared",
             "lock_timeout": options.lock_timeout,
         }
->>>>>>> race
     )
     report.python = facts["python"]["executable"]
     report.state_dir = facts["state_dir"]
@@ -142,20 +138,15 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         return report
     if not plan.pending and plan.cleanup:
         transport.call(
-<<<<<<< HEAD
-            {"op": "apply", "files": [], "cleanup": plan.cleanup, "lock_timeout": options.lock_timeout,
-             "declared": declared}
-        )  # fmt: skip
-=======
             {
                 "op": "apply",
                 "files": [],
                 "cleanup": plan.cleanup,
                 "expect": facts.get("snapshot"),
                 "lock_timeout": options.lock_timeout,
+                "declared": declared,
             }
         )
->>>>>>> race
         report.status = "changed"
         report.message = "removed temporary files an interrupted run left; the patches were already in place"
         return report
