@@ -17,9 +17,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .report import EXIT_FAILED, EXIT_PENDING, TargetReport, document
+from .report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
 from .run import RunOptions, run_target
 from .ssh import Host, SshSettings, SshTransport
+from .transport import session_bootstrap
 
 DEFAULT_FORKS = 8
 SKIPPED = "skipped"
@@ -74,6 +75,10 @@ def batch_size(serial: str | None, total: int) -> int:
     return int(text)
 
 
+def not_started(host: Host, python: str | None, why: str) -> "HostResult":
+    return HostResult(host, skipped_report(host, python, why), False)
+
+
 def skipped_report(host: Host, python: str | None, why: str) -> TargetReport:
     report = TargetReport(target=host.name, python=host.python or python)
     report.status = SKIPPED
@@ -99,6 +104,9 @@ def run_fleet(
     results: dict[int, HostResult] = {}
     stop_reason = ""
     lock = threading.Lock()
+    live: dict[int, SshTransport] = {}  # the hosts in flight, ended through these on Ctrl-C
+    stopping = threading.Event()  # set on Ctrl-C
+    session_bootstrap()  # read once here: the threads would otherwise race to parse it
 
     def one(index: int) -> HostResult:
         host = hosts[index]
@@ -111,6 +119,10 @@ def run_fleet(
         transport = None
         try:
             transport = transport_factory(host, python, settings)
+            with lock:
+                live[index] = transport
+                if stopping.is_set():
+                    transport.interrupt()  # created after the Ctrl-C: it never starts
             report = run_target(transport, patches, dataclasses.replace(options, progress=step))
         except Exception as exc:  # a bug must not take the other hosts down
             report = TargetReport(target=host.name, python=host.python or python)
@@ -157,7 +169,13 @@ def run_fleet(
                                 )
                             progress.stopped(stop_reason)
                 except KeyboardInterrupt:
+                    # Ctrl-C: start nothing more, end every session in flight (each agent stops
+                    # at once) and collect those hosts' reports, which say `interrupted`.
                     stop_reason = "not started: interrupted"
+                    with lock:
+                        stopping.set()
+                        for transport in live.values():
+                            transport.interrupt()
                     progress.stopped(stop_reason)
                     for future, index in running.items():
                         results[index] = future.result()
@@ -188,7 +206,7 @@ class FleetInterrupted(KeyboardInterrupt):
 # ------------------------------------------------------------------ reporting
 
 
-TALLY_ORDER = ("ok", "changed", "failed", "unreachable", "rolled-back", SKIPPED)
+TALLY_ORDER = ("ok", "changed", "failed", "unreachable", "timed-out", "rolled-back", "interrupted", SKIPPED)
 
 
 def tally(results: Sequence[HostResult]) -> dict[str, int]:
@@ -198,10 +216,13 @@ def tally(results: Sequence[HostResult]) -> dict[str, int]:
     return counts
 
 
-def fleet_document(command: str, results: Sequence[HostResult]) -> dict:
+def fleet_document(command: str, results: Sequence[HostResult], interrupted: bool = False) -> dict:
     """The engine's JSON document (schema_version 1), one entry per host, with fields added:
-    per target `host` (the ssh address) and `started`; at the top, `summary` (count per status)."""
+    per target `host` (the ssh address) and `started`; at the top, `summary` (count per status).
+    An interrupted run's exit code is 130, whatever its hosts say."""
     doc = document(command, [r.report for r in results])
+    if interrupted:
+        doc["exit_code"] = EXIT_INTERRUPTED
     for entry, result in zip(doc["targets"], results):
         entry["host"] = result.host.spec
         entry["started"] = result.started

@@ -11,7 +11,9 @@ transport are the same as for a local target.
   the command line, so they win over these defaults (ssh uses the first value it sees).
 - One ssh process, one connection and one remote interpreter per host: the agent is started
   once and answers each request (facts, then apply with its verification) on the same session,
-  one JSON line in, one out (SESSION_BOOTSTRAP); `close()` ends it. Nothing to multiplex.
+  one JSON line in, one marked line out (see patcher.transport); `close()` ends it. Nothing to
+  multiplex. Ending the session (closing ssh's input, or killing ssh) ends the remote agent:
+  it stops when its input ends.
 - Every word of the remote command is shell-quoted; the host comes after `--`, so nothing can
   be read as an ssh option; host strings are checked before any process starts.
 """
@@ -248,13 +250,12 @@ class SshTransport(LocalTransport):
             message += "; if the login user may sudo, try --sudo"
         return AgentFailure(kind, message)
 
-    def _outcome_hint(self) -> str:
-        if self._op != "apply":
-            return ""
-        return (
-            f"; the outcome of this apply on {self.label} is unknown: every file there is either its old or its "
-            f"new bytes (written atomically); run `patcher status --host {self.host.spec}` to see which"
-        )
+    def status_command(self) -> str:
+        return f"patcher status --host {self.host.spec}"
+
+    def _startup_allowance(self) -> float:
+        """The first answer also waits for the connection (bounded by ssh's ConnectTimeout)."""
+        return 0.0 if self._answered else float(self.settings.connect_timeout)
 
     def _classify(self, returncode: int, stderr: bytes) -> TransportError:
         """A failed ssh invocation, as a precise status and one line for the user."""
