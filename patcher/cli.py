@@ -125,7 +125,7 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
     from .registry import load_patches
     from .render import render_reports
     from .report import EXIT_INTERRUPTED, overall_exit
-    from .ssh import HostError, SshSettings, check_remote_python, check_ssh_option
+    from .ssh import HostError, SshSettings, check_remote_python, check_settings, check_ssh_option
     from .transforms import shared_transforms
 
     try:
@@ -142,6 +142,7 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
         )
         fleet = FleetOptions(forks=remote["forks"], serial=remote["serial"], max_fail=remote["max_fail"])
         batch_size(fleet.serial, len(hosts))
+        check_settings(settings)
     except (HostError, InventoryError, ValueError) as exc:
         out.error(str(exc))
         sys.exit(2)

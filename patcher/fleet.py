@@ -12,6 +12,7 @@ A host "succeeds" when its exit code is 0, or 6 for `plan` (changes pending).
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ def batch_size(serial: str | None, total: int) -> int:
         return max(total, 1)
     text = serial.strip()
     if text.endswith("%"):
+        if not re.fullmatch(r"\d+(\.\d+)?%", text):
+            raise ValueError(f"--serial {serial}: expected a number of hosts (1 or more) or a percentage like 25%")
         percent = float(text[:-1])
         if not 0 < percent <= 100:
             raise ValueError(f"--serial {serial}: a percentage must be above 0 and at most 100")
