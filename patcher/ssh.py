@@ -306,6 +306,10 @@ class SshTransport(LocalTransport):
         last = lines[-1] if lines else f"ssh exit status {returncode}"
         host = self.host
         where = f"{host.address}" + (f" port {host.port}" if host.port else "")
+        if returncode < 0:  # the ssh client itself was killed: the connection went with it
+            return TransportError(
+                "unreachable", f"connection lost (ssh was killed by signal {-returncode})" + self._outcome_hint()
+            )
         if returncode == 255:
             changed = "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text
             refused = "Host key verification failed" in text
