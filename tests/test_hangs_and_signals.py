@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,7 +37,9 @@ def environment(**extra: str) -> dict:
 
 def patcher(*args: str, timeout: float = 120, **env: str) -> tuple[int, dict | None, str, float]:
     started = time.monotonic()
-    proc = subprocess.run(command(*args), capture_output=True, text=True, env=environment(**env), timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="patcher-test-") as cwd:  # where a retry file may be written
+        proc = subprocess.run(command(*args), capture_output=True, text=True, env=environment(**env), timeout=timeout,
+                              cwd=cwd)  # fmt: skip
     doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
     return proc.returncode, doc, proc.stderr, time.monotonic() - started
 
@@ -301,7 +304,7 @@ def test_no_remote_agent_survives_its_session(tmp_path: Path, client, servers, h
     for victim in ("ssh", "patcher"):
         env = host_env()
         proc = subprocess.Popen(command("apply", "--no-verify", *via, "--python", str(env), "--json"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                                 env=environment(PATCHER_FAULT=paused_at(GENERATOR)))  # fmt: skip
         try:
             wait_until(lambda: files(env)[GENERATOR] == patched[GENERATOR] or proc.poll() is not None, 120,
