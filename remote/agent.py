@@ -884,10 +884,11 @@ def stop_now(code: int) -> None:
 
 
 class Watchdog:
-    """Answers `timeout` and ends the agent when the phase it was armed for runs too long."""
+    """Answers `timeout` and ends the agent when the phase it was armed for runs too long.
+    (`_thread`, built in, rather than `threading`: importing that costs more than a facts request.)"""
 
     def __init__(self) -> None:
-        self.timer = None
+        self.cancel = None
 
     def arm(self, seconds, what: str, option: str, after: str = "") -> None:
         """`what` takes too long after `seconds` (None: no limit), set by the controller's
@@ -896,16 +897,22 @@ class Watchdog:
         self.disarm()
         if seconds is None or _ANSWER["lock"] is None:
             return
-        import threading
+        import _thread
 
-        self.timer = threading.Timer(float(seconds), self._expire, (float(seconds), what, option, after))
-        self.timer.daemon = True
-        self.timer.start()
+        cancel = _thread.allocate_lock()
+        cancel.acquire()
+        self.cancel = cancel
+
+        def watch() -> None:
+            if not cancel.acquire(timeout=float(seconds)):  # not disarmed in time
+                self._expire(float(seconds), what, option, after)
+
+        _thread.start_new_thread(watch, ())
 
     def disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        if self.cancel is not None:
+            self.cancel.release()
+            self.cancel = None
 
     def _expire(self, seconds: float, what: str, option: str, after: str) -> None:
         message = f"{what} took longer than {seconds:g}s ({option}); the agent stopped" + after
@@ -934,12 +941,12 @@ def session() -> None:
     """One request per line until the input ends. A reader thread keeps reading while a
     request is served: when the input ends then, nobody waits for the answer any more (the
     controller gave up or was interrupted, or the connection dropped), and the agent stops."""
-    import queue
-    import threading
+    import _queue
+    import _thread
 
-    lock = threading.Lock()
+    lock = _thread.allocate_lock()
     _ANSWER.update(lock=lock, read=0, answered=0)
-    requests = queue.SimpleQueue()
+    requests = _queue.SimpleQueue()
 
     def read() -> None:
         stdin = sys.stdin.buffer
@@ -955,7 +962,7 @@ def session() -> None:
                 stop_now(4)  # holding the lock: no answer can start after this point
         requests.put(None)
 
-    threading.Thread(target=read, daemon=True, name="patcher-agent-input").start()
+    _thread.start_new_thread(read, ())
     while True:
         line = requests.get()
         if line is None:
