@@ -21,7 +21,6 @@ from typing import Callable, Sequence
 from .report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
 from .run import RunOptions, run_target
 from .ssh import Host, SshSettings, SshTransport
-from .transport import session_bootstrap
 
 DEFAULT_FORKS = 8
 SKIPPED = "skipped"
@@ -109,7 +108,6 @@ def run_fleet(
     lock = threading.Lock()
     live: dict[int, SshTransport] = {}  # the hosts in flight, ended through these on Ctrl-C
     stopping = threading.Event()  # set on Ctrl-C
-    session_bootstrap()  # read once here: the threads would otherwise race to parse it
 
     def one(index: int) -> HostResult:
         host = hosts[index]

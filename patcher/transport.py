@@ -47,17 +47,22 @@ def agent_source() -> str:
     return Path(spec.origin).read_text(encoding="utf-8")
 
 
+_PARSE_LOCK = threading.Lock()
+
+
 @lru_cache(maxsize=1)
 def bootstrap() -> str:
     """The agent's BOOTSTRAP, read from its source (importing the agent module would cost
-    more than a no-op run's own work). Read once, before any thread could want it: CPython 3.11's
-    `ast` must not be used from two threads at once (see patcher.upstream.facts)."""
+    more than a no-op run's own work). Fleet hosts and check-upstream's nightlies start agents
+    from several threads, and CPython 3.11's `ast` must not parse in two threads at once
+    (see patcher.upstream.facts): one parse at a time."""
     import ast
 
     source = agent_source()
     start = source.index("\nBOOTSTRAP = (") + len("\nBOOTSTRAP = ")
     end = source.index("\n)\n", start) + 2
-    return ast.literal_eval(source[start:end])
+    with _PARSE_LOCK:
+        return ast.literal_eval(source[start:end])
 
 
 def session_bootstrap() -> str:

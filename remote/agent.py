@@ -838,6 +838,8 @@ def serve(req: dict) -> None:
     except OSError as exc:
         kind = "not-writable" if exc.errno in (errno.EROFS, errno.EACCES) else "os-error"
         answer = {"ok": False, "error": {"kind": kind, "message": f"{exc.strerror}: {exc.filename}"}}
+    except Exception as exc:  # a bug: said as an answer, not as a session that ends without one
+        answer = {"ok": False, "error": {"kind": "internal", "message": f"agent error: {type(exc).__name__}: {exc}"}}
     answer_once(answer)
 
 
