@@ -83,8 +83,16 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
         _refuse_remote_only(remote, out)
     from .transforms import shared_transforms
 
-    with shared_transforms(persist=_transform_cache()):
-        report = run_target(local, load_patches(), options)
+    try:
+        with shared_transforms(persist=_transform_cache()):
+            report = run_target(local, load_patches(), options)
+    except KeyboardInterrupt:  # before run_target took over (it reports its own interruptions)
+        from .report import EXIT_INTERRUPTED, TargetReport
+
+        local.interrupt()
+        local.close()
+        report = TargetReport(target=local.label, status="interrupted", exit_code=EXIT_INTERRUPTED,
+                              message=local.interrupted_message())  # fmt: skip
     reports = [report]
     if json_mode:
         click.echo(json.dumps(document(command, reports), indent=2))
@@ -111,7 +119,7 @@ def _refuse_remote_only(remote: dict, out: Output) -> None:
 
 
 def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict, options, out: Output) -> None:
-    from .fleet import FleetInterrupted, FleetOptions, batch_size, fleet_document, run_fleet, succeeded
+    from .fleet import FleetInterrupted, FleetOptions, batch_size, fleet_document, not_started, run_fleet, succeeded
     from .fleetview import LiveProgress, PlainProgress, render_summary
     from .inventory import (
         InventoryError,
@@ -123,8 +131,8 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
     )
     from .registry import load_patches
     from .render import render_reports
-    from .report import overall_exit
-    from .ssh import HostError, SshSettings, check_remote_python, check_ssh_option
+    from .report import EXIT_INTERRUPTED, overall_exit
+    from .ssh import HostError, SshSettings, check_remote_python, check_settings, check_ssh_option
     from .transforms import shared_transforms
 
     try:
@@ -141,6 +149,7 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
         )
         fleet = FleetOptions(forks=remote["forks"], serial=remote["serial"], max_fail=remote["max_fail"])
         batch_size(fleet.serial, len(hosts))
+        check_settings(settings)
         if remote["retry_file"]:  # before any host is touched, not after the rollout
             check_retry_file(remote["retry_file"], remote["inventories"], limited=bool(remote["limit"]))
     except (HostError, InventoryError, ValueError) as exc:
@@ -156,14 +165,16 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
     else:
         progress = PlainProgress(out.progress, announce_done=len(hosts) > 1)
     interrupted = False
-    with shared_transforms(persist=_transform_cache()):
-        try:
+    try:
+        with shared_transforms(persist=_transform_cache()):
             results = run_fleet(hosts, python, settings, load_patches(), options, fleet, progress)
-        except FleetInterrupted as exc:
-            results, interrupted = exc.results, True
+    except FleetInterrupted as exc:
+        results, interrupted = exc.results, True
+    except KeyboardInterrupt:  # before any host was started
+        results, interrupted = [not_started(host, python, "not started: interrupted") for host in hosts], True
     reports = [r.report for r in results]
     if json_mode:
-        click.echo(json.dumps(fleet_document(command, results), indent=2))
+        click.echo(json.dumps(fleet_document(command, results, interrupted), indent=2))
     if len(results) == 1:
         report = reports[0]
         if not quiet or report.exit_code not in (0, 6):
@@ -192,7 +203,7 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
             code = max(code, 2)
         except OSError as exc:
             out.error(f"cannot write the retry file {retry}: {exc}")
-    sys.exit(code)
+    sys.exit(EXIT_INTERRUPTED if interrupted else code)
 
 
 python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP)
@@ -203,6 +214,20 @@ skip_option = click.option("--skip", multiple=True, metavar="ID", help="leave th
 lock_option = click.option(
     "--lock-timeout", default=10.0, show_default=True, metavar="SECONDS", help="wait this long for another run's lock"
 )
+_SECONDS = click.FloatRange(min=0, min_open=True)
+facts_timeout_option = click.option(
+    "--facts-timeout", default=60.0, show_default=True, type=_SECONDS, metavar="SECONDS",
+    help="time limit for the target to start and report its versions and files (over ssh, --connect-timeout "
+    "comes on top)",
+)  # fmt: skip
+write_timeout_option = click.option(
+    "--write-timeout", default=120.0, show_default=True, type=_SECONDS, metavar="SECONDS",
+    help="time limit for the writes once the lock is held (backups, files, record)",
+)  # fmt: skip
+verify_timeout_option = click.option(
+    "--verify-timeout", default=600.0, show_default=True, type=_SECONDS, metavar="SECONDS",
+    help="time limit for the verification in a fresh target interpreter (past it: verification failed, files restored)",
+)  # fmt: skip
 
 
 REMOTE_OPTIONS = [
@@ -272,6 +297,15 @@ class _Commands(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.LAZY])
 
+    def invoke(self, ctx: click.Context):
+        # A Ctrl-C that a command did not turn into its report (the runs do, see patcher.run):
+        # exit 130 as a shell would, rather than click's "Aborted!" and 1.
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.LAZY:
             import importlib
@@ -287,8 +321,9 @@ def main() -> None:
     """Versioned, verified, reversible patches that keep speculators running on newer vLLM.
 
     Exit codes: 0 ok (also nothing to do), 1 a patch or verification failed (rolled back),
-    2 usage error, 3 conflict (file modified by hand, anchor missing), 4 target unreachable,
-    5 target locked by another run, 6 `plan` only: changes pending.
+    2 usage error, 3 conflict (file modified by hand, anchor missing), 4 target unreachable or
+    timed out, 5 target locked by another run, 6 `plan` only: changes pending, 130 interrupted
+    (Ctrl-C).
     """
 
 
@@ -324,11 +359,12 @@ def list_patches(json_mode: bool) -> None:
 @main.command()
 @python_option
 @remote_options
+@facts_timeout_option
 @json_option
 @quiet_option
-def status(python, remote, json_mode, quiet) -> None:
+def status(python, remote, facts_timeout, json_mode, quiet) -> None:
     """Detected versions; per patch: selected or why not, and its state on disk."""
-    _run("status", python, json_mode, quiet, remote)
+    _run("status", python, json_mode, quiet, remote, facts_timeout=facts_timeout)
 
 
 @main.command()
@@ -338,11 +374,13 @@ def status(python, remote, json_mode, quiet) -> None:
 @only_option
 @skip_option
 @click.option("--force", is_flag=True, help="as apply --force")
+@facts_timeout_option
 @json_option
 @quiet_option
-def plan(python, remote, diff, only, skip, force, json_mode, quiet) -> None:
+def plan(python, remote, diff, only, skip, force, facts_timeout, json_mode, quiet) -> None:
     """What apply would change; writes nothing. Exit 6 when changes are pending, 0 when none."""
-    _run("plan", python, json_mode, quiet, remote, diff=diff, only=only, skip=skip, force=force)
+    _run("plan", python, json_mode, quiet, remote, diff=diff, only=only, skip=skip, force=force,
+         facts_timeout=facts_timeout)  # fmt: skip
 
 
 @main.command()
@@ -357,13 +395,18 @@ def plan(python, remote, diff, only, skip, force, json_mode, quiet) -> None:
     help="adopt a file changed by hand as the new original (backed up, restored by rollback)",
 )
 @lock_option
+@facts_timeout_option
+@write_timeout_option
+@verify_timeout_option
 @json_option
 @quiet_option
-def apply(python, remote, only, skip, no_verify, force, lock_timeout, json_mode, quiet) -> None:
+def apply(python, remote, only, skip, no_verify, force, lock_timeout, facts_timeout, write_timeout, verify_timeout,
+          json_mode, quiet) -> None:  # fmt: skip
     """Apply the selected patches, verify, record; on a failed verification, restore."""
     _run(
         "apply", python, json_mode, quiet, remote, only=only, skip=skip, verify=not no_verify, force=force,
-        lock_timeout=lock_timeout,
+        lock_timeout=lock_timeout, facts_timeout=facts_timeout, write_timeout=write_timeout,
+        verify_timeout=verify_timeout,
     )
 
 
@@ -372,11 +415,14 @@ def apply(python, remote, only, skip, no_verify, force, lock_timeout, json_mode,
 @remote_options
 @only_option
 @lock_option
+@facts_timeout_option
+@write_timeout_option
 @json_option
 @quiet_option
-def rollback(python, remote, only, lock_timeout, json_mode, quiet) -> None:
+def rollback(python, remote, only, lock_timeout, facts_timeout, write_timeout, json_mode, quiet) -> None:
     """Restore the original files (byte-identical); --only takes out single patches."""
-    _run("rollback", python, json_mode, quiet, remote, only=only, lock_timeout=lock_timeout)
+    _run("rollback", python, json_mode, quiet, remote, only=only, lock_timeout=lock_timeout,
+         facts_timeout=facts_timeout, write_timeout=write_timeout)  # fmt: skip
 
 
 @main.command()
@@ -384,11 +430,14 @@ def rollback(python, remote, only, lock_timeout, json_mode, quiet) -> None:
 @remote_options
 @click.option("--all", "forget_all", is_flag=True, help="forget every record, not only those pip made obsolete")
 @lock_option
+@facts_timeout_option
+@write_timeout_option
 @json_option
 @quiet_option
-def forget(python, remote, forget_all, lock_timeout, json_mode, quiet) -> None:
+def forget(python, remote, forget_all, lock_timeout, facts_timeout, write_timeout, json_mode, quiet) -> None:
     """Clear the records of files pip has replaced since patcher wrote them."""
-    _run("forget", python, json_mode, quiet, remote, forget_all=forget_all, lock_timeout=lock_timeout)
+    _run("forget", python, json_mode, quiet, remote, forget_all=forget_all, lock_timeout=lock_timeout,
+         facts_timeout=facts_timeout, write_timeout=write_timeout)  # fmt: skip
 
 
 @main.command()

@@ -12,12 +12,13 @@ A host "succeeds" when its exit code is 0, or 6 for `plan` (changes pending).
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .report import EXIT_FAILED, EXIT_PENDING, TargetReport, document
+from .report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
 from .run import RunOptions, run_target
 from .ssh import Host, SshSettings, SshTransport
 
@@ -65,6 +66,8 @@ def batch_size(serial: str | None, total: int) -> int:
         return max(total, 1)
     text = serial.strip()
     if text.endswith("%"):
+        if not re.fullmatch(r"\d+(\.\d+)?%", text):
+            raise ValueError(f"--serial {serial}: expected a number of hosts (1 or more) or a percentage like 25%")
         percent = float(text[:-1])
         if not 0 < percent <= 100:
             raise ValueError(f"--serial {serial}: a percentage must be above 0 and at most 100")
@@ -72,6 +75,10 @@ def batch_size(serial: str | None, total: int) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"--serial {serial}: expected a number of hosts (1 or more) or a percentage like 25%")
     return int(text)
+
+
+def not_started(host: Host, python: str | None, why: str) -> "HostResult":
+    return HostResult(host, skipped_report(host, python, why), False)
 
 
 def skipped_report(host: Host, python: str | None, why: str) -> TargetReport:
@@ -99,6 +106,8 @@ def run_fleet(
     results: dict[int, HostResult] = {}
     stop_reason = ""
     lock = threading.Lock()
+    live: dict[int, SshTransport] = {}  # the hosts in flight, ended through these on Ctrl-C
+    stopping = threading.Event()  # set on Ctrl-C
 
     def one(index: int) -> HostResult:
         host = hosts[index]
@@ -111,6 +120,10 @@ def run_fleet(
         transport = None
         try:
             transport = transport_factory(host, python, settings)
+            with lock:
+                live[index] = transport
+                if stopping.is_set():
+                    transport.interrupt()  # created after the Ctrl-C: it never starts
             report = run_target(transport, patches, dataclasses.replace(options, progress=step))
         except Exception as exc:  # a bug must not take the other hosts down
             report = TargetReport(target=host.name, python=host.python or python)
@@ -157,7 +170,13 @@ def run_fleet(
                                 )
                             progress.stopped(stop_reason)
                 except KeyboardInterrupt:
+                    # Ctrl-C: start nothing more, end every session in flight (each agent stops
+                    # at once) and collect those hosts' reports, which say `interrupted`.
                     stop_reason = "not started: interrupted"
+                    with lock:
+                        stopping.set()
+                        for transport in live.values():
+                            transport.interrupt()
                     progress.stopped(stop_reason)
                     for future, index in running.items():
                         results[index] = future.result()
@@ -188,7 +207,7 @@ class FleetInterrupted(KeyboardInterrupt):
 # ------------------------------------------------------------------ reporting
 
 
-TALLY_ORDER = ("ok", "changed", "failed", "unreachable", "rolled-back", SKIPPED)
+TALLY_ORDER = ("ok", "changed", "failed", "unreachable", "timed-out", "rolled-back", "interrupted", SKIPPED)
 
 
 def tally(results: Sequence[HostResult]) -> dict[str, int]:
@@ -198,10 +217,13 @@ def tally(results: Sequence[HostResult]) -> dict[str, int]:
     return counts
 
 
-def fleet_document(command: str, results: Sequence[HostResult]) -> dict:
+def fleet_document(command: str, results: Sequence[HostResult], interrupted: bool = False) -> dict:
     """The engine's JSON document (schema_version 1), one entry per host, with fields added:
-    per target `host` (the ssh address) and `started`; at the top, `summary` (count per status)."""
+    per target `host` (the ssh address) and `started`; at the top, `summary` (count per status).
+    An interrupted run's exit code is 130, whatever its hosts say."""
     doc = document(command, [r.report for r in results])
+    if interrupted:
+        doc["exit_code"] = EXIT_INTERRUPTED
     for entry, result in zip(doc["targets"], results):
         entry["host"] = result.host.spec
         entry["started"] = result.started

@@ -16,6 +16,7 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 STYLE = {**STATUS_STYLE, SKIPPED: "yellow"}
+SHOWN_WHEN_NONE = {"ok", "changed", "failed", "unreachable", "rolled-back"}  # the others only when they occur
 
 
 def _label(status: str) -> str:
@@ -145,5 +146,5 @@ def render_summary(command: str, results: list[HostResult]) -> None:
     console.print(table)
     counts = tally(results)
     console.print(
-        "  ".join(f"[{STYLE.get(s, '')}]{_label(s)}[/] {counts[s]}" for s in TALLY_ORDER if counts[s] or s != SKIPPED)
+        "  ".join(f"[{STYLE.get(s, '')}]{_label(s)}[/] {counts[s]}" for s in TALLY_ORDER if counts[s] or s in SHOWN_WHEN_NONE)
     )

@@ -14,7 +14,10 @@ STATE_STYLE = {
     "anchor-missing": "red",
     "failed": "red",
 }
-STATUS_STYLE = {"ok": "green", "changed": "green", "failed": "red", "unreachable": "red", "rolled-back": "red"}
+STATUS_STYLE = {
+    "ok": "green", "changed": "green", "failed": "red", "unreachable": "red", "timed-out": "red", "rolled-back": "red",
+    "interrupted": "yellow",
+}  # fmt: skip
 
 
 def _console():

@@ -16,6 +16,7 @@ EXIT_CONFLICT = 3  # modified or anchor-missing file, damaged backup or state re
 EXIT_UNREACHABLE = 4
 EXIT_LOCKED = 5
 EXIT_PENDING = 6  # `plan` only: changes are pending (0 means nothing to do)
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports it: 128 + 2
 
 # The agent's error kinds, mapped to the status and exit code they give a target.
 AGENT_ERRORS = {
@@ -30,6 +31,8 @@ AGENT_ERRORS = {
     "python-too-old": ("failed", EXIT_USAGE),
     "usage": ("failed", EXIT_USAGE),
     "unreachable": ("unreachable", EXIT_UNREACHABLE),
+    "timeout": ("timed-out", EXIT_UNREACHABLE),
+    "interrupted": ("interrupted", EXIT_INTERRUPTED),
 }
 
 
@@ -39,7 +42,7 @@ class TargetReport:
     python: str | None = None
     versions: dict = field(default_factory=dict)
     distributions: dict = field(default_factory=dict)
-    status: str = "ok"  # ok|changed|failed|unreachable|rolled-back
+    status: str = "ok"  # ok|changed|failed|unreachable|timed-out|rolled-back|interrupted
     exit_code: int = EXIT_OK
     patches: list[PatchState] = field(default_factory=list)
     message: str = ""

@@ -31,8 +31,24 @@ class RunOptions:
     verify: bool = True
     diff: bool = False
     forget_all: bool = False
+    # Time limits, in seconds (README "Time limits"): each is enforced by the agent itself, and
+    # the controller gives up on an agent that has not answered shortly after.
     lock_timeout: float = 10.0
+    facts_timeout: float = 60.0
+    write_timeout: float = 120.0
+    verify_timeout: float = 600.0
     progress: Callable[[str], None] = field(default=lambda message: None)
+
+    def write_call(self, request: dict) -> tuple[dict, dict]:
+        """A writing request (apply, forget) with its time limits, and the call's own arguments."""
+        request = {**request, "lock_timeout": self.lock_timeout, "time_limit": self.write_timeout}
+        budget = self.lock_timeout + self.write_timeout
+        limit = f"--lock-timeout {self.lock_timeout:g} + --write-timeout {self.write_timeout:g}"
+        if request.get("verify"):
+            request["verify"] = {**request["verify"], "timeout": self.verify_timeout}
+            budget += self.verify_timeout + self.write_timeout  # the verification, then the record or restore
+            limit += f" + --verify-timeout {self.verify_timeout:g} + --write-timeout again to record"
+        return request, {"timeout": budget, "limit": limit}
 
 
 def run_target(transport, patches: Sequence[Patch], options: RunOptions) -> TargetReport:
@@ -59,6 +75,11 @@ def _run_target(transport, patches: Sequence[Patch], options: RunOptions) -> Tar
         return _fail(report, exc.kind, exc.message)
     except AgentFailure as exc:
         return _fail(report, exc.kind, exc.message)
+    except KeyboardInterrupt:
+        # Ctrl-C in this thread (a local run): end the agent (it stops at once; any write it was
+        # doing is atomic) and say so. A fleet's hosts are interrupted through their transports.
+        transport.interrupt()
+        return _fail(report, "interrupted", transport.interrupted_message())
 
 
 def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
@@ -84,7 +105,11 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
             "declared": declared,
             "lock": "exclusive" if writes else "shared",
             "lock_timeout": options.lock_timeout,
-        }
+            # The wait for the lock comes first, then the facts' own limit.
+            "time_limit": options.facts_timeout + options.lock_timeout,
+        },
+        timeout=options.facts_timeout + options.lock_timeout,
+        limit=f"--lock-timeout {options.lock_timeout:g} + --facts-timeout {options.facts_timeout:g}",
     )
     report.python = facts["python"]["executable"]
     report.state_dir = facts["state_dir"]
@@ -93,9 +118,8 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     report.versions = {name: d["version"] for name, d in installed.items()}
     report.distributions = {name: d["name"] for name, d in installed.items()}
     if options.command == "forget":
-        result = transport.call(
-            {"op": "forget", "all": options.forget_all, "lock_timeout": options.lock_timeout, "declared": declared}
-        )
+        request, limits = options.write_call({"op": "forget", "all": options.forget_all, "declared": declared})
+        result = transport.call(request, **limits)
         report.files = [{"path": p, "action": "forgotten"} for p in result["forgotten"]]
         report.status = "changed" if result["forgotten"] else "ok"
         report.message = f"forgot {len(result['forgotten'])} record(s)"
@@ -137,16 +161,10 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
             report.message = "no patch selected: " + _why_none(plan)
         return report
     if not plan.pending and plan.cleanup:
-        transport.call(
-            {
-                "op": "apply",
-                "files": [],
-                "cleanup": plan.cleanup,
-                "expect": facts.get("snapshot"),
-                "lock_timeout": options.lock_timeout,
-                "declared": declared,
-            }
+        request, limits = options.write_call(
+            {"op": "apply", "files": [], "cleanup": plan.cleanup, "expect": facts.get("snapshot"), "declared": declared}
         )
+        transport.call(request, **limits)
         report.status = "changed"
         report.message = "removed temporary files an interrupted run left; the patches were already in place"
         return report
@@ -160,20 +178,19 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     options.progress(
         f"{transport.label}: writing {len(plan.changes)} file(s)" + (" and verifying" if verify else "")
     )
-    request = {
+    request, limits = options.write_call({
         "op": "apply",
         "files": [change.as_request() for change in plan.changes],
         "cleanup": plan.cleanup,
         "verify": {"files": plan.verify_files, "import_prefixes": ["vllm"]} if verify else None,
         "expect": facts.get("snapshot"),
-        "lock_timeout": options.lock_timeout,
         "written_by": f"patcher {__version__}",
         "declared": declared,
-    }
+    })  # fmt: skip
     fault = os.environ.get("PATCHER_FAULT")  # crash tests only: see remote/agent.py checkpoint()
     if fault:
         request["fault"] = json.loads(fault)
-    result = transport.call(request)
+    result = transport.call(request, **limits)
     report.checkpoints = result.get("checkpoints")
     changed_ids = {pid for change in plan.changes for pid in change.patches}
     if result["status"] == "rolled-back":

@@ -11,7 +11,9 @@ transport are the same as for a local target.
   the command line, so they win over these defaults (ssh uses the first value it sees).
 - One ssh process, one connection and one remote interpreter per host: the agent is started
   once and answers each request (facts, then apply with its verification) on the same session,
-  one JSON line in, one out (SESSION_BOOTSTRAP); `close()` ends it. Nothing to multiplex.
+  one JSON line in, one marked line out (see patcher.transport); `close()` ends it. Nothing to
+  multiplex. Ending the session (closing ssh's input, or killing ssh) ends the remote agent:
+  it stops when its input ends.
 - Every word of the remote command is shell-quoted; the host comes after `--`, so nothing can
   be read as an ssh option; host strings are checked before any process starts.
 """
@@ -19,8 +21,10 @@ transport are the same as for a local target.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass, field
 
 from .transport import AgentFailure, LocalTransport, TransportError, session_bootstrap
@@ -168,6 +172,42 @@ def check_ssh_option(option: str) -> str:
     return f"{key}={value.strip()}"
 
 
+def check_settings(settings: "SshSettings") -> None:
+    """What ssh would refuse for every host, refused once before any host is started (exit 2):
+    a --ssh-config file that is not there, an --ssh-option ssh cannot parse (`ssh -G` reads the
+    options and prints the configuration without connecting; it runs only when options are given)."""
+    config = settings.config_file
+    if config is not None:
+        if not os.path.isfile(config):
+            raise HostError(f"--ssh-config {config}: no such file; name an ssh client configuration file (as for ssh -F)")
+        if not os.access(config, os.R_OK):
+            raise HostError(f"--ssh-config {config}: not readable by this user; fix its permissions or name another")
+    if not settings.options:
+        return
+    base = [settings.ssh, "-G"] + (["-F", config] if config else []) + ["-o", "BatchMode=yes"]
+
+    def refusal(options) -> str | None:
+        args = base + [word for option in options for word in ("-o", option)] + ["--", "patcher-check.invalid"]
+        try:
+            proc = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        except FileNotFoundError:
+            raise HostError(f"no `{settings.ssh}` client on this machine; install OpenSSH") from None
+        except subprocess.TimeoutExpired:
+            return None  # a Match exec that hangs: the hosts' own ssh will say
+        lines = [line.strip().rstrip(".") for line in proc.stderr.splitlines() if line.strip()]
+        return (lines[0] if lines else f"ssh exit status {proc.returncode}") if proc.returncode else None
+
+    if refusal(settings.options) is None:
+        return
+    if config and refusal(()) is not None:
+        raise HostError(f"--ssh-config {config}: ssh refuses it ({refusal(())}); fix the file")
+    for option in settings.options:
+        why = refusal((option,))
+        if why is not None:
+            raise HostError(f"--ssh-option {option}: ssh refuses it ({why}); fix or drop it")
+    raise HostError(f"ssh refuses the --ssh-option values together ({refusal(settings.options)}); fix or drop them")
+
+
 @dataclass
 class SshSettings:
     """What every host of a run shares."""
@@ -248,13 +288,12 @@ class SshTransport(LocalTransport):
             message += "; if the login user may sudo, try --sudo"
         return AgentFailure(kind, message)
 
-    def _outcome_hint(self) -> str:
-        if self._op != "apply":
-            return ""
-        return (
-            f"; the outcome of this apply on {self.label} is unknown: every file there is either its old or its "
-            f"new bytes (written atomically); run `patcher status --host {self.host.spec}` to see which"
-        )
+    def status_command(self) -> str:
+        return f"patcher status --host {self.host.spec}"
+
+    def _startup_allowance(self) -> float:
+        """The first answer also waits for the connection (bounded by ssh's ConnectTimeout)."""
+        return 0.0 if self._answered else float(self.settings.connect_timeout)
 
     def _classify(self, returncode: int, stderr: bytes) -> TransportError:
         """A failed ssh invocation, as a precise status and one line for the user."""
@@ -267,9 +306,23 @@ class SshTransport(LocalTransport):
         last = lines[-1] if lines else f"ssh exit status {returncode}"
         host = self.host
         where = f"{host.address}" + (f" port {host.port}" if host.port else "")
+        if returncode < 0:  # the ssh client itself was killed: the connection went with it
+            return TransportError(
+                "unreachable", f"connection lost (ssh was killed by signal {-returncode})" + self._outcome_hint()
+            )
         if returncode == 255:
             changed = "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text
             refused = "Host key verification failed" in text
+            if re.search(r"Bad configuration option|bad configuration options|Can't open user config file|"
+                         r"command-line line \d+:|: line \d+: ", text):  # fmt: skip
+                return TransportError(
+                    "usage", f"ssh refuses its configuration ({last}); fix it (~/.ssh/config, --ssh-config, --ssh-option)"
+                )
+            # The connection never reached this host's own key exchange: it failed on the way,
+            # at a ProxyJump host, whose ssh does not get patcher's -o options (accept-new).
+            via_jump = "kex_exchange_identification" in text or "UNKNOWN port 65535" in text
+            if (changed or refused) and via_jump:
+                return self._jump_host_key(changed)
             if refused and not changed and re.search(r"No \S+ host key is known", text):
                 return TransportError(
                     "unreachable",
@@ -329,6 +382,44 @@ class SshTransport(LocalTransport):
             f"{self.python} did not answer as a Python 3.9+ interpreter ({last}); "
             "name one with --python",
         )
+
+    def _jump_host_key(self, changed: bool) -> TransportError:
+        jump = self._proxy_jump() or "the jump host"
+        rest = jump.removeprefix("ssh://").rpartition("@")[2]  # [user@]host[:port], [user@][v6/v4]:port
+        if rest.startswith("["):
+            host, _, port = rest[1:].partition("]")
+            port = port.lstrip(":")
+        elif rest.count(":") == 1:
+            host, _, port = rest.partition(":")
+        else:
+            host, port = rest, ""
+        if changed:
+            name = f"[{host}]:{port}" if port and port != "22" else host
+            return TransportError(
+                "unreachable",
+                f"the jump host's key changed (ProxyJump {jump}): check it, then remove the old key with "
+                f"ssh-keygen -R '{name}'",
+            )
+        scan = f"ssh-keyscan {'-p ' + port + ' ' if port else ''}{host}"
+        return TransportError(
+            "unreachable",
+            f"the jump host's key is unknown (ProxyJump {jump}): patcher's StrictHostKeyChecking=accept-new does "
+            f"not reach ssh's connection to a jump host; check its key and add it to known_hosts ({scan}), "
+            "or log in to it once with ssh",
+        )
+
+    def _proxy_jump(self) -> str | None:
+        """The ProxyJump ssh uses for this host (`ssh -G`: the configuration, no connection)."""
+        args = [*self.ssh_args(), "-G", "--", self.host.address]
+        try:
+            out = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        for line in out.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "proxyjump" and value.strip() not in ("", "none"):
+                return value.strip().split(",")[0]  # the first hop is the one connected to first
+        return None
 
     def _no_python(self) -> TransportError:
         return TransportError(

@@ -1,6 +1,6 @@
 """Move the agent and its JSON into a target interpreter and back. Nothing else.
 
-A transport is a way to start the target's Python with `-c SESSION_BOOTSTRAP`; the local one
+A transport is a way to start the target's Python with `-c BOOTSTRAP`; the local one
 runs it as a subprocess. Another way to start a process on a target (ssh, a container exec) is
 a subclass that changes `command()` (and how a failure to start or answer is explained).
 """
@@ -8,7 +8,10 @@ a subclass that changes `command()` (and how a failure to start or answer is exp
 from __future__ import annotations
 
 import json
+import os
 import queue
+import secrets
+import signal
 import subprocess
 import threading
 import time
@@ -44,42 +47,34 @@ def agent_source() -> str:
     return Path(spec.origin).read_text(encoding="utf-8")
 
 
+_PARSE_LOCK = threading.Lock()
+
+
 @lru_cache(maxsize=1)
 def bootstrap() -> str:
     """The agent's BOOTSTRAP, read from its source (importing the agent module would cost
-    more than a no-op run's own work)."""
+    more than a no-op run's own work). Fleet hosts and check-upstream's nightlies start agents
+    from several threads, and CPython 3.11's `ast` must not parse in two threads at once
+    (see patcher.upstream.facts): one parse at a time."""
     import ast
 
     source = agent_source()
     start = source.index("\nBOOTSTRAP = (") + len("\nBOOTSTRAP = ")
     end = source.index("\n)\n", start) + 2
-    return ast.literal_eval(source[start:end])
+    with _PARSE_LOCK:
+        return ast.literal_eval(source[start:end])
 
 
-@lru_cache(maxsize=1)
 def session_bootstrap() -> str:
-    """The agent's BOOTSTRAP (same version check), as a session: the first line is the agent's
-    source, compiled once; then one request per line, one answer each, until the end of input.
+    """`python -c` this: the agent's BOOTSTRAP. The first line of input is the agent's source
+    with `"session": true`; then one request per line, one answer each, until the end of input.
     The controller starts it before it has a request, so the interpreter start and the agent's
     compilation overlap the controller's own start; facts and apply share the interpreter."""
-    head, sep, _ = bootstrap().partition("d=json.loads(")
-    if not sep:
-        raise RuntimeError("unexpected agent BOOTSTRAP")
-    return head + (
-        "line=sys.stdin.buffer.readline()\n"
-        "if not line.strip():sys.exit(0)\n"
-        "d=json.loads(line.decode('utf-8'))\n"
-        "ns={'__name__':'patcher_agent','AGENT_SOURCE':d['agent']}\n"
-        "exec(compile(d['agent'],'<patcher-agent>','exec'),ns)\n"
-        "while True:\n"
-        " line=sys.stdin.buffer.readline()\n"
-        " if not line.strip():break\n"
-        " ns['serve'](json.loads(line.decode('utf-8')))\n"
-        # Every answer is flushed and every file closed: skip the interpreter's teardown.
-        "sys.stdout.flush()\n"
-        "import os\n"
-        "os._exit(0)\n"
-    )
+    return bootstrap()
+
+
+GRACE = 1.0  # seconds the controller waits beyond the agent's own limit: the agent's answer says more
+DEFAULT_CALL_TIMEOUT = 900.0
 
 
 def _end_of_input(proc: subprocess.Popen) -> None:
@@ -89,15 +84,40 @@ def _end_of_input(proc: subprocess.Popen) -> None:
         pass
 
 
+def _kill_session(proc: subprocess.Popen) -> None:
+    """Kill the agent's whole process session (started with its own): the agent and its
+    verification, or ssh and a ProxyJump's inner ssh."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+
 class LocalTransport:
     """The target interpreter on this machine (`--python PATH`): one agent process per run,
-    started by `start()` (or the first call) and ended by `close()`."""
+    started by `start()` (or the first call) and ended by `close()`.
+
+    The agent runs in a session of its own: a Ctrl-C at the terminal reaches patcher only,
+    which then ends the agent (`interrupt()`), so the outcome is reported, not guessed from a
+    killed process. Its answers are the lines that start with `self.mark`, a marker chosen
+    here for this session (noise on stdout, such as a login banner, is never taken for one)."""
 
     def __init__(self, python: str) -> None:
         self.python = python
         self.invocations = 0
+        self.mark = "patcher-answer:" + secrets.token_hex(12)
         self._op = ""
+        self._in_flight = ""  # the operation whose answer is awaited
+        self._wrote = False  # an apply or forget was answered on this session
+        self._answered = False  # anything was answered on this session
+        self._interrupted = False
         self._proc: subprocess.Popen | None = None
+        self._noise: list[str] = []  # the last lines on stdout that were not answers
 
     @property
     def label(self) -> str:
@@ -118,11 +138,14 @@ class LocalTransport:
         """Start the agent now (idempotent), before the first request is ready."""
         if self._proc is not None:
             return
+        if self._interrupted:
+            raise TransportError("interrupted", self.interrupted_message())
         self.invocations += 1
         try:
             self._proc = subprocess.Popen(
-                self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
+                self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True,
+            )  # fmt: skip
         except OSError as exc:
             raise self._cannot_start(exc) from None
         proc = self._proc
@@ -148,7 +171,7 @@ class LocalTransport:
         for pump in self._pumps:
             pump.start()
         weakref.finalize(self, _end_of_input, proc)
-        self._send({"agent": agent_source()})
+        self._send({"agent": agent_source(), "mark": self.mark, "session": True})
 
     def prestart(self) -> None:
         """start(), for a caller that has other work to do first: a failure to start is
@@ -162,46 +185,70 @@ class LocalTransport:
         try:
             self._proc.stdin.write(json.dumps(payload).encode("utf-8") + b"\n")
             self._proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # the agent has ended: what it said before (or why it ended) is read next
+        except (OSError, ValueError):
+            pass  # the agent has ended (or the session was ended): what it said before is read next
 
-    def call(self, request: dict, timeout: float = 900) -> dict:
-        """One round trip on the session (started by the first call if not yet)."""
+    def call(self, request: dict, timeout: float = DEFAULT_CALL_TIMEOUT, limit: str = "") -> dict:
+        """One round trip on the session (started by the first call if not yet). `timeout`: the
+        seconds the agent itself was given for the request (`limit` names the options that
+        set them); past them and a short grace, the session is ended and the call fails."""
         self._op = request.get("op", "")
+        if self._interrupted:
+            raise TransportError("interrupted", self.interrupted_message())
         if self._proc is None:
             self.start()
+        wait = timeout + GRACE + self._startup_allowance()
+        self._in_flight = self._op
         self._send(request)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + wait
         while True:
             try:
                 line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                self._kill()
-                raise TransportError(
-                    "unreachable", f"{self.label}: no answer within {timeout:g}s" + self._outcome_hint()
-                ) from None
+                self._end_session()
+                raise TransportError("timeout", self._no_answer(timeout, limit)) from None
             if line is None:
+                if self._interrupted:
+                    raise TransportError("interrupted", self.interrupted_message())
                 raise self._ended()
-            text = line.decode("utf-8", "replace").strip()
-            if text.startswith("{"):
+            text = line.decode("utf-8", "replace").rstrip("\r\n")
+            if text.startswith(self.mark + " "):
                 break
+            if text.strip():
+                self._noise = (self._noise + [text.strip()])[-5:]
+        self._in_flight = ""
+        self._answered = True
         try:
-            answer = json.loads(text)
+            answer = json.loads(text[len(self.mark) + 1:])
         except ValueError:
-            raise TransportError("usage", f"{self.python} answered something that is not JSON: {text[:200]}") from None
+            raise TransportError("usage", f"{self.label}: the agent's answer is not JSON: {text[:200]}") from None
+        if self._op in ("apply", "forget"):
+            self._wrote = True
         if not answer.get("ok"):
             error = answer.get("error", {})
             raise self._agent_failure(error.get("kind", "unknown"), error.get("message", "agent failed"))
         return answer["result"]
 
+    def interrupt(self) -> None:
+        """End the session now, from any thread (Ctrl-C): the agent sees the end of its input
+        and stops; a call waiting on it fails with `interrupted`."""
+        self._interrupted = True
+        self._end_session()
+
+    def _end_session(self) -> None:
+        """End the session's processes now; close() reaps them. Over ssh the remote agent sees
+        its input end when the connection goes, and stops there too (remote/agent.py session())."""
+        proc = self._proc
+        if proc is None:
+            return
+        _end_of_input(proc)
+        _kill_session(proc)
+
     def close(self) -> None:
         """End the session: the agent sees the end of its input and exits."""
         if self._proc is None:
             return
-        try:
-            self._proc.stdin.close()
-        except OSError:
-            pass
+        _end_of_input(self._proc)
         self._reap(timeout=10)
 
     def _ended(self) -> TransportError:
@@ -225,10 +272,36 @@ class LocalTransport:
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
+            _kill_session(self._proc)
             self._proc.wait()
 
-    # -------------------------------------------------------------- what went wrong (local)
+    def _startup_allowance(self) -> float:
+        """Seconds the first answer may take beyond the agent's own limits (connecting)."""
+        return 0.0
+
+    def status_command(self) -> str:
+        return f"patcher status --python {self.python}"
+
+    def interrupted_message(self) -> str:
+        if self._in_flight in ("apply", "forget"):
+            return (
+                f"interrupted during {self._in_flight}; the agent was stopped: every file is either its old or "
+                f"its new bytes (written atomically); run `{self.status_command()}` to see which"
+            )
+        if self._wrote:
+            return f"interrupted after the files were written; run `{self.status_command()}` to see the result"
+        return "interrupted before anything was written"
+
+    def _no_answer(self, timeout: float, limit: str) -> str:
+        what = f"no answer to the {self._op} request within {timeout:g}s" + (f" ({limit})" if limit else "")
+        if not self._answered:
+            return (
+                f"{self.label}: {what}: {self.python} did not start or does not answer as a Python 3.9+ "
+                "interpreter (name one with --python), or the target is slow (raise the limit)"
+            )
+        return f"{self.label}: {what}" + self._outcome_hint()
+
+# -------------------------------------------------------------- what went wrong (local)
 
     def _cannot_start(self, exc: OSError) -> TransportError:
         if isinstance(exc, FileNotFoundError):
@@ -244,7 +317,12 @@ class LocalTransport:
         )
 
     def _outcome_hint(self) -> str:
-        return ""
+        if self._op not in ("apply", "forget"):
+            return ""
+        return (
+            f"; the outcome of this {self._op} on {self.label} is unknown: every file there is either its old or "
+            f"its new bytes (written atomically); run `{self.status_command()}` to see which"
+        )
 
     def _agent_failure(self, kind: str, message: str) -> AgentFailure:
         return AgentFailure(kind, message)
@@ -258,6 +336,8 @@ class LocalTransport:
             )
         lines = stderr.decode("utf-8", "replace").strip().splitlines()
         detail = lines[-1] if lines else f"exit status {returncode}"
+        if not lines and self._noise:
+            detail += f"; it printed {self._noise[-1][:200]!r}"
         return TransportError(
             "usage",
             f"{self.label} did not answer as a Python 3.9+ interpreter ({detail}); name one with --python PATH",

@@ -2,9 +2,11 @@
 writes to a target. Standard library only, Python 3.9+; it never imports libcst, packaging or
 anything of patcher, so a host needs nothing but its Python.
 
-It is sent as text over stdin together with one JSON request, and answers with one JSON
-object on stdout (see BOOTSTRAP); or, as a session, it is sent once and answers one request per
-line (the controller's SESSION_BOOTSTRAP, patcher/transport.py). Operations:
+It is started as `python -c BOOTSTRAP` and sent as text in the first line of its input, with
+one JSON request, or as a session (`"session": true`): then it answers one request per line
+until its input ends. Each answer is one line on stdout, `MARK JSON`, where MARK is chosen by
+the controller for this run and sent with the agent: whatever else reaches stdout (a login
+banner, a shell's rc file, a module that prints) cannot be taken for an answer. Operations:
 
 - facts:      interpreter, distributions that provide the named import packages, the target
               files (bytes as text, sha256, the sha256 pip recorded), the state record.
@@ -16,6 +18,12 @@ line (the controller's SESSION_BOOTSTRAP, patcher/transport.py). Operations:
 - forget:     drop record entries (and backups) of files pip has since replaced.
 
 State lives under <sys.prefix>/share/patcher/: state.json, backups/<sha256>.py, lock.
+
+Time limits: a request may carry `time_limit` (facts: the whole request; apply and forget: the
+writes once the lock is held, `lock_timeout` bounding the wait before) and the verification its
+own `timeout`. When one passes, the agent answers `timeout` and exits (a kill at any point is
+safe: see tests/test_crash.py). A session whose input ends while a request is being served (the
+controller gave up, was interrupted, or the connection dropped) stops at once the same way.
 """
 
 from __future__ import annotations
@@ -33,16 +41,18 @@ import time
 SCHEMA_VERSION = 1
 STATE_DIR_PARTS = ("share", "patcher")
 
-# The controller runs `python -c BOOTSTRAP` and writes {"agent": <this file>, ...} to stdin.
+# The controller runs `python -c BOOTSTRAP` and writes {"agent": <this file>, "mark": ..., ...}
+# as the first line of stdin. The first line is read before the version check so that even an
+# old Python's refusal carries the mark (and it is read in a way Python 2 runs too).
 BOOTSTRAP = (
     "import sys,json\n"
+    "d=json.loads(getattr(sys.stdin,'buffer',sys.stdin).readline().decode('utf-8'))\n"
     "if sys.version_info<(3,9):\n"
-    " print(json.dumps({'ok':False,'error':{'kind':'python-too-old','message':"
+    " print(d.get('mark','')+' '+json.dumps({'ok':False,'error':{'kind':'python-too-old','message':"
     "'the target Python is %d.%d; patcher needs 3.9 or newer' % sys.version_info[:2]}}));sys.exit(0)\n"
-    "d=json.loads(sys.stdin.buffer.read().decode('utf-8'))\n"
     "ns={'__name__':'patcher_agent','AGENT_SOURCE':d['agent']}\n"
     "exec(compile(d['agent'],'<patcher-agent>','exec'),ns)\n"
-    "ns['serve'](d)\n"
+    "ns['main'](d)\n"
 )
 
 
@@ -863,6 +873,7 @@ def op_apply(req: dict) -> dict:
     with Lock(float(req.get("lock_timeout", 10))) as lock:
         own = lock.folder
         checkpoint("locked")
+        WATCHDOG.arm(req.get("time_limit"), "writing the files", "--write-timeout", WRITES_HINT)
         if req.get("expect") is not None:
             check_snapshot(req["expect"], declared, own)
         state = load_state(own, declared)
@@ -951,6 +962,7 @@ def op_apply(req: dict) -> dict:
         verification = None
         if req.get("verify") and items:
             verification = run_verification(req["verify"])
+            WATCHDOG.arm(req.get("time_limit"), "recording the result", "--write-timeout", WRITES_HINT)
             checkpoint("verified")
             if not verification["ok"]:
                 for item in items:
@@ -1005,6 +1017,7 @@ def op_forget(req: dict) -> dict:
     declared = Declared(req.get("declared"))
     with Lock(float(req.get("lock_timeout", 10))) as lock:
         own = lock.folder
+        WATCHDOG.arm(req.get("time_limit"), "forgetting records", "--write-timeout")
         state = load_state(own, declared)  # every entry declared, every digest checked
         forgotten = []
         for rel, entry in list(state["files"].items()):
@@ -1025,25 +1038,41 @@ def op_forget(req: dict) -> dict:
 
 
 def run_verification(spec: dict) -> dict:
-    """Run op_verify in a fresh interpreter: the patched modules as a new process sees them."""
+    """Run op_verify in a fresh interpreter: the patched modules as a new process sees them.
+    It has `spec["timeout"]` seconds (default 600); past them it is killed and the verification
+    fails (apply then restores the files). The modules it imports may print: its answer is the
+    line that starts with a mark of its own."""
     import subprocess
     import tempfile
 
-    payload = json.dumps({"agent": AGENT_SOURCE, "op": "verify-here", "spec": spec})
-    proc = subprocess.run(
+    WATCHDOG.disarm()  # the verification's own limit applies while it runs
+    timeout = float(spec.get("timeout", 600))
+    mark = "patcher-verified:" + os.urandom(12).hex()
+    payload = json.dumps({"agent": AGENT_SOURCE, "op": "verify-here", "spec": spec, "mark": mark})
+    proc = subprocess.Popen(
         [sys.executable, "-c", BOOTSTRAP],
-        input=payload.encode("utf-8"),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=tempfile.gettempdir(),  # never import from whatever folder we were started in
-        timeout=float(spec.get("timeout", 600)),
     )
+    CHILD.append(proc)
     try:
-        answer = json.loads(proc.stdout.decode("utf-8").strip().splitlines()[-1])
-        return answer["result"]
-    except (ValueError, IndexError, KeyError):
-        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
-        return {"ok": False, "problems": ["verifier crashed: " + " | ".join(tail)]}
+        out, err = proc.communicate(payload.encode("utf-8") + b"\n", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"ok": False, "problems": [f"the verification did not finish within {timeout:g}s (its time limit)"]}
+    finally:
+        CHILD.remove(proc)
+    for line in out.decode("utf-8", "replace").splitlines():
+        if line.startswith(mark + " "):
+            try:
+                return json.loads(line[len(mark) + 1:])["result"]
+            except (ValueError, KeyError):
+                break
+    tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
+    return {"ok": False, "problems": ["verifier crashed: " + " | ".join(tail)]}
 
 
 def op_verify(req: dict) -> dict:
@@ -1192,6 +1221,12 @@ OPERATIONS = {
 def serve(req: dict) -> None:
     op = OPERATIONS.get(req.get("op"))
     FAULT.update(req.get("fault") or {})
+    limit = req.get("time_limit")
+    if limit is not None and req.get("op") in ("apply", "forget"):
+        seconds = float(limit) + float(req.get("lock_timeout", 10))  # re-armed for the writes once locked
+        WATCHDOG.arm(seconds, f"the {req['op']} request", "--lock-timeout + --write-timeout")
+    else:
+        WATCHDOG.arm(limit, f"the {req.get('op')} request", f"--{req.get('op')}-timeout")
     try:
         if op is None:
             raise AgentError("usage", f"unknown operation {req.get('op')!r}")
@@ -1211,8 +1246,141 @@ def serve(req: dict) -> None:
     except OSError as exc:
         kind = "not-writable" if exc.errno in (errno.EROFS, errno.EACCES) else "os-error"
         answer = {"ok": False, "error": {"kind": kind, "message": f"{exc.strerror}: {exc.filename}"}}
-    sys.stdout.write("\n" + json.dumps(answer) + "\n")
+    except Exception as exc:  # a bug: said as an answer, not as a session that ends without one
+        answer = {"ok": False, "error": {"kind": "internal", "message": f"agent error: {type(exc).__name__}: {exc}"}}
+    answer_once(answer)
+
+
+# ---------------------------------------------------------------- answers, sessions, time limits
+
+MARK = ""  # the controller's marker for this run: every answer line starts with it
+# Requests read and answered: one answer per request, the request's own or the watchdog's.
+_ANSWER = {"lock": None, "read": 1, "answered": 0}
+CHILD: list = []  # the verification process while it runs: ended with the agent
+
+
+def answer_once(answer: dict) -> bool:
+    """Write the answer to the current request unless one was written already (the watchdog's)."""
+    lock = _ANSWER["lock"]
+    if lock is not None:
+        lock.acquire()
+    try:
+        if _ANSWER["answered"] >= _ANSWER["read"]:
+            return False
+        _ANSWER["answered"] = _ANSWER["read"]
+        WATCHDOG.disarm()
+        # A line of its own, even after a partial line something else printed.
+        sys.stdout.write("\n" + MARK + " " + json.dumps(answer) + "\n")
+        sys.stdout.flush()
+        return True
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def stop_now(code: int) -> None:
+    """End this process at once (and the verification it runs): every write is atomic and the
+    intent recorded first, so stopping anywhere leaves each file its old or its new bytes."""
+    for child in CHILD:
+        try:
+            child.kill()
+        except OSError:
+            pass
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(code)
+
+
+class Watchdog:
+    """Answers `timeout` and ends the agent when the phase it was armed for runs too long.
+    (`_thread`, built in, rather than `threading`: importing that costs more than a facts request.)"""
+
+    def __init__(self) -> None:
+        self.cancel = None
+
+    def arm(self, seconds, what: str, option: str, after: str = "") -> None:
+        """`what` takes too long after `seconds` (None: no limit), set by the controller's
+        `option`; `after` says what that leaves.
+        The bundle calls the operations directly, outside a session: it arms nothing."""
+        self.disarm()
+        if seconds is None or _ANSWER["lock"] is None:
+            return
+        import _thread
+
+        cancel = _thread.allocate_lock()
+        cancel.acquire()
+        self.cancel = cancel
+
+        def watch() -> None:
+            if not cancel.acquire(timeout=float(seconds)):  # not disarmed in time
+                self._expire(float(seconds), what, option, after)
+
+        _thread.start_new_thread(watch, ())
+
+    def disarm(self) -> None:
+        if self.cancel is not None:
+            self.cancel.release()
+            self.cancel = None
+
+    def _expire(self, seconds: float, what: str, option: str, after: str) -> None:
+        message = f"{what} took longer than {seconds:g}s ({option}); the agent stopped" + after
+        if answer_once({"ok": False, "error": {"kind": "timeout", "message": message}}):
+            stop_now(3)
+
+
+WATCHDOG = Watchdog()
+WRITES_HINT = (
+    ": every file is either its old or its new bytes (written atomically); run `patcher status` to see which, "
+    "then the command again"
+)
+
+
+def main(first: dict) -> None:
+    """BOOTSTRAP's entry: the first line of input is the agent and either one request or a session."""
+    global MARK
+    MARK = first.get("mark", "")
+    if not first.get("session"):
+        serve(first)
+        return
+    session()
+
+
+def session() -> None:
+    """One request per line until the input ends. A reader thread keeps reading while a
+    request is served: when the input ends then, nobody waits for the answer any more (the
+    controller gave up or was interrupted, or the connection dropped), and the agent stops."""
+    import _queue
+    import _thread
+
+    lock = _thread.allocate_lock()
+    _ANSWER.update(lock=lock, read=0, answered=0)
+    requests = _queue.SimpleQueue()
+
+    def read() -> None:
+        stdin = sys.stdin.buffer
+        while True:
+            line = stdin.readline()
+            if not line.strip():
+                break
+            with lock:
+                _ANSWER["read"] += 1
+            requests.put(line)
+        with lock:
+            if _ANSWER["answered"] < _ANSWER["read"]:
+                stop_now(4)  # holding the lock: no answer can start after this point
+        requests.put(None)
+
+    _thread.start_new_thread(read, ())
+    while True:
+        line = requests.get()
+        if line is None:
+            break
+        serve(json.loads(line.decode("utf-8")))
+    # Every answer is flushed and every file closed: skip the interpreter's teardown.
     sys.stdout.flush()
+    os._exit(0)
 
 
 AGENT_SOURCE = globals().get("AGENT_SOURCE", "")

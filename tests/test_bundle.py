@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from patcher import bundle_runtime
 from patcher.registry import load_patches
 from patcher.selection import condition_holds
 from tests.support.envs import light_env, site_file
+from tests.support.pythons import find_python, python_or_skip
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 
@@ -157,10 +157,7 @@ def test_other_releases_and_wrong_interpreters(bundle: Path, tmp_path: Path):
 
 
 def test_runs_on_python_3_9(bundle: Path, tmp_path: Path, monkeypatch):
-    candidates = sorted((Path.home() / ".pyenv" / "versions").glob("3.9.*/bin/python3.9"))
-    found = str(candidates[-1]) if candidates else shutil.which("python3.9")
-    if not found:
-        pytest.skip("no python3.9 here")
+    found = python_or_skip("3.9")
     monkeypatch.setattr("tests.support.envs.PYTHON_FOR_TARGETS", found)
     target = light_env(tmp_path)
     pristine = files(target)
@@ -169,6 +166,28 @@ def test_runs_on_python_3_9(bundle: Path, tmp_path: Path, monkeypatch):
     assert doc["targets"][0]["python"].endswith("python") and files(target) != pristine
     assert run_bundle(bundle, target, "rollback")[0] == 0
     assert files(target) == pristine
+
+
+def test_interpreters_are_found_by_running_them(tmp_path: Path):
+    """A python3.9 on PATH that cannot run (a pyenv shim for a version pyenv does not select)
+    is passed over for one that runs; when none runs, the test is skipped saying why."""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    shim = shims / "python3.9"
+    shim.write_text("#!/bin/sh\necho 'pyenv: python3.9: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    nowhere = {"pyenv_root": str(tmp_path / "no-pyenv"), "system": ()}
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        python_or_skip("3.9", search_path=str(shims), **nowhere)
+    assert str(skipped.value) == (
+        f"no python3.9 runs here: {shim}: exit 127 (pyenv: python3.9: command not found)"
+    )
+    real = python_or_skip("3.9")  # one that runs, wherever it is (pyenv's installs included)
+    works = tmp_path / "bin"
+    works.mkdir()
+    (works / "python3.9").symlink_to(real)
+    found, _ = find_python("3.9", search_path=f"{shims}{os.pathsep}{works}", **nowhere)
+    assert found == str(works / "python3.9")
 
 
 def test_a_vllm_version_outside_what_it_carries_is_refused(tmp_path: Path, bundle: Path):

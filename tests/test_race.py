@@ -193,6 +193,7 @@ def test_the_agent_refuses_a_plan_made_before_any_file_of_the_selection_changed(
             "files": [c.as_request() for c in plan.changes],
             "expect": facts.get("snapshot"),
             "lock_timeout": 10,
+            "declared": target_files(PATCHES),
         }
         with pytest.raises(AgentFailure) as failure:
             session.call(request)

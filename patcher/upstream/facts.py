@@ -8,12 +8,25 @@ bases (resolved in the class's module), staying within the distribution's own pa
 from __future__ import annotations
 
 import ast
+import threading
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..model import Fact
 
 MAX_DEPTH = 8  # re-exports / base classes followed before giving up
+
+# check-upstream reads releases in threads. CPython 3.11 keeps the AST constructor's recursion
+# depth in per-interpreter state: a thread switch inside ast.parse (a finalizer run by the GC
+# while the tree is built) lets another thread's parse change it, and the parse fails with
+# `SystemError: AST constructor recursion depth mismatch`. Parsing holds the GIL anyway, so
+# parses run one at a time on every interpreter (tests/test_ast_threads.py).
+_PARSE_LOCK = threading.Lock()
+
+
+def parse(source: str, mode: str = "exec") -> ast.AST:
+    with _PARSE_LOCK:
+        return ast.parse(source, mode=mode)
 
 
 class Files(Protocol):
@@ -43,7 +56,7 @@ class SourceTree:
             source = self.files.read(f"{base}.py")
             if source is None:
                 source = self.files.read(f"{base}/__init__.py")
-            self._modules[dotted] = None if source is None else ast.parse(source)
+            self._modules[dotted] = None if source is None else parse(source)
         return self._modules[dotted]
 
     def is_package(self, dotted: str) -> bool:
@@ -279,7 +292,7 @@ def field_default(node: Definition) -> tuple[bool, ast.expr | None]:
 
 def _same_source(expr: ast.expr, expected: str) -> bool:
     try:
-        return ast.unparse(expr) == ast.unparse(ast.parse(expected, mode="eval").body)
+        return ast.unparse(expr) == ast.unparse(parse(expected, mode="eval").body)
     except SyntaxError:
         return False
 

@@ -14,9 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .pythons import find_python
 from .releases import cache_dir, download_wheel
 
-PYTHON_FOR_TARGETS = shutil.which("python3.11") or sys.executable
+# python3.11 when one runs (a name on PATH may be a pyenv shim that cannot), else this one
+PYTHON_FOR_TARGETS = find_python("3.11")[0] or sys.executable
 
 
 def _site_packages(env: Path) -> Path:

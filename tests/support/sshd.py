@@ -57,7 +57,10 @@ def free_port(address: str) -> int:
 class SshServer:
     """One sshd on `address` (127.0.0.x), logging to <dir>/sshd.log."""
 
-    def __init__(self, directory: Path, address: str, authorized: dict[str, str], port: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, address: str, authorized: dict[str, str], port: int | None = None, extra_config: str = ""
+    ) -> None:
+        """`extra_config`: more sshd_config lines (e.g. a ForceCommand)."""
         assert is_loopback(address), f"tests use loopback addresses only, not {address}"
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +91,7 @@ class SshServer:
             "UseDNS no\n"
             "MaxStartups 100:30:200\n"
             "Subsystem sftp internal-sftp\n"
-            "LogLevel INFO\n"
+            "LogLevel INFO\n" + extra_config
         )
         self.proc: subprocess.Popen | None = None
 
