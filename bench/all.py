@@ -1,6 +1,7 @@
 """Every benchmark, one command: local (apply, no-op apply, --version/--help, verification),
 check-upstream (warm, full matrix) and the fleet (1/8/32 loopback hosts; root and sshd needed,
-skipped with the reason otherwise). Each prints its figures as ratios against a baseline measured
+skipped with the reason otherwise; with --ansible also bench/ansible.py: the collection, Ansible's
+copy and pyinfra on 8 and 32 hosts). Each prints its figures as ratios against a baseline measured
 in the same run; nothing here asserts a time.
 
     python bench/all.py [--ansible]
@@ -30,6 +31,8 @@ def main() -> int:
     if os.geteuid() == 0 and (shutil.which("sshd") or Path("/usr/sbin/sshd").exists()):
         fleet = [str(HERE / "fleet.py"), "--hosts", "1,8,32", "--repeat", "3"]
         codes.append(run("fleet", fleet + (["--ansible"] if "--ansible" in sys.argv else [])))
+        if "--ansible" in sys.argv:
+            codes.append(run("fleets through Ansible", [str(HERE / "ansible.py"), "--hosts", "8,32"]))
     else:
         print("\n== fleet: skipped (needs root and /usr/sbin/sshd; `.ci/bootstrap` installs it as root)")
     return max(codes)

@@ -112,7 +112,8 @@ def time_patcher(fleet: Fleet, n: int, forks: int, cache: Path) -> tuple[float, 
     run; a used one: a warm run, whose transforms come from the cache)."""
     fleet.reset(n)
     command = [*PATCHER, "apply", "--no-verify", "-q", "--no-retry-file",
-               "-i", str(fleet.inventory(n)), "--forks", str(forks), "--ssh-config", str(fleet.client.config)]  # fmt: skip
+               "-i", str(fleet.inventory(n)), "--no-ansible-inventory", "--forks", str(forks),
+               "--ssh-config", str(fleet.client.config)]  # fmt: skip
     cpu, started = machine_cpu_seconds(), time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env={**fleet.env, "PATCHER_CACHE": str(cache)},
                           cwd=fleet.work)  # fmt: skip

@@ -106,6 +106,7 @@ REMOTE_ONLY = {
     "limit": "--limit",
     "ssh_options": "--ssh-option",
     "ssh_config": "--ssh-config",
+    "ansible_inventory": "--ansible-inventory",
     "serial": "--serial",
     "max_fail": "--max-fail",
 }
@@ -124,9 +125,9 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
     from .inventory import (
         InventoryError,
         check_retry_file,
-        hosts_from_options,
+        find_ansible_inventory,
         is_retry_file,
-        limit_hosts,
+        load_hosts,
         write_retry_file,
     )
     from .registry import load_patches
@@ -136,9 +137,9 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
     from .transforms import shared_transforms
 
     try:
-        hosts = hosts_from_options(remote["hosts"], remote["inventories"])
-        if remote["limit"]:
-            hosts = limit_hosts(hosts, remote["limit"])
+        reader = find_ansible_inventory(remote["ansible_inventory"], remote["no_ansible_inventory"])
+        loaded = load_hosts(remote["hosts"], remote["inventories"], remote["limit"], reader if remote["inventories"] else None)
+        hosts = loaded.hosts
         if python is not None:
             check_remote_python(python)
         settings = SshSettings(
@@ -174,7 +175,10 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
         results, interrupted = [not_started(host, python, "not started: interrupted") for host in hosts], True
     reports = [r.report for r in results]
     if json_mode:
-        click.echo(json.dumps(fleet_document(command, results, interrupted), indent=2))
+        doc = fleet_document(command, results, interrupted)
+        if remote["inventories"]:
+            doc["inventory"] = {"sources": list(remote["inventories"]), "reader": loaded.readers[0]}
+        click.echo(json.dumps(doc, indent=2))
     if len(results) == 1:
         report = reports[0]
         if not quiet or report.exit_code not in (0, 6):
@@ -237,12 +241,20 @@ REMOTE_OPTIONS = [
     ),
     click.option(
         "--inventory", "-i", "inventories", multiple=True, metavar="FILE",
-        help="hosts from a file: one per line, or an Ansible INI/YAML inventory; repeatable",
+        help="hosts from an Ansible inventory (file, directory, script or plugin) or a plain list; repeatable",
+    ),
+    click.option(
+        "--ansible-inventory", metavar="PATH",
+        help="read inventories with this ansible-inventory (default: the one installed beside patcher, if any)",
+    ),
+    click.option(
+        "--no-ansible-inventory", is_flag=True,
+        help="read inventories with patcher's built-in reader even where ansible-core is installed",
     ),
     click.option(
         "--limit", "-l", metavar="PATTERN",
-        help="only these hosts: names, addresses or inventory groups, comma-separated, wildcards "
-        "allowed; !x drops, &x intersects (as Ansible's --limit)",
+        help="only these hosts, as Ansible's --limit: host or group names, ',' or ':' between terms, "
+        "wildcards, ~regex, group[0]; !x drops, &x intersects",
     ),
     click.option(
         "--forks", "-f", default=8, show_default=True, type=click.IntRange(1, 1024), metavar="N",
@@ -275,10 +287,11 @@ def remote_options(f):
     """--host, --inventory and the fleet and ssh options, gathered into `remote=`."""
 
     @functools.wraps(f)
-    def wrapper(*args, hosts, inventories, limit, forks, serial, max_fail, sudo, ssh_options, ssh_config,
+    def wrapper(*args, hosts, inventories, ansible_inventory, no_ansible_inventory, limit, forks, serial, max_fail, sudo, ssh_options, ssh_config,
                 connect_timeout, retry_file, no_retry_file, **kwargs):  # fmt: skip
         remote = {
-            "hosts": hosts, "inventories": inventories, "limit": limit, "forks": forks, "serial": serial,
+            "hosts": hosts, "inventories": inventories, "ansible_inventory": ansible_inventory,
+            "no_ansible_inventory": no_ansible_inventory, "limit": limit, "forks": forks, "serial": serial,
             "max_fail": max_fail, "sudo": sudo, "ssh_options": ssh_options, "ssh_config": ssh_config,
             "connect_timeout": connect_timeout, "retry_file": None if no_retry_file else retry_file,
         }  # fmt: skip

@@ -132,6 +132,7 @@ def run_fleet(
         finally:
             if transport is not None:
                 transport.close()
+        report.notes = [*host.notes, *report.notes]
         result = HostResult(host, report, True, getattr(transport, "invocations", 0))
         progress.host_done(result)
         return result

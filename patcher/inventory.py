@@ -1,249 +1,101 @@
-"""Which hosts a run targets: `--host` (repeatable) and `--inventory FILE`.
+"""Which hosts a run targets: `--host` (repeatable) and `--inventory FILE|DIR` (repeatable).
 
-An inventory is one of
-- a plain list: one `[user@]HOST[:PORT]` per line, `#` comments, optionally followed by
-  `key=value` variables (that is an Ansible INI inventory without sections);
-- the common subset of an Ansible INI inventory: `[group]`, `[group:vars]`, `[group:children]`,
-  host lines with variables, numeric ranges (`gpu[01:32].example`);
-- the common subset of an Ansible YAML inventory (`.yml`/`.yaml`, or a file whose first line is
-  `name:`): groups with `hosts`, `vars` and `children`, nested to any depth under `all`.
+Inventories are read by ansible-core's own `ansible-inventory --list` where it is installed
+beside patcher or named with `--ansible-inventory PATH` (every format, directories,
+group_vars/ host_vars/, scripts and inventory plugins; inventory_ansible.py), else by the
+built-in reader, which reads Ansible's INI and YAML formats, plain lists, directories and
+group_vars/ host_vars/ as ansible-core does and refuses the rest (inventory_files.py).
+`--limit` uses ansible-core's pattern semantics (host_patterns.py) on names and groups.
 
-Variables read: `ansible_host`, `ansible_user`, `ansible_port`, `ansible_python_interpreter`
-(and the older `ansible_ssh_host/_user/_port`), `ansible_become` (the host is run through
-`sudo -n`, as `--sudo` does; `ansible_become_method` must be sudo and `ansible_become_user` root). Host variables win over group variables, a
-child group's over its parent's, and `all`'s come last, as in Ansible. Others are ignored.
+Connection variables honoured (ansible-core's names; of two spellings the `ansible_ssh_*` one
+wins, as there): ansible_host, ansible_port, ansible_user, ansible_private_key_file,
+ansible_ssh_common_args and ansible_ssh_extra_args (inventory files only), ansible_python_interpreter,
+ansible_become (sudo to root), ansible_connection (ssh). `{{ variable }}` references in them are
+resolved; any other Jinja is refused. Other `ansible_*` variables are noted as ignored for the host.
+A variable error is raised only for hosts the run keeps (after --limit).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from .host_patterns import select
+from .inventory_files import Entry, Inventory, InventoryError, read_files
 from .ssh import Host, HostError, check_address, check_port, check_remote_python, check_user, parse_host
+
+__all__ = ["InventoryError", "load_hosts", "read_inventory", "hosts_from_options"]
 
 RETRY_HEADER = "# patcher retry file: the hosts that did not succeed; rerun with --inventory "
 
-_RANGE = re.compile(r"\[(\d+):(\d+)\]")
-_SECTION = re.compile(r"^\[([^\]]+)\]\s*$")
-
-
-class InventoryError(ValueError):
-    """An inventory that cannot be read as one of the supported formats: exit 2."""
-
-
-@dataclass
-class _Group:
-    name: str
-    hosts: list[str] = field(default_factory=list)
-    vars: dict = field(default_factory=dict)
-    children: list[str] = field(default_factory=list)
+# what patcher reads; the rest of `ansible_*` is reported as ignored
+HONOURED = {
+    "ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user", "ansible_ssh_user",
+    "ansible_private_key_file", "ansible_ssh_private_key_file", "ansible_ssh_common_args", "ansible_ssh_extra_args",
+    "ansible_python_interpreter", "ansible_become", "ansible_sudo", "ansible_become_method", "ansible_become_user",
+    "ansible_connection", "ansible_group_priority",
+}  # fmt: skip
+_TEMPLATE = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
 @dataclass
-class _Tree:
-    groups: dict[str, _Group] = field(default_factory=dict)
-    host_vars: dict[str, dict] = field(default_factory=dict)  # name -> its own variables
-    order: list[str] = field(default_factory=list)
-
-    def group(self, name: str) -> _Group:
-        return self.groups.setdefault(name, _Group(name))
-
-    def add_host(self, group: str, name: str, variables: dict) -> None:
-        if name not in self.host_vars:
-            self.host_vars[name] = {}
-            self.order.append(name)
-        self.host_vars[name].update(variables)
-        if name not in self.group(group).hosts:
-            self.group(group).hosts.append(name)
+class Loaded:
+    hosts: list[Host]
+    readers: list[str]  # which reader read each inventory, in order
 
 
 # ------------------------------------------------------------------ reading
 
 
-def read_inventory(path: str | Path) -> list[Host]:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InventoryError(f"inventory {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError(f"cannot read inventory {path}: {exc}") from None
-    tree = _read_yaml(text, path) if _looks_like_yaml(text, path) else _read_ini(text, path)
-    hosts = _resolve(tree, path)
-    if not hosts:
+def read_inventory(path: str | Path, ansible: str | None = None) -> list[Host]:
+    """Every host of one inventory (file or directory), connection variables checked."""
+    inventory = _read(Path(path), ansible)
+    return [connection(e, str(path)) for e in inventory.entries]
+
+
+def _read(path: Path, ansible: str | None) -> Inventory:
+    if ansible:
+        from .inventory_ansible import read_with_ansible
+
+        inventory = read_with_ansible(ansible, path)
+    else:
+        if not path.exists():
+            raise InventoryError(f"inventory {path} does not exist")
+        inventory = read_files([path])
+    if not inventory.entries:
         raise InventoryError(f"inventory {path} lists no host")
-    return hosts
+    return inventory
 
 
-def _looks_like_yaml(text: str, path: Path) -> bool:
-    if path.suffix.lower() in (".yml", ".yaml"):
-        return True
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        return stripped == "---" or bool(re.fullmatch(r"[A-Za-z0-9_.-]+:\s*(#.*)?", stripped))
-    return False
-
-
-def _expand(pattern: str) -> list[str]:
-    """`gpu[01:03]` -> gpu01, gpu02, gpu03 (Ansible's numeric ranges; zero padding kept)."""
-    match = _RANGE.search(pattern)
-    if not match or pattern.startswith("["):  # `[v6]:port` is an address, not a range
-        return [pattern]
-    start, end = match.group(1), match.group(2)
-    if int(end) < int(start):
-        raise InventoryError(f"host range {pattern!r} runs backwards")
-    width = len(start) if start.startswith("0") else 0
-    head, tail = pattern[: match.start()], pattern[match.end() :]
-    return [n for i in range(int(start), int(end) + 1) for n in _expand(f"{head}{str(i).zfill(width)}{tail}")]
-
-
-def _read_ini(text: str, path: Path) -> _Tree:
-    tree = _Tree()
-    tree.group("all")
-    section, kind = "ungrouped", "hosts"
-    for number, line in enumerate(text.splitlines(), 1):
-        where = f"{path}:{number}"
-        stripped = line.strip()
-        if not stripped or stripped.startswith(("#", ";")):
-            continue
-        header = _SECTION.match(stripped)
-        if header and not re.fullmatch(r"\[[0-9A-Fa-f.%]*:[0-9A-Fa-f:.%]*\](:\d+)?", stripped.split()[0]):
-            section, _, kind = header.group(1).partition(":")
-            kind = kind or "hosts"
-            if kind not in ("hosts", "vars", "children"):
-                raise InventoryError(f"{where}: unknown section kind {kind!r} (hosts, vars or children)")
-            tree.group(section)
-            continue
-        try:
-            words = shlex.split(stripped, comments=True)
-        except ValueError as exc:
-            raise InventoryError(f"{where}: {exc}") from None
-        if not words:
-            continue
-        if kind == "vars":
-            key, sep, value = stripped.partition("=")
-            if not sep:
-                raise InventoryError(f"{where}: expected key=value in [{section}:vars]")
-            tree.group(section).vars[key.strip()] = _unquote(value.strip())
-        elif kind == "children":
-            tree.group(words[0])
-            if words[0] not in tree.group(section).children:
-                tree.group(section).children.append(words[0])
+def _render(name: str, key: str, value, variables: dict, where: str):
+    """`{{ variable }}` references resolved against the host's variables, as Ansible would;
+    anything else Jinja does is refused."""
+    for _ in range(20):
+        if not isinstance(value, str) or "{" not in value:
+            return value
+        match = _TEMPLATE.search(value)
+        if match is None:
+            if "{{" in value or "{%" in value:
+                raise InventoryError(
+                    f"inventory {where}: host {name!r}: {key}={value!r} is a Jinja expression patcher does not "
+                    "evaluate (only {{ variable }} references); write the value itself"
+                )
+            return value
+        ref = match.group(1)
+        if ref == "inventory_hostname":
+            resolved = name
+        elif ref in variables:
+            resolved = variables[ref]
         else:
-            variables = {}
-            for word in words[1:]:
-                key, sep, value = word.partition("=")
-                if not sep:
-                    raise InventoryError(f"{where}: expected key=value after the host name, got {word!r}")
-                variables[key] = value
-            for name in _expand(words[0]):
-                tree.add_host(section, name, variables)
-    return tree
-
-
-def _unquote(value: str) -> str:
-    try:
-        words = shlex.split(value, comments=True)
-    except ValueError:
-        return value
-    return words[0] if len(words) == 1 else value
-
-
-def _read_yaml(text: str, path: Path) -> _Tree:
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InventoryError(f"inventory {path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise InventoryError(f"inventory {path}: expected a mapping of groups at the top (e.g. `all:`)")
-    tree = _Tree()
-    tree.group("all")
-
-    def visit(name: str, body, trail: tuple[str, ...]) -> None:
-        if name in trail:
-            raise InventoryError(f"inventory {path}: group {name!r} contains itself")
-        group = tree.group(str(name))
-        if body is None:
-            return
-        if not isinstance(body, dict):
-            raise InventoryError(f"inventory {path}: group {name!r} must be a mapping (hosts, vars, children)")
-        unknown = set(body) - {"hosts", "vars", "children"}
-        if unknown:
-            raise InventoryError(f"inventory {path}: group {name!r} has {sorted(unknown)}; expected hosts, vars, children")
-        hosts = body.get("hosts") or {}
-        if isinstance(hosts, list):  # a list of names is a common slip; accept it
-            hosts = {h: None for h in hosts}
-        if not isinstance(hosts, dict):
-            raise InventoryError(f"inventory {path}: hosts of group {name!r} must be a mapping")
-        for host, variables in hosts.items():
-            if variables is not None and not isinstance(variables, dict):
-                raise InventoryError(f"inventory {path}: variables of host {host!r} must be a mapping")
-            for expanded in _expand(str(host)):
-                tree.add_host(group.name, expanded, {k: v for k, v in (variables or {}).items()})
-        variables = body.get("vars") or {}
-        if not isinstance(variables, dict):
-            raise InventoryError(f"inventory {path}: vars of group {name!r} must be a mapping")
-        group.vars.update(variables)
-        children = body.get("children") or {}
-        if isinstance(children, list):
-            children = {c: None for c in children}
-        for child, child_body in children.items():
-            if str(child) not in group.children:
-                group.children.append(str(child))
-            visit(str(child), child_body, trail + (name,))
-
-    for name, body in data.items():
-        visit(str(name), body, ())
-    return tree
-
-
-# ------------------------------------------------------------------ variables -> hosts
-
-
-def _resolve(tree: _Tree, path: Path) -> list[Host]:
-    depth: dict[str, int] = {}
-
-    def walk(name: str, level: int, trail: tuple[str, ...]) -> None:
-        if name in trail:
-            raise InventoryError(f"inventory {path}: group {name!r} contains itself")
-        depth[name] = max(depth.get(name, 0), level)
-        for child in tree.groups.get(name, _Group(name)).children:
-            walk(child, level + 1, trail + (name,))
-
-    for top in tree.groups:
-        if top not in depth:
-            walk(top, 1 if top != "all" else 0, ())
-    member: dict[str, set[str]] = {name: set() for name in tree.order}
-
-    def collect(group: str, seen: set[str]) -> set[str]:
-        if group in seen:
-            return set()
-        seen.add(group)
-        g = tree.groups.get(group, _Group(group))
-        found = set(g.hosts)
-        for child in g.children:
-            found |= collect(child, seen)
-        return found
-
-    for group in tree.groups:
-        for host in collect(group, set()):
-            member.setdefault(host, set()).add(group)
-
-    hosts = []
-    for name in tree.order:
-        merged: dict = dict(tree.groups["all"].vars)
-        for group in sorted(member[name] - {"all"}, key=lambda g: (depth.get(g, 1), g)):
-            merged.update(tree.groups[group].vars)
-        merged.update(tree.host_vars[name])
-        hosts.append(_host(name, merged, path, tuple(sorted(member[name] | {"all"}))))
-    return hosts
+            raise InventoryError(f"inventory {where}: host {name!r}: {key}={value!r} uses {ref!r}, which is not defined")
+        if match.group(0) == value:
+            value = resolved
+        else:
+            value = value[: match.start()] + str(resolved) + value[match.end() :]
+    raise InventoryError(f"inventory {where}: host {name!r}: {key} refers to itself through templates")
 
 
 _TRUE = ("true", "yes", "on", "1", "y", "t")
@@ -269,62 +121,134 @@ def _become(variables: dict) -> bool:
     return True
 
 
-def _host(name: str, variables: dict, path: Path, groups: tuple[str, ...] = ()) -> Host:
-    def pick(*keys: str) -> str | None:
-        for key in keys:
-            if variables.get(key) is not None:
-                return str(variables[key])
-        return None
-
-    known = {
-        k: v
-        for k, v in {
-            "host": pick("ansible_host", "ansible_ssh_host"),
-            "user": pick("ansible_user", "ansible_ssh_user"),
-            "port": pick("ansible_port", "ansible_ssh_port"),
-            "python": pick("ansible_python_interpreter"),
-        }.items()
-        if v is not None
-    }
-    connection = str(variables.get("ansible_connection", "ssh"))
+def _ssh_words(key: str, value: str) -> tuple[str, ...]:
     try:
-        if connection not in ("ssh", "smart", "paramiko", "paramiko_ssh"):
+        words = tuple(shlex.split(value))
+    except ValueError as exc:
+        raise HostError(f"{key}: {exc}") from None
+    for word in words:
+        if re.search(r"[\x00-\x1f\x7f]", word):
+            raise HostError(f"{key}: a control character in {word!r}")
+    if words and not words[0].startswith("-"):
+        raise HostError(f"{key}={value!r}: expected ssh options (e.g. -o ProxyJump=bastion)")
+    return words
+
+
+def connection(entry: Entry, where: str) -> Host:
+    """The Host that ssh is given for an inventory entry."""
+    name, variables = entry.name, entry.variables
+
+    def pick(*keys: str) -> str | None:
+        found = None
+        for key in keys:  # as ansible-core: of the spellings defined, the last listed wins
+            if variables.get(key) is not None:
+                found = key
+        if found is None:
+            return None
+        value = _render(name, found, variables[found], variables, where)
+        return None if value is None else str(value)
+
+    try:
+        connection_type = pick("ansible_connection") or "ssh"
+        if connection_type not in ("ssh", "smart", "paramiko", "paramiko_ssh"):
             raise HostError(
-                f"ansible_connection={connection} is not supported (patcher uses ssh); "
-                "for this machine use --python without --host"
+                f"ansible_connection={connection_type} is not supported (patcher uses ssh); "
+                "for this machine use --python without --host, or leave it out with --limit"
             )
-        base = parse_host(name)
-        address = check_address(known["host"]) if "host" in known else base.address
-        user = check_user(known["user"]) if "user" in known else base.user
-        port = check_port(known["port"]) if "port" in known else base.port
-        python = known.get("python")
-        if python is not None and (python.startswith("auto") or python.startswith("{{")):
-            python = None  # Ansible's interpreter discovery or a template: let --python decide
+        base = parse_host(name)  # `user@host:port` names (patcher's plain lists) give user and port
+        address = pick("ansible_host", "ansible_ssh_host")
+        address = check_address(address) if address is not None else base.address
+        user = pick("ansible_user", "ansible_ssh_user")
+        user = check_user(user) if user is not None else base.user
+        port = pick("ansible_port", "ansible_ssh_port")
+        port = check_port(port) if port is not None else base.port
+        python = pick("ansible_python_interpreter")
+        if python is not None and python.startswith("auto"):
+            python = None  # Ansible's interpreter discovery: --python decides
         if python is not None:
             check_remote_python(python)
-        become = _become(variables)
+        key_file = pick("ansible_private_key_file", "ansible_ssh_private_key_file")
+        if key_file is not None and (not key_file or key_file.startswith("-") or re.search(r"[\x00-\x1f]", key_file)):
+            raise HostError(f"refusing ansible_ssh_private_key_file {key_file!r}: a file path")
+        ssh_args: tuple[str, ...] = ()
+        for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+            value = pick(key)
+            if value:
+                ssh_args += _ssh_words(key, value)
+        become = _become({k: _render(name, k, v, variables, where) for k, v in variables.items() if k.startswith("ansible_")
+                          and k in HONOURED})  # fmt: skip
     except HostError as exc:
-        raise InventoryError(f"inventory {path}: host {name!r}: {exc}") from None
-    return Host(name=name, address=address, user=user, port=port, python=python, become=become, groups=groups)
+        raise InventoryError(f"inventory {where}: host {name!r}: {exc}") from None
+    ignored = sorted(k for k in variables if k.startswith("ansible_") and k not in HONOURED)
+    notes = (f"inventory variables patcher ignores for this host: {', '.join(ignored)}",) if ignored else ()
+    return Host(
+        name=name, address=address, user=user, port=port, python=python, become=become, key_file=key_file,
+        ssh_args=ssh_args, groups=entry.groups, notes=notes,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------ --host and the retry file
 
 
+def find_ansible_inventory(explicit: str | None, disabled: bool = False) -> str | None:
+    """The `ansible-inventory` to read inventories with: the one named, else the one installed
+    beside patcher (same bin folder as this interpreter), else None (the built-in reader)."""
+    import os
+    import sys
+
+    if disabled:
+        return None
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise InventoryError(f"--ansible-inventory {explicit}: no executable there; name ansible-core's ansible-inventory")
+        return str(path)
+    beside = Path(sys.executable).parent / "ansible-inventory"
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def load_hosts(
+    specs: Iterable[str], inventories: Iterable[str], limit: str | None = None, ansible: str | None = None
+) -> Loaded:
+    """Every host of the run, in order: --host ones first, then the inventories' (read together,
+    as Ansible reads several -i), --limit applied, then each kept host's variables checked."""
+    specs, inventories = list(specs), list(inventories)
+    entries = [Entry(spec, {}, ("all", "ungrouped")) for spec in specs]
+    for spec in specs:
+        parse_host(spec)  # a bad --host is refused before any inventory is read
+    readers: list[str] = []
+    group_hosts: dict[str, list[str]] = {"all": [], "ungrouped": []}
+    where = ", ".join(inventories)
+    if inventories:
+        paths = [Path(i) for i in inventories]
+        if ansible:
+            from .inventory_ansible import read_with_ansible
+
+            inventory = read_with_ansible(ansible, *paths)
+        else:
+            for path in paths:
+                if not path.exists():
+                    raise InventoryError(f"inventory {path} does not exist")
+            inventory = read_files(paths)
+        if not inventory.entries:
+            raise InventoryError(f"inventory {where} lists no host")
+        readers.append(inventory.reader)
+        known = {e.name for e in entries}
+        entries += [e for e in inventory.entries if e.name not in known]
+        group_hosts = {g: list(h) for g, h in inventory.group_hosts.items()}
+        group_hosts.setdefault("all", [])
+        group_hosts.setdefault("ungrouped", [])
+    for group in ("all", "ungrouped"):
+        group_hosts[group] = [*specs, *(h for h in group_hosts[group] if h not in specs)]
+    combined = Inventory(entries, group_hosts, readers[0] if readers else "")
+    kept = select(combined, limit) if limit is not None else combined.entries
+    hosts = [parse_host(e.name) if e.name in specs else connection(e, where) for e in kept]
+    return Loaded(hosts, readers)
+
+
 def hosts_from_options(specs: Iterable[str], inventories: Iterable[str]) -> list[Host]:
-    """Every host of the run, in order: --host ones first, then each inventory's; duplicates
-    (same name and interpreter) once."""
-    hosts: list[Host] = [parse_host(spec) for spec in specs]
-    for inventory in inventories:
-        hosts.extend(read_inventory(inventory))
-    unique: list[Host] = []
-    seen = set()
-    for host in hosts:
-        key = (host.name, host.address, host.user, host.port, host.python, host.become)
-        if key not in seen:
-            seen.add(key)
-            unique.append(host)
-    return unique
+    """Every host of --host and the inventories (built-in reader), in order."""
+    return load_hosts(specs, inventories).hosts
 
 
 def inventory_line(host: Host) -> str:
@@ -341,38 +265,11 @@ def inventory_line(host: Host) -> str:
         words.append(f"ansible_python_interpreter={shlex.quote(host.python)}")
     if host.become:
         words.append("ansible_become=true")
+    if host.key_file:
+        words.append(f"ansible_ssh_private_key_file={shlex.quote(host.key_file)}")
+    if host.ssh_args:
+        words.append(f"ansible_ssh_common_args={shlex.quote(shlex.join(host.ssh_args))}")
     return " ".join(words)
-
-
-def limit_hosts(hosts: list[Host], pattern: str) -> list[Host]:
-    """The hosts `--limit PATTERN` keeps, as Ansible reads it: comma-separated terms, each a host
-    name, an address or a group name, shell wildcards allowed (`gpu-*`); `!term` drops the hosts
-    it matches, `&term` keeps only hosts that also match it; without plain terms, every host is
-    the start. A plain term that matches nothing is a mistake (a typo would skip hosts silently)."""
-    import fnmatch
-
-    terms = [t.strip() for t in pattern.split(",") if t.strip()]
-    if not terms:
-        raise InventoryError("--limit needs a pattern: host or group names, comma-separated")
-
-    def matches(host: Host, term: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, term) for name in (host.name, host.address, *host.groups))
-
-    plain = [t for t in terms if t[0] not in "!&"]
-    for term in plain:
-        if not any(matches(h, term) for h in hosts):
-            groups = sorted({g for h in hosts for g in h.groups} - {"all"})
-            known = f"; groups: {', '.join(groups)}" if groups else ""
-            raise InventoryError(f"--limit: {term!r} matches no host or group{known}; check the name")
-    kept = [h for h in hosts if any(matches(h, t) for t in plain)] if plain else list(hosts)
-    for term in terms:
-        if term.startswith("&"):
-            kept = [h for h in kept if matches(h, term[1:])]
-        elif term.startswith("!"):
-            kept = [h for h in kept if not matches(h, term[1:])]
-    if not kept:
-        raise InventoryError(f"--limit {pattern!r} leaves no host to run on")
-    return kept
 
 
 def check_retry_file(path: str | Path, inventories: Iterable[str] = (), limited: bool = False) -> None:

@@ -37,6 +37,7 @@ class RunOptions:
     facts_timeout: float = 60.0
     write_timeout: float = 120.0
     verify_timeout: float = 600.0
+    check: bool = False  # apply/rollback planned and reported, nothing written (Ansible's check mode)
     progress: Callable[[str], None] = field(default=lambda message: None)
 
     def write_call(self, request: dict) -> tuple[dict, dict]:
@@ -151,8 +152,8 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
             if conflict.diff:
                 report.files.append({"path": "", "action": "modified", "diff": conflict.diff})
         return report
-    if options.command in ("status", "plan"):
-        if options.command == "plan" and plan.pending:
+    if options.command in ("status", "plan") or options.check:
+        if options.command != "status" and plan.pending:
             report.exit_code = EXIT_PENDING
             report.message = f"{len(plan.changes)} file(s) would change"
         else:

@@ -53,8 +53,13 @@ class Host:
     port: int | None = None
     python: str | None = None  # per-host interpreter (ansible_python_interpreter); None: --python
     become: bool = False  # through `sudo -n` (ansible_become), as --sudo does for every host
+    key_file: str | None = None  # ansible_ssh_private_key_file: `ssh -i`
+    # ansible_ssh_common_args + ansible_ssh_extra_args, split as a shell would: from inventory
+    # files only (trusted like an ssh_config: ProxyCommand runs local commands), never the command line
+    ssh_args: tuple[str, ...] = ()
     # the inventory groups it belongs to, for --limit; not part of what the host is
     groups: tuple[str, ...] = field(default=(), compare=False)
+    notes: tuple[str, ...] = field(default=(), compare=False)  # e.g. inventory variables ignored
 
     @property
     def spec(self) -> str:
@@ -250,6 +255,9 @@ class SshTransport(LocalTransport):
         args += ["-o", "BatchMode=yes"]  # first value wins in ssh: nothing can turn prompting back on
         for option in s.options:
             args += ["-o", option]
+        args += list(self.host.ssh_args)  # the inventory's: before patcher's defaults, so they win
+        if self.host.key_file:
+            args += ["-i", self.host.key_file]
         args += [
             "-o", f"ConnectTimeout={s.connect_timeout}",
             "-o", "StrictHostKeyChecking=accept-new",

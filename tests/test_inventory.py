@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.inventory import InventoryError, hosts_from_options, inventory_line, limit_hosts, read_inventory
+from patcher.inventory import InventoryError, hosts_from_options, inventory_line, load_hosts, read_inventory
 from patcher.ssh import Host, HostError, SshSettings, SshTransport, parse_host
 
 
@@ -26,7 +26,8 @@ def test_plain_list_and_ini_inventory(tmp_path: Path):
     plain = tmp_path / "hosts"
     plain.write_text("# GPU hosts\nroot@10.1.2.3\n\n10.1.2.4:2222   # the odd one\ngpu-07 ansible_python_interpreter='/root/ml env/bin/python3'\n")
     hosts = read_inventory(plain)
-    assert [h.name for h in hosts] == ["root@10.1.2.3", "10.1.2.4:2222", "gpu-07"]
+    assert [h.name for h in hosts] == ["root@10.1.2.3", "10.1.2.4", "gpu-07"]  # `host:port` is host and port
+    assert hosts[1].port == 2222
     assert hosts[2].python == "/root/ml env/bin/python3"
     ini = tmp_path / "hosts.ini"
     ini.write_text(
@@ -78,12 +79,14 @@ def test_bad_inventories_are_refused_with_the_place(tmp_path: Path):
         "hosts": "good.lab\n-oProxyCommand=x\n",
         "hosts.ini": "[gpus]\nevil ansible_host='a;reboot'\n",
         "local.ini": "here ansible_connection=local\n",
+        "script": "#!/bin/sh\necho {}\n",
         "broken.yml": "all:\n  hosts: [\n",
         "empty": "# nothing\n",
     }
     for name, text in cases.items():
         path = tmp_path / name
         path.write_text(text)
+        path.chmod(0o755)
         with pytest.raises((InventoryError, HostError)):
             read_inventory(path)
     with pytest.raises(InventoryError, match="does not exist"):
@@ -160,15 +163,21 @@ def test_become_is_sudo_to_root_or_refused(tmp_path: Path, variables: str, messa
         ("gpu0[23]*", ["gpu02.lab", "gpu03.lab"]),
         ("fleet,&canary", ["gpu01.lab"]),
         ("!gpus", ["cpu01.lab"]),
-        ("cpu01.lab, gpu03.lab", ["gpu03.lab", "cpu01.lab"]),  # inventory order, not the pattern's
-        ("10.9.9.*", ["cpu01.lab"]),  # addresses too
-        ("all,!gpu0[1-3].lab", ["gpu04.lab", "cpu01.lab"]),
+        # Ansible's order (all's children, generation by generation), not the pattern's
+        ("cpu01.lab, gpu03.lab", ["cpu01.lab", "gpu03.lab"]),
+        ("gpus:!canary", ["gpu02.lab", "gpu03.lab", "gpu04.lab"]),  # ':' separates terms too
+        ("gpus[0]", ["gpu01.lab"]),
+        ("gpus[1:2]", ["gpu02.lab", "gpu03.lab"]),
+        ("gpus[-1]", ["gpu04.lab"]),
+        ("~gpu0[12]", ["gpu01.lab", "gpu02.lab"]),
+        ("~c.u", ["cpu01.lab"]),
+        ("all,!gpu0[1-3].lab", ["cpu01.lab", "gpu04.lab"]),
     ],
 )
 def test_limit_reads_patterns_as_ansible_does(tmp_path: Path, pattern: str, expected: list[str]):
     path = tmp_path / "hosts.ini"
     path.write_text(GROUPED)
-    assert [h.name for h in limit_hosts(read_inventory(path), pattern)] == expected
+    assert [h.name for h in load_hosts([], [str(path)], pattern).hosts] == expected
 
 
 @pytest.mark.parametrize(
@@ -177,11 +186,14 @@ def test_limit_reads_patterns_as_ansible_does(tmp_path: Path, pattern: str, expe
         ("gpux", "--limit: 'gpux' matches no host or group; groups: canary, cpu, fleet, gpus; check the name"),
         ("gpus,!gpus", "--limit 'gpus,!gpus' leaves no host to run on"),
         (" , ", "--limit needs a pattern"),
+        ("10.9.9.*", "--limit: '10.9.9.*' matches no host or group"),  # names only, never ansible_host
+        ("gpus,!gpux", "--limit: 'gpux' matches no host or group"),  # a typo in an exclusion too
+        ("gpus[7]", "--limit: no host at position 7 of 'gpus'"),
     ],
 )
 def test_limit_mistakes_are_refused(tmp_path: Path, pattern: str, message: str):
     path = tmp_path / "hosts.ini"
     path.write_text(GROUPED)
     with pytest.raises(InventoryError) as error:
-        limit_hosts(read_inventory(path), pattern)
+        load_hosts([], [str(path)], pattern)
     assert str(error.value).startswith(message)

@@ -546,3 +546,50 @@ def test_sudo_runs_the_remote_side_as_root_without_prompting(tmp_path: Path, cli
                              *client.args(), "--json", cwd=tmp_path)  # fmt: skip
     assert code == 0, err
     assert files(shared_env) == pristine
+
+
+# ---------------------------------------------------------------- inventories as Ansible reads them
+
+
+def test_inventory_connection_variables_from_ansible_inventory_and_built_in(tmp_path: Path, client, servers, host_env):
+    """group_vars/ beside the inventory, a Jinja reference, a key file only the inventory names, the
+    port only in ansible_ssh_extra_args, a local host left out by --limit: both readers reach the
+    host the same way; the JSON names the reader and the ignored variables; the retry file keeps
+    the resolved variables."""
+    other_key = SshClient(tmp_path / "other")  # the server knows only this key; the client config does not name it
+    server = servers(public_key=other_key.public_key)
+    env = host_env()
+    down_address = next_address()
+    inventory = tmp_path / "inv" / "hosts.ini"
+    (tmp_path / "inv" / "group_vars").mkdir(parents=True)
+    (tmp_path / "inv" / "group_vars" / "gpus.yml").write_text(f"ansible_python_interpreter: {env}\nlogin: root\n")
+    inventory.write_text(
+        "localhost ansible_connection=local\n"
+        "[gpus]\n"
+        f"gpu1 ansible_host={server.address} ansible_user='{{{{ login }}}}' ansible_ssh_pass=unused "
+        f"ansible_ssh_private_key_file={other_key.key} ansible_ssh_extra_args='-o Port={server.port}'\n"
+        f"gpu2 ansible_host={down_address} ansible_port={free_port(down_address)} ansible_user=root\n"
+    )
+    for reader in ([], ["--no-ansible-inventory"]):
+        code, doc, err = patcher("status", "-i", str(inventory), "--limit", "gpus", *reader, *client.args(),
+                                 "--connect-timeout", "5", "--json", cwd=tmp_path)  # fmt: skip
+        assert code == 4, err
+        assert doc["inventory"]["reader"] == ("built-in" if reader else f"ansible-inventory ({Path(sys.executable).parent}/ansible-inventory)")
+        gpu1, gpu2 = doc["targets"]
+        assert (gpu1["target"], gpu1["status"], gpu1["python"]) == ("gpu1", "ok", str(env)), gpu1["message"]
+        assert "inventory variables patcher ignores for this host: ansible_ssh_pass" in gpu1["notes"]
+        assert gpu2["status"] == "unreachable"
+    retry = [line for line in (tmp_path / "patcher.retry").read_text().splitlines() if not line.startswith("#")]
+    assert retry == [f"gpu2 ansible_host={down_address} ansible_user=root ansible_port={retry[0].split('ansible_port=')[1]}"]
+    # without --limit the local host is refused, with the way out
+    code, _, err = patcher("status", "-i", str(inventory), *client.args(), cwd=tmp_path)
+    assert code == 2 and "ansible_connection=local is not supported" in err and "--limit" in err
+    # the key file and ssh args are kept in the retry file too
+    from patcher.inventory import inventory_line, load_hosts
+
+    host = load_hosts([], [str(inventory)], "gpu1").hosts[0]
+    assert host.key_file == str(other_key.key) and host.ssh_args == ("-o", f"Port={server.port}")
+    line = tmp_path / "one"
+    line.write_text(inventory_line(host) + "\n")
+    assert load_hosts([], [str(line)]).hosts == [host]
+    assert load_hosts([], [str(line)], None, str(Path(sys.executable).parent / "ansible-inventory")).hosts == [host]
