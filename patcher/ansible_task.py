@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 from pathlib import Path
 
 from .report import EXIT_OK, EXIT_PENDING
-from .transport import AgentFailure, TransportError, agent_source, session_bootstrap
+from .transport import AgentFailure, TransportError, agent_source, bootstrap
 
 COMMANDS = ("status", "apply", "rollback")
 
@@ -37,15 +38,19 @@ class AnsibleTransport:
 
     def close(self) -> None: ...
 
-    def call(self, request: dict, timeout: float = 900) -> dict:
+    def call(self, request: dict, timeout: float = 900, limit: str = "") -> dict:
         self.invocations += 1
-        stdin = json.dumps({"agent": agent_source()}) + "\n" + json.dumps(request) + "\n"
-        command = f"{shlex.quote(self.python)} -c {shlex.quote(session_bootstrap())}"
+        # One request per agent process: the agent, its mark and the request on one line. Its
+        # answer is the line that starts with the mark, so nothing a login shell prints is
+        # taken for it. A writing request's plan is checked under the lock (its "expect").
+        mark = "patcher-answer:" + secrets.token_hex(12)
+        stdin = json.dumps({**request, "agent": agent_source(), "mark": mark}) + "\n"
+        command = f"{shlex.quote(self.python)} -c {shlex.quote(bootstrap())}"
         # an unreachable host raises Ansible's own connection error here: Ansible reports it
         done = self.action._low_level_execute_command(command, in_data=stdin, sudoable=True)
         for line in (done.get("stdout") or "").splitlines():
-            if line.startswith("{"):
-                answer = json.loads(line)
+            if line.startswith(mark + " "):
+                answer = json.loads(line[len(mark) + 1 :])
                 if not answer.get("ok"):
                     error = answer.get("error", {})
                     raise AgentFailure(error.get("kind", "unknown"), error.get("message", "agent failed"))
