@@ -24,7 +24,7 @@ from .transport import AgentFailure, TransportError
 
 @dataclass
 class RunOptions:
-    command: str  # status|plan|apply|rollback|forget
+    command: str  # status|plan|apply|rollback|forget|verify
     only: Sequence[str] = ()
     skip: Sequence[str] = ()
     force: bool = False
@@ -32,6 +32,7 @@ class RunOptions:
     diff: bool = False
     forget_all: bool = False
     lock_timeout: float = 10.0
+    run_check: bool = False  # verify --run, apply --run-check: the run check after the lock is released
     progress: Callable[[str], None] = field(default=lambda message: None)
 
 
@@ -73,6 +74,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         {"op": "facts", "names": condition_names(patches), "files": target_files(patches)}
     )
     report.python = facts["python"]["executable"]
+    report.facts = facts
     report.state_dir = facts["state_dir"]
     targets = {p.target.distribution for p in patches}
     installed = {name: d for name, d in facts["distributions"].items()}
@@ -106,6 +108,8 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
             if conflict.diff:
                 report.files.append({"path": "", "action": "modified", "diff": conflict.diff})
         return report
+    if options.command == "verify":
+        return _verify(transport, plan, report, options)
     if options.command in ("status", "plan"):
         if options.command == "plan" and plan.pending:
             report.exit_code = EXIT_PENDING
@@ -124,7 +128,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         report.message = "nothing to do: every selected patch is already in place"
         if not any(p.state in ("applied", "already-satisfied", "pending") for p in plan.patches):
             report.message = "nothing to do; no patch selected: " + _why_none(plan)
-        return report
+        return _then_run_check(transport, report, options)
 
     verify = options.verify and mode == "apply" and bool(plan.verify_files)
     options.progress(
@@ -154,6 +158,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         ]
         return report
     report.status = "changed"
+    report.command_wrote = True
     report.patches = [_after_write(p, changed_ids, mode) for p in plan.patches]
     verified = result.get("verification")
     if mode == "rollback":
@@ -164,6 +169,58 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         )
     else:
         report.message = f"{len(plan.changes)} file(s) written" + (", verified" if verified else ", not verified")
+        return _then_run_check(transport, report, options)
+    return report
+
+
+def _verify_spec(plan: TargetPlan, facts: dict) -> dict:
+    """What the static verification checks: every target file that is installed (as it is now),
+    with the attribute calls of the patches that are (or would be) in it."""
+    files = list(plan.verify_files)
+    listed = {f["module"] for f in files}
+    for rel in sorted(r for r, info in facts["files"].items() if info.get("exists")):
+        module = rel[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+        if module not in listed:
+            files.append({"module": module, "attribute_calls": []})
+    return {"files": files, "import_prefixes": ["vllm"]}
+
+
+def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptions) -> TargetReport:
+    """`patcher verify`: the static check (a fresh interpreter), then with --run the run check."""
+    options.progress(f"{transport.label}: binding the patched files' vLLM calls in a fresh interpreter")
+    result = transport.call({"op": "verify", "spec": _verify_spec(plan, report.facts)})
+    report.problems = list(result["problems"])
+    if report.problems:
+        report.status, report.exit_code = "failed", EXIT_FAILED
+        report.message = f"verification failed ({len(report.problems)} problem(s)): {report.problems[0]}"
+        if not options.run_check:
+            return report
+    else:
+        report.message = "verified: every patched module imports and its vLLM calls bind"
+    return _then_run_check(transport, report, options)
+
+
+def _then_run_check(transport, report: TargetReport, options: RunOptions) -> TargetReport:
+    """The run check, when asked, after the lock is released: a failure is exit 1. Files are not
+    restored automatically: the lock is free while it runs, so another run may have changed them."""
+    if not options.run_check:
+        return report
+    from .runcheck import DEFAULT_TIMEOUT, request, summary
+
+    options.progress(
+        f"{transport.label}: run check: a tiny Llama through speculators and vLLM, compared with transformers"
+    )
+    result = transport.call(request(), timeout=DEFAULT_TIMEOUT + 120)
+    report.run_check = result
+    line = summary(result)
+    if result.get("ok"):
+        report.message = f"{report.message}; {line}"
+        return report
+    report.status, report.exit_code = "failed", max(report.exit_code, EXIT_FAILED)
+    report.problems = list(report.problems) + list(result.get("problems") or [line])
+    if report.command_wrote:
+        line += "; the files stay as written: `patcher rollback` restores them"
+    report.message = f"{report.message}; {line}" if report.message else line
     return report
 
 
