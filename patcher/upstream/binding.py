@@ -18,7 +18,10 @@ anything that depends on what the code does when it runs.
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .facts import MAX_DEPTH, SourceTree, last_definition, top_level
 
@@ -288,3 +291,49 @@ def _params_of(tree: SourceTree, target: Target) -> Params | str:
     if isinstance(node, ast.ClassDef):
         return class_params(tree, target.module, node)
     return f"defined by an assignment in {target.module} (its signature is made at run time)"
+
+
+BINDINGS_FILE = ".bindings.json"
+
+
+def _binder_key() -> str:
+    from . import facts
+
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(Path(facts.__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def bind_cached(files, version: str, variants) -> list[Binding]:
+    """bind_file for each patched file (patched.Variant) on the release `files` reads, cached
+    beside its files: a release never changes, so a binding is computed again only when the
+    patched code or this binder changes."""
+    from .facts import SourceTree
+    from .wheels import write_atomic
+
+    cache_file = files.root / BINDINGS_FILE
+    binder = _binder_key()
+    try:
+        cached = json.loads(cache_file.read_text())
+        if cached.get("binder") != binder:
+            cached = {}
+    except (OSError, ValueError):
+        cached = {}
+    known = cached.get("bindings", {})
+    tree = None
+    out, fresh = [], False
+    for variant in variants:
+        key = hashlib.sha256(json.dumps([variant.code, variant.attribute_calls], sort_keys=True).encode()).hexdigest()
+        if key in known:
+            binding = Binding(**known[key])
+        else:
+            tree = tree or SourceTree(files, "vllm")
+            binding = bind_file(variant.code, variant.path, tree, f"vllm {version}", variant.attribute_calls)
+            known[key] = {k: v for k, v in binding.to_json().items() if k not in ("patches", "versions")}
+            fresh = True
+        binding.patches = list(variant.patches)
+        binding.versions = dict(variant.versions)
+        out.append(binding)
+    if fresh:
+        write_atomic(cache_file, json.dumps({"binder": binder, "bindings": known}, indent=1).encode())
+    return out

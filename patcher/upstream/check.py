@@ -13,8 +13,7 @@ from packaging.version import Version
 
 from ..model import Patch
 from ..selection import condition_holds
-from .binding import Binding, bind_file
-from .facts import SourceTree
+from .binding import Binding, bind_cached
 from .gates import GateCheck, ReleaseRead, all_facts, check_gate, read_release
 from .index import Index, load_index, within
 from .matrix import Cell, release_cells, window
@@ -171,12 +170,7 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
             dist_facts = [f for f in facts if f.distribution == dist]
             read = read_release(files, dist, dist_facts, package=dist.replace("-", "_"))
             if dist == "vllm":
-                tree = SourceTree(files, "vllm")
-                for variant in patched.get(version, []):
-                    binding = bind_file(variant.code, variant.path, tree, f"vllm {version}", variant.attribute_calls)
-                    binding.patches = list(variant.patches)
-                    binding.versions = dict(variant.versions)
-                    read.bindings.append(binding)
+                read.bindings = bind_cached(files, version, patched.get(version, []))
             return job, read, files.downloaded
         finally:
             files.close()
