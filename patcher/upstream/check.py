@@ -46,6 +46,7 @@ class CheckOptions:
     workers: int = 4
     cache: Path | None = None
     runs: Path | None = None  # the release matrix's results (default $PATCHER_CACHE/releases)
+    index: Index | None = None  # the index's answer, when the caller has it (several checks in a row)
     progress: Callable[[str], None] = lambda message: None
 
 
@@ -107,7 +108,7 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
     fact_dists = fact_distributions(patches)
     try:
         say(f"asking the package index for the releases of {', '.join(targets + fact_dists)}")
-        index = load_index([*targets, *fact_dists], pre=options.pre, workers=options.workers)
+        index = options.index or load_index([*targets, *fact_dists], pre=options.pre, workers=options.workers)
     except IndexUnreachable as error:
         report.exit_code = EXIT_UNREACHABLE
         report.message = str(error)
