@@ -184,8 +184,9 @@ def describe(report: dict) -> list[str]:
     problems = []
     error = report.get("error")
     if error:
-        first = (error.get("message") or "").strip().splitlines()
-        text = f"{error.get('type')}: {first[0] if first else ''}"
+        # Up to three lines: pydantic's first line only names the class, the next ones the field.
+        lines = [x.strip() for x in (error.get("message") or "").strip().splitlines() if x.strip()][:3]
+        text = f"{error.get('type')}: {' / '.join(lines)[:400]}"
         phase = error.get("phase", "")
         where = f" (raised in {error['where']})" if error.get("where") else ""
         if phase == "import":
