@@ -170,7 +170,7 @@ def block_size_patch(when: str, patch_id: str = "v90-test-block-size") -> Patch:
 def test_a_wrong_gate_is_caught_naming_both(report, when, verdict):
     done = run_check(
         [block_size_patch(when)],
-        CheckOptions(only={"speculators": ["0.3.0"], "vllm": VLLM}, cache=cache(), nightlies=()),
+        CheckOptions(only={"speculators": ["0.3.0"], "vllm": VLLM}, cache=cache(), nightlies=(), bind=False),
     )
     assert done.exit_code == EXIT_WRONG_GATE, done.problems
     (problem,) = done.problems
@@ -183,7 +183,7 @@ def test_a_wrong_gate_is_caught_naming_both(report, when, verdict):
 def test_a_right_gate_passes(report):
     done = run_check(
         [block_size_patch(">=0.11.1")],
-        CheckOptions(only={"speculators": ["0.3.0"], "vllm": VLLM}, cache=cache(), nightlies=()),
+        CheckOptions(only={"speculators": ["0.3.0"], "vllm": VLLM}, cache=cache(), nightlies=(), bind=False),
     )
     assert done.exit_code == EXIT_OK, done.problems
     assert done.gates[0].first == "0.11.1"

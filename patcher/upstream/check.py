@@ -47,6 +47,7 @@ class CheckOptions:
     cache: Path | None = None
     runs: Path | None = None  # the release matrix's results (default $PATCHER_CACHE/releases)
     index: Index | None = None  # the index's answer, when the caller has it (several checks in a row)
+    bind: bool = True  # bind the patched files (off: gates and matrix alone, e.g. for one patch on its own)
     progress: Callable[[str], None] = lambda message: None
 
 
@@ -145,7 +146,7 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
     facts = all_facts(patches)
     started = time.perf_counter()
     patched: dict[str, list[Variant]] = {}  # vLLM release -> the patched files apply writes there
-    for dist, version in sorted(needed, key=lambda dv: (dv[0], Version(dv[1]))):
+    for dist, version in sorted(needed, key=lambda dv: (dv[0], Version(dv[1]))) if options.bind else ():
         with ReleaseFiles(cache, dist, version) as files:
             try:
                 found = variants(patches, dist, version, files, fact_releases.get("vllm", []), cache / ".transforms")
