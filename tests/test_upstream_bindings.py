@@ -113,11 +113,18 @@ def test_release_matrix_results_shown_and_never_run_named(index, tmp_path):
         {"schema_version": 1, "vllm": "0.16.0", "ok": False, "finished": "2026-11-30T11:00:00Z", "summary": "new"}
     ))  # fmt: skip
     (runs / "broken.json").write_text("{")
-    assert set(load_runs(runs)) == {"0.16.0"}
+    # bench/releases.py's own row format (releases branch)
+    (runs / "0.17.0-0123456789ab.json").write_text(json.dumps({
+        "release": "0.17.0", "apply": "exit 0, changed", "rollback_identical": True,
+        "extract": {"ok": True, "max_rel_diff": 0.02, "rows_whole_in_order": True, "prompts": 27},
+    }))  # fmt: skip
+    loaded = load_runs(runs)
+    assert set(loaded) == {"0.16.0", "0.17.0"} and loaded["0.17.0"].ok
     report = check(index, tmp_path)
     shown = report.to_json()["runs"]
     assert shown["0.16.0"]["summary"] == "new" and shown["0.16.0"]["ok"] is False
-    assert [v for v, r in shown.items() if r is None] == ["0.11.0", "0.11.1", "0.12.0", "0.17.0"]
+    assert shown["0.17.0"]["ok"] is True and "largest relative error 0.020" in shown["0.17.0"]["summary"]
+    assert [v for v, r in shown.items() if r is None] == ["0.11.0", "0.11.1", "0.12.0"]
 
 
 # --- drift planted in a synthetic release ------------------------------------------------------

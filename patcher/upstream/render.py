@@ -147,8 +147,8 @@ def release_rows(report: CheckReport) -> list[tuple[str, str, str, str, str]]:
         problems = sum(len(b.problems) for b in bindings)
         run = report.runs.get(version)
         last = "never run" if run is None else f"{'ok' if run.ok else 'FAILED'} {run.finished[:10]}" + (
-            f": {run.summary}" if run.summary and not run.ok else ""
-        )
+            " (other patches)" if run.stale else ""
+        ) + (f": {run.summary}" if run.summary and not run.ok else "")
         rows.append((
             version, " ".join(_short(p) for p in patches), str(sum(b.checked for b in bindings)),
             "binds" if not problems else f"{problems} call(s) do not bind", last,
