@@ -1,8 +1,8 @@
 """v15: on vLLM's CPU platform, a KV cache block size of 32 instead of speculators' fixed 16.
 
-vLLM 0.32.0 (CPU build): vllm/v1/attention/backends/cpu_attn.py's
-`CPUAttentionBackend.get_supported_kernel_block_sizes()` returns `[MultipleOf(32)]` (earlier
-releases only preferred multiples of 32, with a warning), and vllm/v1/worker/utils.py
+vLLM 0.29.0 (CPU build; check-upstream found it there, the symptom was first seen on 0.32.0):
+vllm/v1/attention/backends/cpu_attn.py's `CPUAttentionBackend.get_supported_kernel_block_sizes()`
+returns `[MultipleOf(32)]` (earlier releases only preferred multiples of 32, with a warning), and vllm/v1/worker/utils.py
 `select_common_block_size` then refuses speculators 0.3.0's `VLLM_BLOCK_SIZE = 16`:
 `ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])`. Other platforms keep 16
 (CUDA backends accept it; a CPU MLA model is forced back to 16 by vLLM's CPU platform itself).
@@ -26,7 +26,7 @@ CPU_BLOCK_SIZE = 32
 PLATFORMS = "vllm.platforms"
 
 # The first vLLM whose CPU attention takes only multiples of 32 (check-upstream's gate).
-CPU_BLOCK_SIZE_SINCE = {"vllm": ">=0.32.0"}
+CPU_BLOCK_SIZE_SINCE = {"vllm": ">=0.29.0"}
 
 CONSTANT_ASSIGNMENT = m.SimpleStatementLine(
     body=[m.Assign(targets=[m.AssignTarget(target=m.Name(CONSTANT))], value=m.Integer())]
@@ -106,8 +106,8 @@ PATCH = Patch(
     satisfied=(
         "from vllm.platforms import current_platform\nVLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else 16\n",
     ),
-    upstream="vLLM 0.32.0: vllm/v1/attention/backends/cpu_attn.py (get_supported_kernel_block_sizes "
+    upstream="vLLM 0.29.0: vllm/v1/attention/backends/cpu_attn.py (get_supported_kernel_block_sizes "
     "returns [MultipleOf(32)]), vllm/v1/worker/utils.py (select_common_block_size)",
-    note="without it on vLLM's CPU build from 0.32: ValueError: No common block size for 16 "
+    note="without it on vLLM's CPU build from 0.29: ValueError: No common block size for 16 "
     "(CPU_ATTN: [MultipleOf(32)]) while the workers start",
 )

@@ -101,7 +101,7 @@ VLLM_FOR = {
     "v12-kv-cache-planning": "0.33.0",
     "v13-request-eos-token-id": "0.17.0",
     "v14-kv-cache-layout": "0.29.0",
-    "v15-cpu-block-size": "0.32.0",
+    "v15-cpu-block-size": "0.29.0",
 }
 # The transformers a patch is selected on (none is installed in a light environment).
 TRANSFORMERS_FOR = {"v16-pydantic-torch-namespace": "5.19.0", "v17-attn-mask-utils": "5.24.0"}
