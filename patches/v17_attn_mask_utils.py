@@ -5,7 +5,7 @@ speculators/models/eagle.py imports `_prepare_4d_causal_attention_mask` from it 
 and `import speculators` imports that module (its model registry), so nothing of speculators
 imports any more. The function is used in one place, `EagleSpeculator.forward`, for a 2-D padding
 mask. The import stays where it works; where it fails, a local function builds the same mask:
-causal (and within `sliding_window`), padded positions masked, the dtype's minimum where masked
+causal (and, as transformers counts it, no further back than `sliding_window`), padded positions masked, the dtype's minimum where masked
 and 0 elsewhere, shape (batch, 1, query length, past + query length).
 '''
 
@@ -42,7 +42,7 @@ except ImportError:  # transformers 5.24 removed the module: the same mask, buil
         key = torch.arange(key_length, device=device)[None, :]
         allowed = key <= query
         if sliding_window is not None:
-            allowed = allowed & (key > query - sliding_window)
+            allowed = allowed & (key >= query - sliding_window)
         allowed = allowed[None, None].expand(batch_size, 1, query_length, key_length)
         if attention_mask is not None:
             allowed = allowed & attention_mask[:, None, None, :].to(torch.bool)
