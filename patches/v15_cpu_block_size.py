@@ -28,19 +28,19 @@ PLATFORMS = "vllm.platforms"
 # The first vLLM whose CPU attention takes only multiples of 32 (check-upstream's gate).
 CPU_BLOCK_SIZE_SINCE = {"vllm": ">=0.29.0"}
 
-CONSTANT_ASSIGNMENT = m.SimpleStatementLine(
-    body=[m.Assign(targets=[m.AssignTarget(target=m.Name(CONSTANT))], value=m.Integer())]
-)
+CONSTANT_ASSIGNMENT = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(CONSTANT))])])
+# Ours, not any conditional: speculators 0.4.0 has `128 if is_npu_available() else 16` (16 on CPU).
+IS_CPU_TEST = m.Call(func=m.Attribute(value=m.Name("current_platform"), attr=m.Name("is_cpu")))
 PATCHED_ASSIGNMENT = m.SimpleStatementLine(
-    body=[m.Assign(targets=[m.AssignTarget(target=m.Name(CONSTANT))], value=m.IfExp())]
+    body=[m.Assign(targets=[m.AssignTarget(target=m.Name(CONSTANT))], value=m.IfExp(test=IS_CPU_TEST))]
 )
 
 
 class CpuBlockSize(PatchCodemod):
-    """Top-level `VLLM_BLOCK_SIZE = N` -> `VLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else N`,
-    importing current_platform from vllm.platforms. Patched: the constant is already conditional."""
+    """Top-level `VLLM_BLOCK_SIZE = X` -> `VLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else X`,
+    importing current_platform from vllm.platforms. Patched: the constant already asks is_cpu()."""
 
-    ANCHOR = f"a top-level assignment {CONSTANT} = <integer>"
+    ANCHOR = f"a top-level assignment {CONSTANT} = ..."
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = list(updated.body)
@@ -52,8 +52,8 @@ class CpuBlockSize(PatchCodemod):
             return updated
         self.rewrote()
         statement = body[index]
-        value = statement.body[0].value
-        conditional = cst.parse_expression(f"{CPU_BLOCK_SIZE} if current_platform.is_cpu() else {value.value}")
+        value = cst.Module([]).code_for_node(statement.body[0].value)
+        conditional = cst.parse_expression(f"{CPU_BLOCK_SIZE} if current_platform.is_cpu() else {value}")
         body[index] = statement.with_changes(body=[statement.body[0].with_changes(value=conditional)])
         if (PLATFORMS, "current_platform") not in imported_names(body):
             body = import_after_last_vllm_import(body, cst.parse_statement(f"from {PLATFORMS} import current_platform\n"))
@@ -95,6 +95,15 @@ PATCH = Patch(
                 "from .logging_utils import PipelineLogger\n"
                 "\n"
                 "VLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else 16  # Block size for KV cache\n"
+            ),
+        ),
+        # speculators 0.4.0's own conditional (16 on CPU) is kept for the other platforms
+        Example(
+            before="VLLM_BLOCK_SIZE = 128 if is_npu_available() else 16  # Block size for KV cache\n",
+            after=(
+                "from vllm.platforms import current_platform\n"
+                "VLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else 128 if is_npu_available() else 16  "
+                "# Block size for KV cache\n"
             ),
         ),
         # current_platform already imported: only the constant changes
