@@ -37,6 +37,8 @@ ONLY = {"speculators": SPECULATORS, "vllm": VLLM, "transformers": TRANSFORMERS}
 # workflow read them all): their facts hold in none of VLLM.
 LATER_VLLM = {"v12-kv-cache-planning", "v13-request-eos-token-id", "v14-kv-cache-layout", "v15-cpu-block-size"}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
+# v16's file is still in speculators 0.5.0 (the data-generation files and eagle.py are not)
+SHIPPED_BY_0_5_0 = {"speculators/utils/pydantic_utils.py"}
 
 # ../shared/design/api-drift.md, "The drift, by vLLM release": the first release of each change,
 # as facts (the same facts the patches declare, and those no patch needs yet).
@@ -87,8 +89,11 @@ def test_every_patch_applies_to_speculators_0_3_0_and_is_not_selected_later(repo
         assert cells["0.4.0"].status == "not-selected"
         assert "speculators 0.4.0 does not satisfy >=0.3.0,<0.4.0" in cells["0.4.0"].reason
         assert cells["0.5.0"].status == "not-selected"
-        assert cells["0.5.0"].reason == f"speculators 0.5.0 does not ship {patch.target.path}"
-        assert cells["0.5.0"].codemod == "no file"
+        if patch.target.path in SHIPPED_BY_0_5_0:
+            assert "speculators 0.5.0 does not satisfy >=0.3.0,<0.4.0" in cells["0.5.0"].reason, cells["0.5.0"]
+        else:
+            assert cells["0.5.0"].reason == f"speculators 0.5.0 does not ship {patch.target.path}"
+            assert cells["0.5.0"].codemod == "no file"
     assert not any(c.drift for c in report.cells)
 
 
