@@ -261,6 +261,7 @@ def test_command_writes_json_and_markdown(report, tmp_path):
     markdown = tmp_path / "summary.md"
     done = patcher(
         "--release", "speculators=" + ",".join(SPECULATORS), "--release", "vllm=" + ",".join(VLLM),
+        "--release", "transformers=" + ",".join(TRANSFORMERS),
         "--cache", str(cache()), "--json", "--markdown", str(markdown),
     )  # fmt: skip
     document = json.loads(done.stdout)
