@@ -212,10 +212,11 @@ def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptio
     """`patcher verify`: the static check (a fresh interpreter), then with --run the run check."""
     options.progress(f"{transport.label}: binding the patched files' vLLM calls in a fresh interpreter")
     result = transport.call({"op": "verify", "spec": _verify_spec(plan, report.facts)})
-    report.problems = list(result["problems"])
-    if report.problems:
+    found = list(result["problems"])
+    report.problems = list(report.problems) + found
+    if found:
         report.status, report.exit_code = "failed", EXIT_FAILED
-        report.message = f"verification failed ({len(report.problems)} problem(s)): {report.problems[0]}"
+        report.message = f"verification failed ({len(found)} problem(s)): {found[0]}"
         if not options.run_check:
             return report
     else:
