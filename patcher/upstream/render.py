@@ -138,6 +138,31 @@ def first_label(check: GateCheck, report: CheckReport) -> str:
     return f"{'≤' if check.first == oldest else ''}{check.first}{wheel}"
 
 
+def release_rows(report: CheckReport) -> list[tuple[str, str, str, str, str]]:
+    """Per vLLM release bound: (release, patches selected, calls bound, static verdict, last run)."""
+    rows = []
+    for version in report.binding_releases():
+        bindings = [b for b in report.bindings if b.versions["vllm"] == version]
+        patches = sorted({p for b in bindings for p in b.patches}, key=_number)
+        problems = sum(len(b.problems) for b in bindings)
+        run = report.runs.get(version)
+        last = "never run" if run is None else f"{'ok' if run.ok else 'FAILED'} {run.finished[:10]}" + (
+            " (other patches)" if run.stale else ""
+        ) + (f": {run.summary}" if run.summary and not run.ok else "")
+        rows.append((
+            version, " ".join(_short(p) for p in patches), str(sum(b.checked for b in bindings)),
+            "binds" if not problems else f"{problems} call(s) do not bind", last,
+        ))  # fmt: skip
+    return rows
+
+
+def never_run(report: CheckReport) -> str:
+    missing = [v for v in report.binding_releases() if v not in report.runs]
+    if not missing:
+        return "every vLLM release bound has a release-matrix result"
+    return f"never run (no release-matrix result): {', '.join(missing)}"
+
+
 # ---------------------------------------------------------------------- terminal
 
 
@@ -186,6 +211,15 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
         console.print(gates)
         for line in read_summary(report):
             console.print(f"  [dim]{line}[/]", soft_wrap=True)
+        if report.bindings:
+            bound = Table(title="patched files bound per vLLM release (static), beside the release matrix's last run")
+            for column in ("vllm", "patches selected", "imports+calls bound", "static", "last run"):
+                bound.add_column(column)
+            for version, patches, checked, verdict, last in release_rows(report):
+                style = "green" if verdict == "binds" else "bold red"
+                bound.add_row(version, patches, checked, f"[{style}]{verdict}[/]", last)
+            console.print(bound)
+            console.print(f"  [dim]{never_run(report)}[/]", soft_wrap=True)
         if report.nightlies:
             nightly = Table(title="nightlies (fabricated metadata, selection only)")
             nightly.add_column("vllm")
@@ -244,6 +278,14 @@ def render_markdown(report: CheckReport) -> str:
     if versions:
         lines.append(f"`holds in`: one mark per release read, {versions[0]} to {versions[-1]} (✓ holds, · not).")
     lines += [f"{_md(line)}." for line in read_summary(report)] + [""]
+    if report.bindings:
+        lines += ["## Patched files bound per vLLM release", "",
+                  "Static: every vLLM import and call of the files apply writes there; last run: the release "
+                  "matrix's result (runtime drift is seen only there).", "",
+                  "| vllm | patches selected | imports+calls bound | static | last run |", "|---|---|---|---|---|"]
+        for version, patches, checked, verdict, last in release_rows(report):
+            lines.append(f"| {version} | {patches} | {checked} | {verdict if verdict == 'binds' else '**' + verdict + '**'} | {_md(last)} |")
+        lines += ["", _md(never_run(report)) + ".", ""]
     if report.nightlies:
         lines += ["## Nightlies (fabricated metadata, selection only)", "", "| vllm | selected edits |", "|---|---|"]
         for check in report.nightlies:

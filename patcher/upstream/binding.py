@@ -1,0 +1,339 @@
+"""Bind the patched files' calls into vLLM, statically, against one vLLM release's sources.
+
+What the agent's verification does at run time (import, then `inspect.signature(...).bind`),
+done with `ast` on a release read from the package index: for every release the matrix reads,
+the files the patches selected there produce (speculators' pristine file, transformed), and in
+them every `from vllm... import NAME` (a module or name that must exist) and every call of such a
+NAME or of a declared attribute call (AttributeCall: `self.executor.sample_tokens(...)` against
+`MultiprocExecutor.sample_tokens`) bound to the callee's parameters: required arguments present,
+no unknown keyword, not too many positional arguments.
+
+What it cannot see (said in the README): calls through values it cannot type (a method of an
+object returned by vLLM), names vLLM defines outside its own package or lazily (a module
+`__getattr__`), signatures made at run time (decorators that change them), classes whose
+constructor comes from outside vLLM (msgspec, pydantic models without a dataclass shape), and
+anything that depends on what the code does when it runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .facts import MAX_DEPTH, SourceTree, last_definition, top_level
+
+DATACLASS_DECORATORS = {"dataclass", "config"}  # vLLM's config classes: @config @dataclass
+
+
+@dataclass
+class Binding:
+    """The calls of one patched file bound against one release."""
+
+    file: str  # the patched file (path in its distribution)
+    release: str  # e.g. "vllm 0.17.0"
+    patches: list[str] = field(default_factory=list)  # the patches selected there
+    versions: dict[str, str] = field(default_factory=dict)  # the versions the file was patched for
+    checked: int = 0  # imports and calls bound
+    unchecked: list[str] = field(default_factory=list)  # what could not be bound statically, and why
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "file": self.file,
+            "release": self.release,
+            "patches": self.patches,
+            "versions": self.versions,
+            "checked": self.checked,
+            "unchecked": self.unchecked,
+            "problems": self.problems,
+        }
+
+
+# ---------------------------------------------------------------- resolving a name
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # def | module | external | missing
+    module: str = ""
+    node: ast.AST | None = None
+    detail: str = ""
+
+
+def lookup(tree: SourceTree, module: str, name: str, depth: int = 0) -> Target:
+    """What `from module import name` gives in this release."""
+    if tree.module(module) is None:
+        return Target("missing", detail=f"no module {module}")
+    found = last_definition(tree.module(module).body, name)
+    if found is not None:
+        return Target("def", module, found)
+    if depth <= MAX_DEPTH:
+        for node in top_level(tree.module(module).body):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name == "*":
+                        continue
+                    if (alias.asname or alias.name) == name:
+                        source = tree.absolute(module, node.level, node.module)
+                        if not (source == tree.package or source.startswith(tree.package + ".")):
+                            return Target("external", detail=f"{module} re-exports it from {source}")
+                        return lookup(tree, source, alias.name, depth + 1)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if (alias.asname or alias.name.split(".")[0]) == name:
+                        return Target("module", alias.name)
+    if tree.module(f"{module}.{name}") is not None:
+        return Target("module", f"{module}.{name}")
+    body = tree.module(module).body
+    if last_definition(body, "__getattr__") is not None or any(
+        isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in top_level(body)
+    ):
+        return Target("external", detail=f"{module} may provide it at run time (module __getattr__ or import *)")
+    return Target("missing", detail=f"{module} has no {name}")
+
+
+# ---------------------------------------------------------------- parameters of a callee
+
+
+@dataclass(frozen=True)
+class Params:
+    positional: tuple[tuple[str, bool], ...]  # (name, has default), self excluded
+    positional_only: frozenset[str]
+    keyword_only: tuple[tuple[str, bool], ...]
+    varargs: bool
+    varkw: bool
+
+
+def function_params(fn: ast.FunctionDef | ast.AsyncFunctionDef, drop_first: bool) -> Params:
+    args = fn.args
+    positional = [*args.posonlyargs, *args.args]
+    defaults = [False] * (len(positional) - len(args.defaults)) + [True] * len(args.defaults)
+    pairs = list(zip((a.arg for a in positional), defaults))
+    posonly = {a.arg for a in args.posonlyargs}
+    if drop_first and pairs:
+        posonly.discard(pairs[0][0])
+        pairs = pairs[1:]
+    kwonly = tuple((a.arg, d is not None) for a, d in zip(args.kwonlyargs, args.kw_defaults))
+    return Params(tuple(pairs), frozenset(posonly), kwonly, args.vararg is not None, args.kwarg is not None)
+
+
+def _decorator_names(node: ast.AST) -> set[str]:
+    names = set()
+    for decorator in getattr(node, "decorator_list", ()):
+        if isinstance(decorator, ast.Call):
+            decorator = decorator.func
+        if isinstance(decorator, ast.Name):
+            names.add(decorator.id)
+        elif isinstance(decorator, ast.Attribute):
+            names.add(decorator.attr)
+    return names
+
+
+def _kw_only_dataclass(node: ast.ClassDef) -> bool:
+    for decorator in node.decorator_list:
+        if isinstance(decorator, ast.Call):
+            for keyword in decorator.keywords:
+                if keyword.arg == "kw_only" and isinstance(keyword.value, ast.Constant) and keyword.value.value:
+                    return True
+    return False
+
+
+def _not_in_init(node: ast.AnnAssign) -> bool:
+    """A dataclass field declared `field(init=False)` (or pydantic's Field(init=False))."""
+    value = node.value
+    return isinstance(value, ast.Call) and any(
+        k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False for k in value.keywords
+    )
+
+
+def class_params(tree: SourceTree, module: str, cls: ast.ClassDef) -> Params | str:
+    """The constructor's parameters, or why they cannot be known statically."""
+    from .facts import field_default
+
+    init = tree.member(module, cls, "__init__")
+    if init is not None and isinstance(init[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return function_params(init[1], drop_first=True)
+    chain = [(module, cls)]
+    seen = 0
+    while seen < len(chain) and len(chain) <= MAX_DEPTH:
+        chain += tree.bases(*chain[seen])
+        seen += 1
+    if not any(_decorator_names(c) & DATACLASS_DECORATORS for _, c in chain):
+        return f"class {cls.name} has no __init__ in vllm (its constructor comes from outside)"
+    fields: dict[str, bool] = {}
+    kw_only = any(_kw_only_dataclass(c) for _, c in chain)
+    for _, c in reversed(chain):  # bases first, as dataclasses orders fields
+        for node in c.body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                annotation = ast.unparse(node.annotation)
+                if annotation.startswith(("ClassVar", "typing.ClassVar")) or _not_in_init(node):
+                    continue
+                fields[node.target.id] = field_default(node)[0]
+    pairs = tuple(fields.items())
+    if kw_only:
+        return Params((), frozenset(), pairs, False, False)
+    return Params(pairs, frozenset(), (), False, False)
+
+
+def bind(params: Params, positional: int, keywords: list[str]) -> str | None:
+    """inspect.Signature.bind's verdict, in its words, for a call with `positional` arguments
+    and these keyword names."""
+    if positional > len(params.positional) and not params.varargs:
+        return "too many positional arguments"
+    filled = {name for name, _ in params.positional[:positional]}
+    names = {name for name, _ in params.positional} | {name for name, _ in params.keyword_only}
+    for keyword in keywords:
+        if keyword in params.positional_only:
+            if not params.varkw:
+                return f"{keyword!r} parameter is positional only, but was passed as a keyword"
+            continue
+        if keyword in names:
+            if keyword in filled:
+                return f"multiple values for argument {keyword!r}"
+            filled.add(keyword)
+        elif not params.varkw:
+            return f"got an unexpected keyword argument {keyword!r}"
+    for name, has_default in (*params.positional, *params.keyword_only):
+        if not has_default and name not in filled:
+            return f"missing a required argument: {name!r}"
+    return None
+
+
+def _call_shape(call: ast.Call) -> tuple[int, list[str]] | None:
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None  # *args / **kwargs at the call site: arity unknown statically (as the agent)
+    return len(call.args), [k.arg for k in call.keywords]
+
+
+# ---------------------------------------------------------------- one file against one release
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def bind_file(
+    code: str, path: str, tree: SourceTree, release: str, attribute_calls=(), prefixes: tuple[str, ...] = ("vllm",)
+) -> Binding:
+    """Every import from `prefixes` in `code` must exist in `tree`'s release, and every call of an
+    imported name (and each declared attribute call) must bind to its parameters there."""
+    result = Binding(path, release)
+    module_ast = ast.parse(code, path)
+    imported: dict[str, tuple[str, str, Target]] = {}  # local name -> (module, name, target)
+    for node in ast.walk(module_ast):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if not any(node.module == p or node.module.startswith(p + ".") for p in prefixes):
+                continue
+            for alias in node.names:
+                target = lookup(tree, node.module, alias.name)
+                result.checked += 1
+                if target.kind == "missing":
+                    result.problems.append(
+                        f"{path}:{node.lineno}: from {node.module} import {alias.name}: {target.detail} in {release}"
+                    )
+                imported[alias.asname or alias.name] = (node.module, alias.name, target)
+    for node in ast.walk(module_ast):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported):
+            continue
+        module, name, target = imported[node.func.id]
+        shape = _call_shape(node)
+        if target.kind != "def" or shape is None:
+            if target.kind == "external":
+                result.unchecked.append(f"{module}.{name}: {target.detail}")
+            continue
+        params = _params_of(tree, target)
+        if isinstance(params, str):
+            result.unchecked.append(f"{module}.{name}: {params}")
+            continue
+        result.checked += 1
+        error = bind(params, *shape)
+        if error:
+            result.problems.append(f"{path}:{node.lineno}: {module}.{name}(...): {error} in {release}")
+    for call in attribute_calls:
+        module, _, qual = call["implementation"].partition(":")
+        label = f"{call['receiver']}.{call['method']}"
+        hit = tree.resolve(module, qual)
+        calls = [
+            n for n in ast.walk(module_ast)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == call["method"]
+            and _dotted(n.func.value) == call["receiver"]
+        ]  # fmt: skip
+        if hit is None or not isinstance(hit[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if calls:
+                result.problems.append(f"{path}: {label}: {call['implementation']} does not exist in {release}")
+            continue
+        params = function_params(hit[1], drop_first="staticmethod" not in _decorator_names(hit[1]))
+        for n in calls:
+            shape = _call_shape(n)
+            if shape is None:
+                continue
+            result.checked += 1
+            error = bind(params, *shape)
+            if error:
+                result.problems.append(f"{path}:{n.lineno}: {label}(...): {error} in {release}")
+    return result
+
+
+def _params_of(tree: SourceTree, target: Target) -> Params | str:
+    node = target.node
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return function_params(node, drop_first=False)
+    if isinstance(node, ast.ClassDef):
+        return class_params(tree, target.module, node)
+    return f"defined by an assignment in {target.module} (its signature is made at run time)"
+
+
+BINDINGS_FILE = ".bindings.json"
+
+
+def _binder_key() -> str:
+    from . import facts
+
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(Path(facts.__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def bind_cached(files, version: str, variants) -> list[Binding]:
+    """bind_file for each patched file (patched.Variant) on the release `files` reads, cached
+    beside its files: a release never changes, so a binding is computed again only when the
+    patched code or this binder changes."""
+    from .facts import SourceTree
+    from .wheels import write_atomic
+
+    cache_file = files.root / BINDINGS_FILE
+    binder = _binder_key()
+    try:
+        cached = json.loads(cache_file.read_text())
+        if cached.get("binder") != binder:
+            cached = {}
+    except (OSError, ValueError):
+        cached = {}
+    known = cached.get("bindings", {})
+    tree = None
+    out, fresh = [], False
+    for variant in variants:
+        key = hashlib.sha256(json.dumps([variant.code, variant.attribute_calls], sort_keys=True).encode()).hexdigest()
+        if key in known:
+            binding = Binding(**known[key])
+        else:
+            tree = tree or SourceTree(files, "vllm")
+            binding = bind_file(variant.code, variant.path, tree, f"vllm {version}", variant.attribute_calls)
+            known[key] = {k: v for k, v in binding.to_json().items() if k not in ("patches", "versions")}
+            fresh = True
+        binding.patches = list(variant.patches)
+        binding.versions = dict(variant.versions)
+        out.append(binding)
+    if fresh:
+        write_atomic(cache_file, json.dumps({"binder": binder, "bindings": known}, indent=1).encode())
+    return out

@@ -1,0 +1,105 @@
+"""The release matrix's last result per vLLM release, shown beside check-upstream's verdict.
+
+check-upstream sees only what the sources say; what a release does when it runs (the KV cache
+layout resolved at start-up, the CPU block size, silently wrong rows) is seen only by running
+it: the release matrix (bench/releases.py) builds each release's environment, applies and runs
+the run check there, and writes one file per run:
+
+    $PATCHER_CACHE/releases/<anything>.json      (default ~/.cache/patcher/releases)
+    {"schema_version": 1, "vllm": "0.32.0", "ok": true, "finished": "2026-11-30T22:04:00Z",
+     "summary": "one line: what passed or the first failure", "patcher": "commit or version"}
+
+bench/releases.py's own rows (`<release>-<patch-set hash>.json`: "release", "apply", "extract",
+"rollback_identical", ...) are read too: ok when apply exited 0, the extraction was ok with every
+row whole and in order, and rollback was byte-identical; finished is the file's time. A row whose
+patch-set hash is not that of the patches here is marked stale (it ran other patches).
+The newest `finished` per release wins; a file that reads as neither is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunResult:
+    vllm: str
+    ok: bool
+    finished: str  # ISO 8601, UTC
+    summary: str = ""
+    patcher: str = ""
+    file: str = ""
+    stale: bool = False  # made with another patch set than the one here
+
+    def to_json(self) -> dict:
+        return {
+            "ok": self.ok, "finished": self.finished, "summary": self.summary, "patcher": self.patcher,
+            "file": self.file, "stale": self.stale,
+        }  # fmt: skip
+
+
+def patch_set_hash() -> str | None:
+    """bench/releases.py's key for the patches (every patch module and the recipes file), or
+    None where this installation has no recipes file."""
+    root = Path(__file__).resolve().parent.parent.parent
+    recipes = root / "patcher" / "demo" / "releases.json"
+    patches = root / "patches"
+    if not recipes.is_file() or not patches.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(patches.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(recipes.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _from_bench_row(data: dict, file: Path, current: str | None) -> RunResult:
+    extract = data.get("extract") or {}
+    apply = str(data.get("apply", ""))
+    ok = apply.startswith("exit 0") and bool(extract.get("ok")) and bool(extract.get("rows_whole_in_order")) and bool(
+        data.get("rollback_identical")
+    )
+    problem = extract.get("error") or extract.get("skipped")
+    summary = apply + (f"; run: {problem}" if problem else "")
+    if extract.get("max_rel_diff") is not None:
+        summary += f"; largest relative error {extract['max_rel_diff']:.3f}"
+    finished = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(file.stat().st_mtime))
+    match = re.search(r"-([0-9a-f]{12})\.json$", file.name)
+    stale = bool(match and current and match.group(1) != current)
+    return RunResult(str(data["release"]), ok, finished, summary, "", str(file), stale)
+
+
+def default_folder() -> Path:
+    base = os.environ.get("PATCHER_CACHE")
+    return (Path(base).expanduser() if base else Path.home() / ".cache" / "patcher") / "releases"
+
+
+def load_runs(folder: Path | None = None) -> dict[str, RunResult]:
+    folder = folder or default_folder()
+    out: dict[str, RunResult] = {}
+    try:
+        files = sorted(folder.glob("*.json"))
+    except OSError:
+        return out
+    current = patch_set_hash()
+    for file in files:
+        try:
+            data = json.loads(file.read_text())
+            if "release" in data and "vllm" not in data:
+                result = _from_bench_row(data, file, current)
+            else:
+                result = RunResult(
+                    str(data["vllm"]), bool(data["ok"]), str(data["finished"]), str(data.get("summary", "")),
+                    str(data.get("patcher", "")), str(file),
+                )  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if result.vllm not in out or result.finished > out[result.vllm].finished:
+            out[result.vllm] = result
+    return out
