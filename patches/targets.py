@@ -9,3 +9,5 @@ WORKER = TargetFile("speculators", "speculators/data_generation/custom_worker.py
 
 # speculators 0.4.0 carries upstream's own fix; 0.5.0 no longer ships these files.
 SPECULATORS_0_3 = {"speculators": ">=0.3.0,<0.4.0"}
+# Imported by `import speculators` (its model registry): the module that decorates with torch.compile.
+EAGLE3_CORE = TargetFile("speculators", "speculators/models/eagle3/core.py")
