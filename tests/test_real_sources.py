@@ -59,7 +59,8 @@ SUBSETS = [
 # calls its own device helpers; v8: 0.4.0 dropped the supports_eagle3 guard (and passes no
 # llama_4_scaling either, so v8's other edit alone would apply: never a partial patch).
 # Not v12: 0.4.0 still imports the planning helpers from kv_cache_utils (it predates vLLM 0.33),
-# so v12 would rewrite it; 0.4.0 on vLLM 0.33 needs that fix as much as 0.3.0 does.
+# so v12 would rewrite it; 0.4.0 on vLLM 0.33 needs that fix as much as 0.3.0 does. Not v13 either:
+# 0.4.0 still passes Request(eos_token_id=...), which vLLM 0.17 refuses.
 EXPECTED_ON_0_4_0 = {
     "v1-block-hasher": "already-satisfied",
     "v2-tensor-truthiness": "anchor-missing",
