@@ -98,12 +98,16 @@ def test_second_apply_changes_nothing_and_does_not_parse(env: Path):
 
 # The vLLM a patch is selected on, where the default (0.16.0) is too old for it.
 VLLM_FOR = {"v12-kv-cache-planning": "0.33.0", "v13-request-eos-token-id": "0.17.0"}
+# Distributions beyond speculators and vLLM a patch's conditions name (light envs have no torch).
+OTHER_DISTS = {"v14-lazy-compile": [("torch", "2.11.0")]}
 
 
 @pytest.mark.parametrize("patch", [p.id for p in PATCHES])
 def test_each_patch_alone_applies_once_and_rolls_back_byte_identical(tmp_path: Path, patch: str):
     # "alone": with the patches it needs (v11 needs v10), which are never selected without it
     env = light_env(tmp_path, vllm=VLLM_FOR.get(patch, "0.16.0"))
+    for name, version in OTHER_DISTS.get(patch, []):
+        fabricate_dist(env.parent.parent, name, version)
     needs = next(p for p in PATCHES if p.id == patch).needs
     only = [arg for item in (patch, *needs) for arg in ("--only", item)]
     before = target_file_hashes(env)

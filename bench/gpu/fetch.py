@@ -1,0 +1,133 @@
+"""Download one release's pinned wheels here and cut them into folders the device tool can carry.
+
+    python bench/gpu/fetch.py 0.20.0 [--dest DIR]      # download, then cut into folders
+    python bench/gpu/fetch.py --run-only [--dest DIR]  # only refresh DEST/run (script + patcher)
+
+The GPU machine has no network and a call carries at most 64 MiB, so everything it needs travels
+in folders of at most 60 MiB (`DEST/stage/00`, `01`, ...): large wheels cut into parts, small
+ones packed together, and `manifest.json` (in the first folder) giving each wheel's sha256 and the
+parts it is cut into, so `gpu_run.py` can join them and check every byte before installing.
+`DEST/run` holds gpu_run.py and a patcher wheel built from this checkout (`pip wheel --no-deps`);
+it is small and is carried with the call that runs, so a change to patcher needs no new staging.
+
+DEST defaults to `.gpu` in the repository the device tool sends (ignored by git there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+PART = 60 * 1024 * 1024  # one carried folder; the call's 64 MiB also holds the checkout itself
+
+# The GPU machine: Python 3.12, x86_64, glibc new enough for manylinux_2_35 (vLLM's CUDA wheels).
+PLATFORM = [
+    "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+    "--platform", "manylinux_2_35_x86_64", "--platform", "manylinux_2_31_x86_64",
+    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+    "--platform", "manylinux2014_x86_64",
+]  # fmt: skip
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pinned(release: str) -> Path:
+    listing = HERE / f"vllm-{release}.txt"
+    if not listing.is_file():
+        known = ", ".join(sorted(p.stem.removeprefix("vllm-") for p in HERE.glob("vllm-*.txt")))
+        sys.exit(f"no wheel list bench/gpu/vllm-{release}.txt; known releases: {known}")
+    return listing
+
+
+def download(listing: Path, wheels: Path) -> None:
+    wheels.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", *PLATFORM, "-d", str(wheels), "-r", str(listing)]
+    if subprocess.run(command).returncode != 0:
+        sys.exit(f"pip download failed for {listing.name} (see pip's message above)")
+
+
+def pack_run(run: Path) -> None:
+    """DEST/run: the script the device runs and this checkout's patcher as a wheel."""
+    if run.exists():
+        shutil.rmtree(run)
+    run.mkdir(parents=True)
+    shutil.copy2(HERE / "gpu_run.py", run / "gpu_run.py")
+    patcher = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(run), str(REPO)]
+    if subprocess.run(patcher).returncode != 0:
+        sys.exit("pip wheel of this checkout failed")
+
+
+def stage(wheels: Path, out: Path, release: str) -> dict:
+    """Fill out/00, out/01, ... (each at most PART bytes) and return the manifest."""
+    if out.exists():
+        shutil.rmtree(out)
+    files = sorted((w for w in wheels.glob("*.whl") if not w.name.startswith("patcher-")), key=lambda p: -p.stat().st_size)
+    manifest: dict = {"release": release, "wheels": {}}
+    folders: list[list] = []  # [used bytes, path]
+
+    def room(size: int) -> Path:
+        for slot in folders:
+            if slot[0] + size <= PART:
+                slot[0] += size
+                return slot[1]
+        path = out / f"{len(folders):02d}"
+        path.mkdir(parents=True)
+        folders.append([size, path])
+        return path
+
+    for wheel in files:
+        size = wheel.stat().st_size
+        entry = {"sha256": sha256(wheel), "size": size, "parts": []}
+        with wheel.open("rb") as fh:
+            index = 0
+            while chunk := fh.read(PART):
+                name = wheel.name if size <= PART else f"{wheel.name}.part{index:02d}"
+                target = room(len(chunk)) / name
+                target.write_bytes(chunk)
+                entry["parts"].append(f"{target.parent.name}/{name}")
+                index += 1
+        manifest["wheels"][wheel.name] = entry
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("release", nargs="?", help="a vLLM release with a list bench/gpu/vllm-RELEASE.txt")
+    parser.add_argument("--run-only", action="store_true", help="only refresh DEST/run (gpu_run.py and the patcher wheel)")
+    parser.add_argument("--dest", type=Path, default=REPO / ".gpu", help="where wheels/ and stage/ go (default: .gpu)")
+    args = parser.parse_args()
+    pack_run(args.dest / "run")
+    print(f"{args.dest / 'run'}: gpu_run.py and {next((args.dest / 'run').glob('patcher-*.whl')).name}")
+    if args.run_only:
+        return
+    if not args.release:
+        parser.error("name a release (e.g. 0.20.0), or pass --run-only")
+    listing = pinned(args.release)
+    wheels = args.dest / f"wheels-{args.release}"
+    download(listing, wheels)
+    out = args.dest / f"stage-{args.release}"
+    manifest = stage(wheels, out, args.release)
+    folders = sorted(p.name for p in out.iterdir() if p.is_dir())
+    total = sum(w["size"] for w in manifest["wheels"].values())
+    print(f"{len(manifest['wheels'])} wheels, {total / 2**20:.0f} MiB, in {len(folders)} folders under {out}")
+    for name in folders:
+        size = sum(f.stat().st_size for f in (out / name).iterdir())
+        print(f"  {out / name}  {size / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
