@@ -21,6 +21,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -65,9 +66,18 @@ def pack_run(run: Path) -> None:
         shutil.rmtree(run)
     run.mkdir(parents=True)
     shutil.copy2(HERE / "gpu_run.py", run / "gpu_run.py")
-    patcher = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(run), str(REPO)]
-    if subprocess.run(patcher).returncode != 0:
-        sys.exit("pip wheel of this checkout failed")
+    # From the tracked files only: a build/ folder left by an earlier build would put modules
+    # that no longer exist (a renamed patch) into the wheel.
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
+    with tempfile.TemporaryDirectory() as clean:
+        for name in filter(None, listed.decode().split("\0")):
+            source = REPO / name
+            if source.is_file():
+                (Path(clean) / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, Path(clean) / name)
+        patcher = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(run), clean]
+        if subprocess.run(patcher).returncode != 0:
+            sys.exit("pip wheel of this checkout failed")
 
 
 def stage(wheels: Path, out: Path, release: str) -> dict:
