@@ -1,12 +1,13 @@
-"""Download one release's pinned wheels here and cut them into folders the device tool can carry.
+"""Download the pinned wheels of vLLM releases here and cut them into folders the device tool can carry.
 
-    python bench/gpu/fetch.py 0.20.0 [--dest DIR]      # download, then cut into folders
+    python bench/gpu/fetch.py 0.20.0 [0.20.1 ...] [--dest DIR]  # download, cut into folders
     python bench/gpu/fetch.py --run-only [--dest DIR]  # only refresh DEST/run (script + patcher)
 
 The GPU machine has no network and a call carries at most 64 MiB, so everything it needs travels
-in folders of at most 60 MiB (`DEST/stage/00`, `01`, ...): large wheels cut into parts, small
-ones packed together, and `manifest.json` (in the first folder) giving each wheel's sha256 and the
-parts it is cut into, so `gpu_run.py` can join them and check every byte before installing.
+in folders of at most 60 MiB (`DEST/stage-0.20.0/00`, `01`, ...; `stage-0.20.1+0.20.2/` for
+several releases, each shared wheel once): large wheels cut into parts, small ones packed
+together, and `manifest.json` beside them giving each release's wheels, each wheel's sha256 and
+the parts it is cut into, so `gpu_run.py` can join them and check every byte before installing.
 `DEST/run` holds gpu_run.py and a patcher wheel built from this checkout (`pip wheel --no-deps`);
 it is small and is carried with the call that runs, so a change to patcher needs no new staging.
 
@@ -80,12 +81,21 @@ def pack_run(run: Path) -> None:
             sys.exit("pip wheel of this checkout failed")
 
 
-def stage(wheels: Path, out: Path, release: str) -> dict:
-    """Fill out/00, out/01, ... (each at most PART bytes) and return the manifest."""
+def stage(wheel_sets: dict[str, list[Path]], out: Path) -> dict:
+    """Fill out/00, out/01, ... (each at most PART bytes) with every release's wheels, each wheel
+    once (releases share most of them), and return the manifest."""
     if out.exists():
         shutil.rmtree(out)
-    files = sorted((w for w in wheels.glob("*.whl") if not w.name.startswith("patcher-")), key=lambda p: -p.stat().st_size)
-    manifest: dict = {"release": release, "wheels": {}}
+    unique: dict[str, Path] = {}
+    for files in wheel_sets.values():
+        for wheel in files:
+            if wheel.name in unique and sha256(unique[wheel.name]) != sha256(wheel):
+                sys.exit(f"{wheel.name} differs between two downloads; fetch again")
+            unique.setdefault(wheel.name, wheel)
+    manifest: dict = {
+        "releases": {release: sorted(w.name for w in files) for release, files in wheel_sets.items()},
+        "wheels": {},
+    }
     folders: list[list] = []  # [used bytes, path]
 
     def room(size: int) -> Path:
@@ -98,7 +108,7 @@ def stage(wheels: Path, out: Path, release: str) -> dict:
         folders.append([size, path])
         return path
 
-    for wheel in files:
+    for wheel in sorted(unique.values(), key=lambda p: -p.stat().st_size):
         size = wheel.stat().st_size
         entry = {"sha256": sha256(wheel), "size": size, "parts": []}
         with wheel.open("rb") as fh:
@@ -116,21 +126,26 @@ def stage(wheels: Path, out: Path, release: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("release", nargs="?", help="a vLLM release with a list bench/gpu/vllm-RELEASE.txt")
+    parser.add_argument("releases", nargs="*", help="vLLM releases, each with a list bench/gpu/vllm-RELEASE.txt")
     parser.add_argument("--run-only", action="store_true", help="only refresh DEST/run (gpu_run.py and the patcher wheel)")
-    parser.add_argument("--dest", type=Path, default=REPO / ".gpu", help="where wheels/ and stage/ go (default: .gpu)")
+    parser.add_argument("--dest", type=Path, default=REPO / ".gpu", help="where wheels-*/, stage-*/ and run/ go (default: .gpu)")
     args = parser.parse_args()
     pack_run(args.dest / "run")
     print(f"{args.dest / 'run'}: gpu_run.py and {next((args.dest / 'run').glob('patcher-*.whl')).name}")
     if args.run_only:
         return
-    if not args.release:
-        parser.error("name a release (e.g. 0.20.0), or pass --run-only")
-    listing = pinned(args.release)
-    wheels = args.dest / f"wheels-{args.release}"
-    download(listing, wheels)
-    out = args.dest / f"stage-{args.release}"
-    manifest = stage(wheels, out, args.release)
+    if not args.releases:
+        parser.error("name one or more releases (e.g. 0.20.0), or pass --run-only")
+    wheel_sets = {}
+    for release in args.releases:
+        listing = pinned(release)
+        wheels = args.dest / f"wheels-{release}"
+        if wheels.exists():
+            shutil.rmtree(wheels)  # exactly this list's wheels (pip's own cache makes it cheap)
+        download(listing, wheels)
+        wheel_sets[release] = sorted(wheels.glob("*.whl"))
+    out = args.dest / ("stage-" + "+".join(args.releases))
+    manifest = stage(wheel_sets, out)
     folders = sorted(p.name for p in out.iterdir() if p.is_dir())
     total = sum(w["size"] for w in manifest["wheels"].values())
     print(f"{len(manifest['wheels'])} wheels, {total / 2**20:.0f} MiB, in {len(folders)} folders under {out}")

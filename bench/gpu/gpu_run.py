@@ -1,6 +1,6 @@
 """On the GPU machine: install one release's wheels, patch, check end to end at TP 1 and 2, roll back.
 
-    python3 gpu_run.py --stage /tmp/stage --out "$OUT" [--tp 1,2] [--leave-out v14]
+    python3 gpu_run.py --stage /tmp/stage --out "$OUT" [--release 0.20.0] [--tp 1,2] [--leave-out v14]
 
 Runs under the machine's own python3 (its torch, CUDA build); standard library only. Steps, each
 timed, each result written under --out (at most 8 files come back from the device tool):
@@ -74,14 +74,18 @@ class Run:
         (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1, sort_keys=True) + "\n")
 
 
-def join_wheels(stage: Path, run: Run) -> list[Path]:
+def join_wheels(stage: Path, release: str | None, run: Run) -> list[Path]:
     manifest = json.loads((stage / "manifest.json").read_text())
+    releases = manifest["releases"]
+    if release is None and len(releases) == 1:
+        release = next(iter(releases))
+    if release not in releases:
+        sys.exit(f"--release: name one of {', '.join(sorted(releases))} (the releases staged)")
     started = time.monotonic()
-    if WHEELS.exists():
-        shutil.rmtree(WHEELS)
-    WHEELS.mkdir(parents=True)
+    WHEELS.mkdir(parents=True, exist_ok=True)
     joined = []
-    for name, entry in sorted(manifest["wheels"].items()):
+    for name in releases[release]:
+        entry = manifest["wheels"][name]
         target = WHEELS / name
         with target.open("wb") as out:
             for part in entry["parts"]:
@@ -93,7 +97,7 @@ def join_wheels(stage: Path, run: Run) -> list[Path]:
         if sha256(target) != entry["sha256"]:
             sys.exit(f"{name}: sha256 differs from the manifest (a part is damaged or from another fetch)")
         joined.append(target)
-    run.summary["release"] = manifest["release"]
+    run.summary["release"] = release
     run.summary["steps"]["join"] = {"exit": 0, "seconds": round(time.monotonic() - started, 1), "wheels": len(joined)}
     run.say(f"joined and checked {len(joined)} wheels")
     return joined
@@ -167,6 +171,7 @@ def extract(run: Run, label: str, tp: int, calls: str = "all", timeout: int = 42
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", type=Path, required=True, help="folder holding manifest.json and the staged folders")
+    parser.add_argument("--release", help="which staged release to install (default: the only one staged)")
     parser.add_argument("--run-dir", type=Path, default=HERE, help="folder holding the patcher wheel (default: this script's)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu-out")))
     parser.add_argument("--tp", default="1,2", help="tensor parallel sizes to check (default 1,2; those over the GPU count are skipped)")
@@ -187,7 +192,7 @@ def main() -> int:
     }
     run.say(f"machine: {run.summary['machine']}")
 
-    wheels = join_wheels(args.stage, run)
+    wheels = join_wheels(args.stage, args.release, run)
     wheels += sorted(args.run_dir.glob("patcher-*.whl"))  # this checkout's patcher, carried with the script
     if SITE.exists():
         shutil.rmtree(SITE)
