@@ -99,7 +99,7 @@ def test_second_apply_changes_nothing_and_does_not_parse(env: Path):
 # The vLLM a patch is selected on, where the default (0.16.0) is too old for it.
 VLLM_FOR = {"v12-kv-cache-planning": "0.33.0", "v13-request-eos-token-id": "0.17.0"}
 # Distributions beyond speculators and vLLM a patch's conditions name (light envs have no torch).
-OTHER_DISTS = {"v14-lazy-compile": [("torch", "2.11.0")]}
+OTHER_DISTS = {"v18-lazy-compile": [("torch", "2.11.0")]}
 
 
 @pytest.mark.parametrize("patch", [p.id for p in PATCHES])

@@ -1,4 +1,4 @@
-"""v14 on the real demo environment (torch 2.10, a CUDA build, on a machine without a GPU): after
+"""v18 on the real demo environment (torch 2.10, a CUDA build, on a machine without a GPU): after
 the patch, `import speculators` never asks torch for the CUDA device count; before it, and after
 rollback, it does, through speculators/models/eagle3/core.py's @torch.compile.
 
@@ -86,11 +86,11 @@ def test_unpatched_import_asks_cuda_through_torch_compile(target: Path):
     assert seen["benchmarking_imported"], seen
 
 
-def test_after_v14_importing_speculators_never_asks_cuda(target: Path):
-    code, doc, err = patcher("apply", "--python", str(target), "--only", "v14", "--no-verify")
+def test_after_v18_importing_speculators_never_asks_cuda(target: Path):
+    code, doc, err = patcher("apply", "--python", str(target), "--only", "v18", "--no-verify")
     assert code == 0, err
     states = {p["id"]: p["state"] for p in doc["targets"][0]["patches"]}
-    assert states["v14-lazy-compile"] == "applied", states
+    assert states["v18-lazy-compile"] == "applied", states
     assert doc["targets"][0]["versions"]["torch"].startswith("2.10"), doc["targets"][0]["versions"]
     seen = probe(target)
     assert seen["calls"] == 0, seen
@@ -99,7 +99,7 @@ def test_after_v14_importing_speculators_never_asks_cuda(target: Path):
 
 
 def test_rollback_brings_the_call_back(target: Path):
-    code, _, err = patcher("rollback", "--python", str(target), "--only", "v14")
+    code, _, err = patcher("rollback", "--python", str(target), "--only", "v18")
     assert code == 0, err
     assert sha(site_file(target, CORE)) == PRISTINE_CORE
     assert probe(target)["calls"] >= 1

@@ -1,6 +1,6 @@
 """On the GPU machine: install one release's wheels, patch, check end to end at TP 1 and 2, roll back.
 
-    python3 gpu_run.py --stage /tmp/stage --out "$OUT" [--release 0.20.0] [--tp 1,2] [--leave-out v14]
+    python3 gpu_run.py --stage /tmp/stage --out "$OUT" [--release 0.20.0] [--tp 1,2] [--leave-out v18]
 
 Runs under the machine's own python3 (its torch, CUDA build); standard library only. Steps, each
 timed, each result written under --out (at most 8 files come back from the device tool):
@@ -12,7 +12,7 @@ timed, each result written under --out (at most 8 files come back from the devic
 5. the end-to-end check of tests/test_e2e_vllm.py (patcher/demo/extract.py: four generate() calls,
    hidden states against transformers) at each tensor parallel size;
 6. `patcher rollback`: every target file's sha256 must equal its pristine one (and speculators' RECORD);
-7. optionally the check with one patch left out (`--leave-out v14`: the fork failure), rolled back again.
+7. optionally the check with one patch left out (`--leave-out v18`: the fork failure), rolled back again.
 summary.json holds every figure; the last lines printed are a table.
 """
 
@@ -175,7 +175,7 @@ def main() -> int:
     parser.add_argument("--run-dir", type=Path, default=HERE, help="folder holding the patcher wheel (default: this script's)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu-out")))
     parser.add_argument("--tp", default="1,2", help="tensor parallel sizes to check (default 1,2; those over the GPU count are skipped)")
-    parser.add_argument("--leave-out", default="", help="then check with this patch left out (e.g. v14), and roll back again")
+    parser.add_argument("--leave-out", default="", help="then check with this patch left out (e.g. v18), and roll back again")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     run = Run(args.out)

@@ -1,4 +1,4 @@
-"""v14: compile EAGLE-3's forward at its first call, so `import speculators` never touches CUDA.
+"""v18: compile EAGLE-3's forward at its first call, so `import speculators` never touches CUDA.
 
 On a CUDA host vLLM starts the generator's workers with fork, and every worker died:
 "Cannot re-initialize CUDA in forked subprocess" (gpu_worker.init_device), measured on an H200
@@ -135,7 +135,7 @@ class Eagle3DraftModel(SpeculatorModel):
 )
 
 PATCH = Patch(
-    id="v14-lazy-compile",
+    id="v18-lazy-compile",
     title="compile EAGLE-3's forward at its first call: importing speculators leaves CUDA alone",
     target=EAGLE3_CORE,
     requires=SPECULATORS_0_3,
