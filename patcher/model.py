@@ -39,6 +39,8 @@ FACT_KINDS = {
     "has-base": "{where} derives from {name}",
     "lacks-base": "{where} does not derive from {name}",
     "returns-first-item": "{where} returns the single reply itself (a return of x[0])",
+    "returns-value": "{where} returns {value}",
+    "lacks-module": "{where} does not exist",
 }
 
 
@@ -63,10 +65,10 @@ class Fact:
     def __post_init__(self) -> None:
         if self.kind not in FACT_KINDS:
             raise ValueError(f"unknown fact kind {self.kind!r}; known: {', '.join(FACT_KINDS)}")
-        if self.kind != "returns-first-item" and not self.name:
+        if self.kind not in ("returns-first-item", "returns-value", "lacks-module") and not self.name:
             raise ValueError(f"a {self.kind} fact names the parameter, attribute or field it is about")
-        if self.kind == "default-value" and not self.value:
-            raise ValueError("a default-value fact gives the expected default as Python source")
+        if self.kind in ("default-value", "returns-value") and not self.value:
+            raise ValueError(f"a {self.kind} fact gives the expected value as Python source")
 
     @property
     def modules(self) -> tuple[str, ...]:

