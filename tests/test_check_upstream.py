@@ -38,7 +38,7 @@ ONLY = {"speculators": SPECULATORS, "vllm": VLLM, "transformers": TRANSFORMERS}
 LATER_VLLM = {"v12-kv-cache-planning", "v13-request-eos-token-id", "v14-kv-cache-layout", "v15-cpu-block-size"}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 # v16's file is still in speculators 0.5.0 (the data-generation files and eagle.py are not)
-SHIPPED_BY_0_5_0 = {"speculators/utils/pydantic_utils.py"}
+SHIPPED_BY_0_5_0 = {"speculators/utils/pydantic_utils.py", "speculators/models/eagle3/core.py"}
 
 # ../shared/design/api-drift.md, "The drift, by vLLM release": the first release of each change,
 # as facts (the same facts the patches declare, and those no patch needs yet).

@@ -105,6 +105,8 @@ VLLM_FOR = {
 }
 # The transformers a patch is selected on (none is installed in a light environment).
 TRANSFORMERS_FOR = {"v16-pydantic-torch-namespace": "5.19.0", "v17-attn-mask-utils": "5.24.0"}
+# The torch a patch is selected on (light environments have none).
+TORCH_FOR = {"v18-lazy-compile": "2.11.0"}
 
 
 @pytest.mark.parametrize("patch", [p.id for p in PATCHES])
@@ -113,6 +115,8 @@ def test_each_patch_alone_applies_once_and_rolls_back_byte_identical(tmp_path: P
     env = light_env(tmp_path, vllm=VLLM_FOR.get(patch, "0.16.0"))
     if patch in TRANSFORMERS_FOR:
         fabricate_dist(env.parent.parent, "transformers", TRANSFORMERS_FOR[patch])
+    if patch in TORCH_FOR:
+        fabricate_dist(env.parent.parent, "torch", TORCH_FOR[patch])
     needs = next(p for p in PATCHES if p.id == patch).needs
     only = [arg for item in (patch, *needs) for arg in ("--only", item)]
     before = target_file_hashes(env)

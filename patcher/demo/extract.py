@@ -238,6 +238,7 @@ def run(args) -> dict:
         "error": None,
         "tolerance": TOLERANCE,
         "layer_ids": args.layers,
+        "tensor_parallel_size": args.tensor_parallel_size,
         "calls": [],
         "timings": {},
     }
@@ -271,6 +272,7 @@ def run(args) -> dict:
             layer_ids=args.layers,
             max_model_len=args.max_model_len,
             gpu_memory_utilization=args.memory_utilization,
+            tensor_parallel_size=args.tensor_parallel_size,
         )
         report["timings"]["init_s"] = round(time.monotonic() - t0, 2)
 
@@ -320,6 +322,9 @@ def main() -> int:
         default=0.1,
         help="the generator's gpu_memory_utilization: its KV cache takes 0.2 of this share of the "
         "free device memory (host memory on the CPU build, with v9); 0.1 is ample for the demo",
+    )
+    parser.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="GPUs the model is split over (CUDA builds; default 1)"
     )
     parser.add_argument("--calls", default="all", help="which calls to run, e.g. 1,2 (default all)")
     parser.add_argument("--report", help="also write the JSON report to this file")

@@ -1,0 +1,158 @@
+"""Download the pinned wheels of vLLM releases here and cut them into folders the device tool can carry.
+
+    python bench/gpu/fetch.py 0.20.0 [0.20.1 ...] [--dest DIR]  # download, cut into folders
+    python bench/gpu/fetch.py --run-only [--dest DIR]  # only refresh DEST/run (script + patcher)
+
+The GPU machine has no network and a call carries at most 64 MiB, so everything it needs travels
+in folders of at most 60 MiB (`DEST/stage-0.20.0/00`, `01`, ...; `stage-0.20.1+0.20.2/` for
+several releases, each shared wheel once): large wheels cut into parts, small ones packed
+together, and `manifest.json` beside them giving each release's wheels, each wheel's sha256 and
+the parts it is cut into, so `gpu_run.py` can join them and check every byte before installing.
+`DEST/run` holds gpu_run.py and a patcher wheel built from this checkout (`pip wheel --no-deps`);
+it is small and is carried with the call that runs, so a change to patcher needs no new staging.
+
+DEST defaults to `.gpu` in the repository the device tool sends (ignored by git there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+PART = 60 * 1024 * 1024  # one carried folder; the call's 64 MiB also holds the checkout itself
+
+# The GPU machine: Python 3.12, x86_64, glibc new enough for manylinux_2_35 (vLLM's CUDA wheels).
+PLATFORM = [
+    "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+    "--platform", "manylinux_2_35_x86_64", "--platform", "manylinux_2_31_x86_64",
+    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+    "--platform", "manylinux2014_x86_64",
+]  # fmt: skip
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pinned(release: str) -> Path:
+    listing = HERE / f"vllm-{release}.txt"
+    if not listing.is_file():
+        known = ", ".join(sorted(p.stem.removeprefix("vllm-") for p in HERE.glob("vllm-*.txt")))
+        sys.exit(f"no wheel list bench/gpu/vllm-{release}.txt; known releases: {known}")
+    return listing
+
+
+def download(listing: Path, wheels: Path) -> None:
+    wheels.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", *PLATFORM, "-d", str(wheels), "-r", str(listing)]
+    if subprocess.run(command).returncode != 0:
+        sys.exit(f"pip download failed for {listing.name} (see pip's message above)")
+
+
+def pack_run(run: Path) -> None:
+    """DEST/run: the script the device runs and this checkout's patcher as a wheel."""
+    if run.exists():
+        shutil.rmtree(run)
+    run.mkdir(parents=True)
+    shutil.copy2(HERE / "gpu_run.py", run / "gpu_run.py")
+    # From the tracked files only: a build/ folder left by an earlier build would put modules
+    # that no longer exist (a renamed patch) into the wheel.
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
+    with tempfile.TemporaryDirectory() as clean:
+        for name in filter(None, listed.decode().split("\0")):
+            source = REPO / name
+            if source.is_file():
+                (Path(clean) / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, Path(clean) / name)
+        patcher = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(run), clean]
+        if subprocess.run(patcher).returncode != 0:
+            sys.exit("pip wheel of this checkout failed")
+
+
+def stage(wheel_sets: dict[str, list[Path]], out: Path) -> dict:
+    """Fill out/00, out/01, ... (each at most PART bytes) with every release's wheels, each wheel
+    once (releases share most of them), and return the manifest."""
+    if out.exists():
+        shutil.rmtree(out)
+    unique: dict[str, Path] = {}
+    for files in wheel_sets.values():
+        for wheel in files:
+            if wheel.name in unique and sha256(unique[wheel.name]) != sha256(wheel):
+                sys.exit(f"{wheel.name} differs between two downloads; fetch again")
+            unique.setdefault(wheel.name, wheel)
+    manifest: dict = {
+        "releases": {release: sorted(w.name for w in files) for release, files in wheel_sets.items()},
+        "wheels": {},
+    }
+    folders: list[list] = []  # [used bytes, path]
+
+    def room(size: int) -> Path:
+        for slot in folders:
+            if slot[0] + size <= PART:
+                slot[0] += size
+                return slot[1]
+        path = out / f"{len(folders):02d}"
+        path.mkdir(parents=True)
+        folders.append([size, path])
+        return path
+
+    for wheel in sorted(unique.values(), key=lambda p: -p.stat().st_size):
+        size = wheel.stat().st_size
+        entry = {"sha256": sha256(wheel), "size": size, "parts": []}
+        with wheel.open("rb") as fh:
+            index = 0
+            while chunk := fh.read(PART):
+                name = wheel.name if size <= PART else f"{wheel.name}.part{index:02d}"
+                target = room(len(chunk)) / name
+                target.write_bytes(chunk)
+                entry["parts"].append(f"{target.parent.name}/{name}")
+                index += 1
+        manifest["wheels"][wheel.name] = entry
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("releases", nargs="*", help="vLLM releases, each with a list bench/gpu/vllm-RELEASE.txt")
+    parser.add_argument("--run-only", action="store_true", help="only refresh DEST/run (gpu_run.py and the patcher wheel)")
+    parser.add_argument("--dest", type=Path, default=REPO / ".gpu", help="where wheels-*/, stage-*/ and run/ go (default: .gpu)")
+    args = parser.parse_args()
+    pack_run(args.dest / "run")
+    print(f"{args.dest / 'run'}: gpu_run.py and {next((args.dest / 'run').glob('patcher-*.whl')).name}")
+    if args.run_only:
+        return
+    if not args.releases:
+        parser.error("name one or more releases (e.g. 0.20.0), or pass --run-only")
+    wheel_sets = {}
+    for release in args.releases:
+        listing = pinned(release)
+        wheels = args.dest / f"wheels-{release}"
+        if wheels.exists():
+            shutil.rmtree(wheels)  # exactly this list's wheels (pip's own cache makes it cheap)
+        download(listing, wheels)
+        wheel_sets[release] = sorted(wheels.glob("*.whl"))
+    out = args.dest / ("stage-" + "+".join(args.releases))
+    manifest = stage(wheel_sets, out)
+    folders = sorted(p.name for p in out.iterdir() if p.is_dir())
+    total = sum(w["size"] for w in manifest["wheels"].values())
+    print(f"{len(manifest['wheels'])} wheels, {total / 2**20:.0f} MiB, in {len(folders)} folders under {out}")
+    for name in folders:
+        size = sum(f.stat().st_size for f in (out / name).iterdir())
+        print(f"  {out / name}  {size / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

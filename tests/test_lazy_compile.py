@@ -1,0 +1,105 @@
+"""v18 on the real demo environment (torch 2.10, a CUDA build, on a machine without a GPU): after
+the patch, `import speculators` never asks torch for the CUDA device count; before it, and after
+rollback, it does, through speculators/models/eagle3/core.py's @torch.compile.
+
+That call, torch._C._cuda_getDeviceCount(), is what initialises CUDA in the parent process on a
+GPU host without setting torch.cuda.is_initialized(), so that vLLM forks workers that then die
+("Cannot re-initialize CUDA in forked subprocess"; seen on an H200, bench/gpu/results/). The call
+happens the same way without a GPU, so it is counted here: a wrapper installed before the import,
+in the target's own interpreter, records each call and the stack it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.envs import overlay_env, site_file
+
+pytestmark = pytest.mark.vllm
+
+CORE = "speculators/models/eagle3/core.py"
+PRISTINE_CORE = "adec1633736c5c3f9d9cef895e48576ebbed6e43ca74e4d7e0af77388f876dd6"
+
+PROBE = r"""
+import json, sys, traceback
+import torch
+
+stacks = []
+count_devices = torch._C._cuda_getDeviceCount
+
+def counting():
+    stacks.append("".join(traceback.format_stack()))
+    return count_devices()
+
+torch._C._cuda_getDeviceCount = counting
+import speculators
+from speculators.models.eagle3.core import Eagle3DraftModel
+
+print(json.dumps({
+    "calls": len(stacks),
+    "through_eagle3_core": sum("speculators/models/eagle3/core.py" in s for s in stacks),
+    "benchmarking_imported": "torch._inductor.runtime.benchmarking" in sys.modules,
+    "forward": Eagle3DraftModel.forward.__qualname__,
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    from patcher.demo.environment import build_demo_env
+
+    python = overlay_env(tmp_path_factory.mktemp("lazy-compile"), build_demo_env(progress=lambda message: None))
+    try:
+        yield python
+    finally:
+        patcher("rollback", "--python", str(python))
+
+
+def patcher(*args: str) -> tuple[int, dict | None, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "patcher.cli", *args, "--json"], capture_output=True, text=True, timeout=600
+    )
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None, proc.stderr
+
+
+def probe(python: Path) -> dict:
+    proc = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_unpatched_import_asks_cuda_through_torch_compile(target: Path):
+    assert sha(site_file(target, CORE)) == PRISTINE_CORE
+    seen = probe(target)
+    assert seen["calls"] >= 1 and seen["through_eagle3_core"] >= 1, seen
+    assert seen["benchmarking_imported"], seen
+
+
+def test_after_v18_importing_speculators_never_asks_cuda(target: Path):
+    code, doc, err = patcher("apply", "--python", str(target), "--only", "v18", "--no-verify")
+    assert code == 0, err
+    states = {p["id"]: p["state"] for p in doc["targets"][0]["patches"]}
+    assert states["v18-lazy-compile"] == "applied", states
+    assert doc["targets"][0]["versions"]["torch"].startswith("2.10"), doc["targets"][0]["versions"]
+    seen = probe(target)
+    assert seen["calls"] == 0, seen
+    assert not seen["benchmarking_imported"], seen
+    assert seen["forward"] == "Eagle3DraftModel.forward", seen  # functools.wraps keeps the method's name
+
+
+def test_rollback_brings_the_call_back(target: Path):
+    code, _, err = patcher("rollback", "--python", str(target), "--only", "v18")
+    assert code == 0, err
+    assert sha(site_file(target, CORE)) == PRISTINE_CORE
+    assert probe(target)["calls"] >= 1
