@@ -423,6 +423,6 @@ def bundle(output, releases, wheels, quiet) -> None:
 
 
 if __name__ == "__main__":
-    from .entry import run_and_exit
+    from .fastexit import run_and_exit
 
     run_and_exit(main)
