@@ -10,15 +10,9 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .model import Patch
-from .planning import STALE_SUFFIX, PatchState, TargetPlan, condition_names, plan_target, target_files
-from .report import (
-    AGENT_ERRORS,
-    EXIT_CONFLICT,
-    EXIT_FAILED,
-    EXIT_PENDING,
-    EXIT_USAGE,
-    TargetReport,
-)
+from .core.errors import EXIT_CONFLICT, EXIT_FAILED, EXIT_PENDING, outcome
+from .planning import PatchState, TargetPlan, after_write, condition_names, plan_target, target_files
+from .report import TargetReport
 from .transport import AgentFailure, TransportError
 
 
@@ -62,7 +56,7 @@ def _run_target(transport, patches: Sequence[Patch], options: RunOptions) -> Tar
 
 
 def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
-    report.status, report.exit_code = AGENT_ERRORS.get(kind, ("failed", EXIT_FAILED))
+    report.status, report.exit_code = outcome(kind)
     report.message = message
     return report
 
@@ -154,7 +148,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         ]
         return report
     report.status = "changed"
-    report.patches = [_after_write(p, changed_ids, mode) for p in plan.patches]
+    report.patches = after_write(plan.patches, plan.changes, mode)
     verified = result.get("verification")
     if mode == "rollback":
         restored = sum(1 for change in plan.changes if change.new_content is None)
@@ -165,15 +159,6 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     else:
         report.message = f"{len(plan.changes)} file(s) written" + (", verified" if verified else ", not verified")
     return report
-
-
-def _after_write(p: PatchState, changed_ids: set[str], mode: str) -> PatchState:
-    """A patch's state once the agent has written the plan."""
-    if p.state == "pending" and p.id in changed_ids and mode == "apply":
-        return PatchState(p.id, "applied", p.reason, p.target)
-    if p.state == "stale":
-        return PatchState(p.id, "not-selected", p.reason.replace(STALE_SUFFIX, "; removed by this run"), p.target)
-    return p
 
 
 def _why_none(plan: TargetPlan) -> str:

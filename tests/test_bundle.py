@@ -148,7 +148,7 @@ def test_a_vllm_version_outside_what_it_carries_is_refused(tmp_path: Path, bundl
     import zlib
 
     data = json.loads(zlib.decompress(base64.b64decode(source[start:end])))
-    data["selections"] = [s for s in data["selections"] if not any(pid == "v1-block-hasher" for pid, _ in s["selected"])]
+    data["variants"] = {key: v for key, v in data["variants"].items() if "v1-block-hasher" not in key}
     blob = base64.b64encode(zlib.compress(json.dumps(data).encode())).decode()
     trimmed = tmp_path / "trimmed.py"
     trimmed.write_text(source[:start] + blob + source[end:])
