@@ -96,6 +96,58 @@ def test_apply_writes_what_patcher_writes_and_patcher_agrees(bundle: Path, tmp_p
     assert files(target) == pristine
 
 
+def _embedded(bundle: Path, name: str) -> dict:
+    """A blob the bundle carries (DATA, AGENT or CORE), decoded as the bundle decodes it."""
+    import base64
+    import zlib
+
+    source = bundle.read_text()
+    start = source.index(f'\n{name} = """') + len(f'\n{name} = """')
+    return zlib.decompress(base64.b64decode(source[start : source.index('"""', start)]))
+
+
+def test_every_error_kind_exits_alike_through_patcher_and_a_bundle(bundle: Path):
+    from patcher.core.errors import ERROR_KINDS
+    from patcher.report import TargetReport
+    from patcher.run import _fail
+
+    core = json.loads(_embedded(bundle, "CORE"))
+    assert core["planning"] == Path("patcher/core/planning.py").read_text()  # patcher's planning, not a copy
+    ns: dict = {}
+    exec(compile(core["errors"], "<bundle-errors>", "exec"), ns)
+    for kind in [*ERROR_KINDS, "a-kind-nobody-knows"]:
+        report = _fail(TargetReport("t"), kind, "m")
+        assert (report.status, report.exit_code) == ns["outcome"](kind), kind
+    assert ns["outcome"]("stale-plan") == ("failed", 3)  # 1 in bundles before the shared table
+
+
+def test_patcher_and_the_bundle_plan_alike(bundle: Path, tmp_path: Path):
+    """Drift: the same states, reasons, files and exit codes through both, step by step."""
+    from tests.support.envs import fabricate_dist
+
+    mine, theirs = light_env(tmp_path / "a"), light_env(tmp_path / "b")
+
+    def same(command: str, *extra: str) -> None:
+        code, doc, err = patcher(command, "--python", str(mine), *extra, "--json")
+        bundle_code, bundle_doc, bundle_err = run_bundle(bundle, theirs, command, *extra, "--json")
+        assert code == bundle_code, (command, err, bundle_err)
+        a, b = doc["targets"][0], bundle_doc["targets"][0]
+        assert a["patches"] == b["patches"], command
+        assert [(f["path"], f["action"], f["patches"]) for f in a["files"]] == [
+            (f["path"], f["action"], f["patches"]) for f in b["files"]
+        ], command
+        assert (a["status"], a["exit_code"]) == (b["status"], b["exit_code"]), command
+
+    for step in (("status",), ("plan",), ("apply", "--no-verify"), ("plan",), ("apply", "--no-verify")):
+        same(*step)
+    assert files(mine) == files(theirs)
+    for python in (mine, theirs):  # vLLM downgraded under both: patches go stale
+        fabricate_dist(python.parent.parent, "vllm", "0.11.0")
+    for step in (("status",), ("plan",), ("apply", "--no-verify"), ("status",), ("rollback",), ("status",)):
+        same(*step)
+    assert files(mine) == files(theirs)
+
+
 def test_a_file_it_does_not_know_is_refused(bundle: Path, tmp_path: Path):
     target = light_env(tmp_path)
     generator = site_file(target, TARGETS[-1])
