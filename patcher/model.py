@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:  # libcst is imported only where a codemod actually runs
     from .codemod import PatchCodemod
+    from .core.planning import PatchSpec
 
 PATCH_ID = re.compile(r"^v(?P<number>[0-9]+)-[a-z0-9]+(?:-[a-z0-9]+)*$")
 
@@ -157,6 +158,24 @@ class Patch:
     @property
     def short_id(self) -> str:
         return f"v{self.number}"
+
+    def spec(self) -> "PatchSpec":
+        """What the shared planning core needs of this declaration, as plain data."""
+        from .core.planning import PatchSpec
+
+        return PatchSpec(
+            id=self.id,
+            file=self.target.path,
+            distribution=self.target.distribution,
+            module=self.target.module,
+            requires=dict(self.requires),
+            edits=tuple((e.name, dict(e.when)) for e in self.edits),
+            needs=tuple(self.needs),
+            attribute_calls=tuple(
+                {"receiver": c.receiver, "method": c.method, "implementation": c.implementation}
+                for c in self.attribute_calls
+            ),
+        )
 
     def conditions(self) -> dict[str, list[str]]:
         """Every distribution the patch or one of its edits looks at, with its specifiers."""

@@ -29,19 +29,7 @@ Mode = Literal["apply", "rollback"]
 
 def spec_of(patch: Patch) -> PatchSpec:
     """The data planning needs of a declaration."""
-    return PatchSpec(
-        id=patch.id,
-        file=patch.target.path,
-        distribution=patch.target.distribution,
-        module=patch.target.module,
-        requires=dict(patch.requires),
-        edits=tuple((e.name, dict(e.when)) for e in patch.edits),
-        needs=tuple(patch.needs),
-        attribute_calls=tuple(
-            {"receiver": c.receiver, "method": c.method, "implementation": c.implementation}
-            for c in patch.attribute_calls
-        ),
-    )
+    return patch.spec()
 
 
 def specs_of(patches: Sequence[Patch]) -> list[PatchSpec]:

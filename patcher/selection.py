@@ -46,9 +46,7 @@ class Selection:
 def select_patches(patches: Sequence[Patch], versions: Mapping[str, str | None]) -> dict[str, Selection]:
     """What a run on a fresh target would apply: the core's selection by version conditions,
     with a patch whose `needs` are not selected left out too (check-upstream, bundle ranges)."""
-    from .planning import specs_of
-
-    specs = specs_of(patches)
+    specs = [p.spec() for p in patches]
     chosen = core.select(specs, dict(versions), condition_holds)
     kept = set(core.selected_with_needs(specs, chosen))
     out: dict[str, Selection] = {}
@@ -65,6 +63,4 @@ def select_patches(patches: Sequence[Patch], versions: Mapping[str, str | None])
 
 def describe(patch: Patch, versions: Mapping[str, str | None]) -> str:
     """e.g. "speculators 0.3.0 (>=0.3.0,<0.4.0), vllm 0.16.0 (>=0.11.1, >=0.12.0)"."""
-    from .planning import spec_of
-
-    return core.describe(spec_of(patch), dict(versions))
+    return core.describe(patch.spec(), dict(versions))

@@ -6,35 +6,10 @@ import threading
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Literal, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from .model import Edit, Patch
-
-Outcome = Literal["applied", "already-satisfied", "anchor-missing"]
-
-
-@dataclass
-class PatchOutcome:
-    patch_id: str
-    outcome: Outcome
-    message: str = ""
-    edits: dict[str, str] = field(default_factory=dict)  # edit name -> applied|satisfied|anchor-missing
-
-
-@dataclass
-class FileTransform:
-    source: str
-    result: str
-    outcomes: list[PatchOutcome]
-
-    @property
-    def changed(self) -> bool:
-        return self.result != self.source
-
-    def outcome(self, patch_id: str) -> PatchOutcome:
-        return next(o for o in self.outcomes if o.patch_id == patch_id)
-
+from .outcomes import FileTransform, Outcome, PatchOutcome  # noqa: F401  (the results' types, here for callers)
 
 _shared: dict | None = None  # see shared_transforms()
 _persist: Path | None = None
