@@ -299,7 +299,7 @@ def list_patches(json_mode: bool) -> None:
                 "edits": [{"name": e.name, "when": dict(e.when), "answers": e.answers} for e in p.edits],
                 "upstream": p.upstream,
                 "fixed_in": p.fixed_in,
-                "without_it": p.note,
+                "without_it": p.without_it,
             }
             for p in patches
         ]

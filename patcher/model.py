@@ -126,8 +126,20 @@ class AttributeCall:
     implementation: str
 
 
+# What a patch's codemods may say on the files of the speculators release that fixed it upstream.
+FIXED_IN_OUTCOMES = ("already-satisfied", "anchor-missing", "applies")
+
+
 @dataclass(frozen=True)
 class Patch:
+    """Everything about one patch, in one place: patcher's engine, `patcher list`, the README's
+    patch table (scripts/readme_patch_table.py) and the tests read it from here.
+
+    Required: id (`vN-slug`, in a module named `vN_slug.py`), title, target, requires, edits
+    (each with `when`, `answers` and `fact`), examples, satisfied, upstream, without_it.
+    Optional: fixed_in with on_fixed_in, attribute_calls, needs, readme, since.
+    """
+
     id: str
     title: str
     target: TargetFile
@@ -138,16 +150,64 @@ class Patch:
     upstream: str  # the upstream change this patch answers (link or release)
     fixed_in: str | None = None  # the speculators release that fixed it upstream
     attribute_calls: tuple[AttributeCall, ...] = ()
-    note: str = ""  # what breaks without it, for README/list
-    needs: tuple[str, ...] = ()  # ids of patches this one relies on: never selected without them
+    note: str = ""  # the former name of `without_it`, still accepted
+    # ids of other PATCHES this one relies on: it is never applied without them (unlike
+    # Fact.needs, which names upstream facts an edit relies on)
+    needs: tuple[str, ...] = ()
+    # what breaks without it, in words: `patcher list` (its JSON's `without_it`)
+    without_it: str = ""
+    # the README patch table's "without it" cell (markdown); default: without_it
+    readme: str = ""
+    # the README patch table's "since vLLM" cell; default: the vLLM lower bounds its conditions name
+    since: str = ""
+    # tests: what its codemods say on the files of the speculators release named by `fixed_in`
+    # (speculators 0.4.0): already-satisfied (upstream's fix is recognised), anchor-missing (the
+    # shape it rewrites is gone; the file is left alone) or applies (the fix is needed there too)
+    on_fixed_in: str = ""
 
     def __post_init__(self) -> None:
+        where = f"patch {self.id}"
         if not PATCH_ID.match(self.id):
             raise ValueError(f"patch id {self.id!r} is not of the form vN-slug")
         if not self.edits:
-            raise ValueError(f"patch {self.id} declares no edits")
+            raise ValueError(f"{where} declares no edits")
         if not self.examples:
-            raise ValueError(f"patch {self.id} declares no before/after example")
+            raise ValueError(f"{where} declares no before/after example")
+        if self.note and self.without_it and self.note != self.without_it:
+            raise ValueError(f"{where} declares both note= and without_it=; keep without_it= only")
+        if self.note and not self.without_it:
+            object.__setattr__(self, "without_it", self.note)
+        if not self.without_it:
+            raise ValueError(f"{where} declares no without_it= (what breaks without it, in words)")
+        object.__setattr__(self, "note", self.without_it)
+        if self.on_fixed_in and self.on_fixed_in not in FIXED_IN_OUTCOMES:
+            raise ValueError(f"{where}: on_fixed_in={self.on_fixed_in!r}; one of {', '.join(FIXED_IN_OUTCOMES)}")
+        if self.on_fixed_in and not self.fixed_in:
+            raise ValueError(f"{where}: on_fixed_in= needs fixed_in= (the release it is about)")
+        if self.id in self.needs:
+            raise ValueError(f"{where} needs itself")
+
+    @property
+    def module_name(self) -> str:
+        """The module that must declare it: v12-kv-cache-planning in v12_kv_cache_planning.py."""
+        return self.id.replace("-", "_")
+
+    @property
+    def readme_cell(self) -> str:
+        return self.readme or self.without_it
+
+    @property
+    def since_cell(self) -> str:
+        if self.since:
+            return self.since
+        bounds = []
+        for spec in self.conditions().get("vllm", []):
+            for item in spec.split(","):
+                item = item.strip()
+                text = item[2:] if item.startswith(">=") else item
+                if text not in bounds:
+                    bounds.append(text)
+        return " / ".join(bounds) or "any"
 
     @property
     def number(self) -> int:

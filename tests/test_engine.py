@@ -96,14 +96,20 @@ def test_second_apply_changes_nothing_and_does_not_parse(env: Path):
     assert target_file_hashes(env) == after_first
 
 
-# The vLLM a patch is selected on, where the default (0.16.0) is too old for it.
-VLLM_FOR = {"v12-kv-cache-planning": "0.33.0"}
+def vllm_for(patch) -> str:
+    """The vLLM a patch is selected on: 0.16.0, or the lowest its declaration allows (v12: 0.33.0)."""
+    from patcher.core.planning import select_one
+    from patcher.selection import condition_holds
+
+    if select_one(patch.spec(), {"speculators": "0.3.0", "vllm": "0.16.0"}, condition_holds).selected:
+        return "0.16.0"
+    return patch.since_cell.split(" / ")[-1]
 
 
 @pytest.mark.parametrize("patch", [p.id for p in PATCHES])
 def test_each_patch_alone_applies_once_and_rolls_back_byte_identical(tmp_path: Path, patch: str):
     # "alone": with the patches it needs (v11 needs v10), which are never selected without it
-    env = light_env(tmp_path, vllm=VLLM_FOR.get(patch, "0.16.0"))
+    env = light_env(tmp_path, vllm=vllm_for(next(p for p in PATCHES if p.id == patch)))
     needs = next(p for p in PATCHES if p.id == patch).needs
     only = [arg for item in (patch, *needs) for arg in ("--only", item)]
     before = target_file_hashes(env)
