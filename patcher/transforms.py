@@ -78,7 +78,7 @@ def code_fingerprint() -> str:
     assert spec is not None and spec.submodule_search_locations
     patches_dir = Path(list(spec.submodule_search_locations)[0])
     here = Path(__file__).parent
-    engine = ("transforms.py", "combined.py", "codemod.py", "shapes.py", "model.py")
+    engine = ("transforms.py", "combined.py", "codemod.py", "shapes.py", "model.py", "outcomes.py")
     for path in [*sorted(patches_dir.rglob("*.py")), *(here / name for name in engine)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(_libcst_release().encode())

@@ -137,7 +137,7 @@ class DeepseekLayerScaling(PatchCodemod):
             leading_lines=[*loop.leading_lines, *new_block[0].leading_lines]
         )
         loop = loop.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
-        loop = m.replace(loop, LAYER_CALL, lambda call: with_star_kwargs(call, KWARGS))
+        loop = m.replace(loop, LAYER_CALL, lambda call, extracted: with_star_kwargs(call, KWARGS))
         body[index : index + 1] = [*new_block, loop]
         return updated.with_changes(body=updated.body.with_changes(body=body))
 

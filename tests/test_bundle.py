@@ -20,6 +20,7 @@ from packaging.version import Version
 from patcher import bundle_runtime
 from patcher.registry import load_patches
 from patcher.selection import condition_holds
+from tests.support.cli import patcher
 from tests.support.envs import light_env, site_file
 
 TARGETS = sorted({p.target.path for p in load_patches()})
@@ -27,13 +28,6 @@ TARGETS = sorted({p.target.path for p in load_patches()})
 
 def files(python: Path) -> dict[str, bytes]:
     return {rel: site_file(python, rel).read_bytes() for rel in TARGETS}
-
-
-def patcher(*args: str, cwd: Path | None = None) -> tuple[int, dict | None, str]:
-    proc = subprocess.run([sys.executable, "-m", "patcher.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)  # fmt: skip
-    doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
-    return proc.returncode, doc, proc.stderr
 
 
 def run_bundle(bundle: Path, python: Path, *args: str) -> tuple[int, dict | None, str]:

@@ -15,14 +15,13 @@ as the driver reports it (exception type, message, where it was raised, or per-p
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import patcher
 from tests.support.envs import overlay_env, site_file
 
 pytestmark = pytest.mark.vllm
@@ -61,18 +60,7 @@ def target(tmp_path_factory, demo_python: Path):
     try:
         yield python
     finally:  # whatever happened, the target's speculators files end as pip installed them
-        patcher("rollback", "--python", str(python))
-
-
-def patcher(*args: str) -> tuple[int, dict | None, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "patcher.cli", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    doc = json.loads(proc.stdout) if proc.stdout.strip() else None
-    return proc.returncode, doc, proc.stderr
+        patcher("rollback", "--python", str(python), "--json")
 
 
 def sha(path: Path) -> str:
@@ -87,11 +75,11 @@ def pristine(target: Path) -> bool:
 
 def patch_as(target: Path, *skip: str) -> dict[str, str]:
     """Roll back to pristine, then apply every patch but `skip`; the patches' states."""
-    code, doc, err = patcher("rollback", "--python", str(target))
+    code, doc, err = patcher("rollback", "--python", str(target), "--json")
     assert code == 0, err
     assert pristine(target)
     skips = [arg for short in skip for arg in ("--skip", short)]
-    code, doc, err = patcher("apply", "--python", str(target), "--no-verify", *skips)
+    code, doc, err = patcher("apply", "--python", str(target), "--no-verify", *skips, "--json")
     assert code == 0, err
     states = {p["id"].split("-", 1)[0]: p["state"] for p in doc["targets"][0]["patches"]}
     for short in skip:
@@ -267,7 +255,7 @@ def test_without_multistep_prefill_the_split_prompt_is_cut(target: Path, model: 
 
 
 def test_rollback_brings_the_original_failure_back(target: Path, model: Path):
-    code, doc, err = patcher("rollback", "--python", str(target))
+    code, doc, err = patcher("rollback", "--python", str(target), "--json")
     assert code == 0, err
     assert pristine(target)
     report = extract(target, model, "1", "after rollback")

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,31 +11,11 @@ from pathlib import Path
 import pytest
 
 from patcher.registry import load_patches
+from tests.support.cli import patcher, sha, states
 from tests.support.envs import fabricate_dist, light_env, reinstall_speculators, site_file
+from tests.support.files import GENERATOR, PRISTINE_GENERATOR
 
-GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
-PRISTINE_GENERATOR = "514f3f585afa335b558f98c1954a1dc5b804003cd7b08aeeac7c4cd333cd5106"
 PATCHES = load_patches()
-
-
-def patcher(*args: str, env=None) -> tuple[int, dict | None, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "patcher.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=300,
-    )
-    doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
-    return proc.returncode, doc, proc.stderr
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def states(doc: dict) -> dict[str, str]:
-    return {p["id"]: p["state"] for p in doc["targets"][0]["patches"]}
 
 
 def target_file_hashes(python: Path) -> dict[str, str]:

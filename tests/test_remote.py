@@ -10,8 +10,8 @@ in an apply, a login user who cannot write the environment, sudo with and withou
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -26,29 +26,15 @@ from pathlib import Path
 import pytest
 
 from patcher.registry import load_patches
-from tests.support.envs import light_env, site_file
-from tests.support.sshd import SshClient, SshServer, ensure_user, free_port, why_no_sshd
+from tests.support.envs import site_file
+from tests.support.cli import patcher
+from tests.support.sshd import SshClient, SshServer, ensure_user, free_port, next_address, spec, why_no_sshd
 
 pytestmark = pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
 
 TARGETS = sorted({p.target.path for p in load_patches()})
-_numbers = itertools.count(2)
-
-
-def next_address() -> str:
-    number = next(_numbers)
-    assert number < 255, "out of loopback addresses for this session"
-    return f"127.0.0.{number}"
-
-
-def patcher(*args: str, cwd: Path, timeout: float = 300) -> tuple[int, dict | None, str]:
-    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}  # never the user's agent
-    proc = subprocess.run(
-        [sys.executable, "-m", "patcher.cli", *args],
-        capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout,
-    )  # fmt: skip
-    doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
-    return proc.returncode, doc, proc.stderr
+# Every command here runs without SSH_AUTH_SOCK: never the user's own agent.
+patcher = functools.partial(patcher, clean_ssh=True)
 
 
 def files(python: Path) -> dict[str, bytes]:
@@ -73,40 +59,6 @@ def comparable(target: dict) -> dict:
         "patches": [(p["id"], p["state"], p["reason"]) for p in target["patches"]],
         "files": [(f["path"], f["action"], f.get("patches")) for f in target["files"]],
     }
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> SshClient:
-    return SshClient(tmp_path / "client")
-
-
-@pytest.fixture
-def servers(tmp_path: Path, client: SshClient):
-    started: list[SshServer] = []
-
-    def make(users=("root",), public_key: str | None = None, address: str | None = None) -> SshServer:
-        keys = {user: public_key or client.public_key for user in users}
-        server = SshServer(tmp_path / f"sshd{len(started)}", address or next_address(), keys)
-        started.append(server)
-        return server.start()
-
-    yield make
-    for server in started:
-        server.remove()
-
-
-@pytest.fixture
-def host_env(tmp_path: Path):
-    count = itertools.count()
-
-    def make() -> Path:
-        return light_env(tmp_path / f"host{next(count)}")
-
-    return make
-
-
-def spec(server: SshServer, user: str = "root") -> str:
-    return f"{user}@{server.address}:{server.port}"
 
 
 # ---------------------------------------------------------------- the ordinary path
