@@ -1,11 +1,14 @@
 """The program inside a `patcher bundle` file: status, plan, apply and rollback on the Python
 that runs it, with no controller and nothing installed (standard library only, Python 3.9+).
 
-`patcher bundle` writes this source, then the data (DATA: what patcher knows, the patched bytes
-for every pristine file it knows by sha256 and every patch selection the supported version
-ranges lead to) and the agent (AGENT), then a call to main(). The agent does every write,
-exactly as when patcher drives it: same lock, backups, atomic writes, state record and
-verification, so patcher and a bundle can take turns on the same environment.
+`patcher bundle` writes this source with three blobs filled in: DATA (the declarations as the
+planning core reads them, the pristine files it knows by sha256, and the codemods' result for
+every transform the core can ask for on them, keyed by TransformRequest.key()), AGENT (the agent)
+and CORE (the text of patcher/core/: errors.py and planning.py). It plans with patcher's own
+planning core, not a copy: only PEP 440 matching is its own (below, checked against packaging
+when the bundle is made) and the transform results come from DATA instead of libcst. The agent
+does every write, exactly as when patcher drives it: same lock, backups, atomic writes, state
+record and verification, so patcher and a bundle can take turns on the same environment.
 
 A bundle applies the whole selected set or rolls all of it back; a file whose bytes it does not
 know (another release, a hand edit) is refused, never guessed at.

@@ -136,8 +136,9 @@ class Patch:
     patch table (scripts/readme_patch_table.py) and the tests read it from here.
 
     Required: id (`vN-slug`, in a module named `vN_slug.py`), title, target, requires, edits
-    (each with `when`, `answers` and `fact`), examples, satisfied, upstream, without_it.
-    Optional: fixed_in with on_fixed_in, attribute_calls, needs, readme, since.
+    (each with `when`, `answers` and `fact`), examples, satisfied, upstream. Expected of every
+    module in patches/ (the README table fails without it): without_it. Optional: fixed_in with
+    on_fixed_in, attribute_calls, needs, readme, since.
     """
 
     id: str
@@ -177,8 +178,6 @@ class Patch:
             raise ValueError(f"{where} declares both note= and without_it=; keep without_it= only")
         if self.note and not self.without_it:
             object.__setattr__(self, "without_it", self.note)
-        if not self.without_it:
-            raise ValueError(f"{where} declares no without_it= (what breaks without it, in words)")
         object.__setattr__(self, "note", self.without_it)
         if self.on_fixed_in and self.on_fixed_in not in FIXED_IN_OUTCOMES:
             raise ValueError(f"{where}: on_fixed_in={self.on_fixed_in!r}; one of {', '.join(FIXED_IN_OUTCOMES)}")

@@ -21,6 +21,8 @@ def table() -> str:
     lines = [HEADER, "|---|---|---|---|"]
     for patch in import_patches():
         file = Path(patch.target.path).stem.rsplit("_", 1)[-1]  # "generator", "worker"
+        if not patch.readme_cell:
+            raise SystemExit(f"{patch.id} declares neither without_it= nor readme=: say what breaks without it")
         cell = patch.readme_cell.replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {patch.id} | {file} | {cell} | {patch.since_cell} |")
     return "\n".join(lines) + "\n"

@@ -142,6 +142,25 @@ def test_patcher_and_the_bundle_plan_alike(bundle: Path, tmp_path: Path):
     assert files(mine) == files(theirs)
 
 
+def test_an_agent_error_exits_alike_through_patcher_and_a_bundle(bundle: Path, tmp_path: Path):
+    """A real one (the agent's `locked`, another run holding the lock): the same status, exit code
+    and message through both."""
+    import fcntl
+
+    mine, theirs = light_env(tmp_path / "a"), light_env(tmp_path / "b")
+    got = []
+    for python, command in ((mine, None), (theirs, bundle)):
+        state = python.parent.parent / "share" / "patcher"
+        state.mkdir(parents=True)
+        with open(state / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            args = ("apply", "--no-verify", "--lock-timeout", "0.2", "--json")
+            code, doc, err = patcher(*args, "--python", str(python)) if command is None else run_bundle(bundle, python, *args)
+        target = doc["targets"][0]
+        got.append((code, target["status"], target["exit_code"], target["message"].replace(str(state), "STATE")))
+    assert got[0] == got[1] and got[0][:3] == (5, "failed", 5), got
+
+
 def test_a_file_it_does_not_know_is_refused(bundle: Path, tmp_path: Path):
     target = light_env(tmp_path)
     generator = site_file(target, TARGETS[-1])

@@ -56,12 +56,19 @@ def _declare(**changes) -> Patch:
     return Patch(**fields)
 
 
+def test_a_patch_that_says_nothing_of_what_breaks_cannot_go_in_the_readme(monkeypatch):
+    import patcher.registry
+
+    monkeypatch.setattr(patcher.registry, "import_patches", lambda: (_declare(without_it=""),))
+    with pytest.raises(SystemExit, match="v99-example declares neither without_it= nor readme="):
+        _script("readme_patch_table").table()
+
+
 def test_optional_fields_default_and_bad_ones_fail_with_one_clear_line():
     patch = _declare()
     assert (patch.readme_cell, patch.since_cell, patch.on_fixed_in) == ("w", "0.12.0", "")
     assert _declare(without_it="", note="old name").without_it == "old name"
     for changes, message in (
-        ({"without_it": ""}, "declares no without_it="),
         ({"on_fixed_in": "fine"}, "on_fixed_in='fine'; one of"),
         ({"on_fixed_in": "anchor-missing"}, "on_fixed_in= needs fixed_in="),
         ({"needs": ("v99-example",)}, "needs itself"),
