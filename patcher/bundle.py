@@ -36,8 +36,10 @@ from packaging.specifiers import SpecifierSet
 
 from . import __version__
 from .model import Patch
-from .planning import condition_names
+from .core import planning as core
+from .planning import condition_names, run_transform, spec_of, specs_of
 from .selection import condition_holds, select_patches
+from .transforms import shared_transforms
 
 
 class BundleError(RuntimeError):
@@ -181,17 +183,8 @@ def check_runtime_versions(specs: dict[str, set[str]], probes: dict[str, list[st
 
 
 def _patch_data(patches: Sequence[Patch]) -> list[dict]:
-    return [
-        {
-            "id": p.id,
-            "title": p.title,
-            "file": p.target.path,
-            "requires": dict(p.requires),
-            "edits": [{"name": e.name, "when": dict(e.when)} for e in p.edits],
-            "needs": list(p.needs),
-        }
-        for p in patches
-    ]
+    """The declarations as the shared planning core reads them (and the title, for `info`)."""
+    return [{**spec_of(p).as_json(), "title": p.title} for p in patches]
 
 
 def _facts(versions: dict, present: dict[str, bytes], patches: Sequence[Patch]) -> dict:
@@ -215,16 +208,55 @@ def _facts(versions: dict, present: dict[str, bytes], patches: Sequence[Patch]) 
     }
 
 
+def _selections(patches: Sequence[Patch], names: list[str], probes: dict[str, list[str]]) -> list[dict]:
+    """One set of versions for every distinct patch selection the probed versions lead to."""
+    specs = specs_of(patches)
+    found: dict[str, dict] = {}
+    for values in itertools.product(*(probes[n] for n in names)):
+        versions = dict(zip(names, values))
+        chosen = core.select(specs, versions, condition_holds)
+        key = json.dumps([[pid, chosen[pid].edits] for pid in core.selected_with_needs(specs, chosen)])
+        found.setdefault(key, versions)
+    return list(found.values())
+
+
+def _variants(
+    patches: Sequence[Patch], files: dict[str, dict[str, tuple[bytes, str, str]]], selections: list[dict]
+) -> tuple[dict, dict]:
+    """(transform key -> result, sha256 -> compressed bytes): for every release's pristine files
+    and every selection, each transform the shared planning core asks for, run here with
+    patcher's own codemods: the same results a run of patcher would plan with."""
+    by_id = {p.id: p for p in patches}
+    specs = specs_of(patches)
+    releases: dict[tuple[str, str], dict[str, bytes]] = {}  # a release's pristine files, together
+    for path, per_sha in files.items():
+        for data, dist, version in per_sha.values():
+            releases.setdefault((dist, version), {})[path] = data
+    variants: dict[str, dict] = {}
+    blobs: dict[str, str] = {}
+    with shared_transforms():
+        for versions in selections:
+            for present in releases.values():
+                draft = core.draft(_facts(versions, present, patches), specs, condition_holds, "apply")
+                for request in draft.requests:
+                    if request.key() in variants:
+                        continue
+                    result = run_transform(request, by_id)
+                    entry: dict = {"outcomes": result.outcomes, "missing": [list(m) for m in result.missing]}
+                    if not result.missing:
+                        new = result.content.encode("utf-8")
+                        blobs.setdefault(_sha(new), _blob(new))
+                        entry["sha256"] = _sha(new)
+                    variants[request.key()] = entry
+    return variants, blobs
+
+
 def build(
     patches: Sequence[Patch],
     wheels: Sequence[Path],
     progress: Callable[[str], None] = lambda message: None,
 ) -> tuple[str, dict]:
     """The bundle's source text and a summary of what it carries."""
-    from . import bundle_runtime as rt
-    from .planning import plan_target
-    from .transforms import shared_transforms
-
     files = pristine_files(wheels, patches)
     names = condition_names(patches)
     specs = _all_specs(patches)
@@ -232,73 +264,16 @@ def build(
     probes = {name: probe_versions(specs.get(name, set()), releases.get(name, [])) for name in names}
     checks = check_runtime_versions(specs, probes)
     progress(f"version logic checked against packaging: {checks} condition/version pairs")
-
-    # Every patch selection some probed versions lead to, checked to be the bundle's own.
-    patch_data = _patch_data(patches)
-    selections: dict[str, dict] = {}  # json(signature) -> versions that select it
-    for values in itertools.product(*(probes[n] for n in names)):
-        versions = dict(zip(names, values))
-        chosen = select_patches(patches, versions)
-        ours = rt.select(patch_data, versions)
-        for pid, sel in chosen.items():
-            if (sel.selected, sel.edit_names if sel.selected else []) != (ours[pid][0], ours[pid][2]):
-                raise BundleError(f"the bundle's selection of {pid} differs from patcher's for {versions}")
-        key = rt.signature(ours)
-        if key:
-            selections.setdefault(json.dumps(key), versions)
-
-    # For each selection and pristine file: what patcher's own planning would write.
-    variants: list[dict] = []
-    index_of: dict[str, int] = {}
-    blobs: dict[str, str] = {}
-    entries = []
-    releases_files: dict[tuple[str, str], dict[str, bytes]] = {}  # a release's pristine files, together
-    for path, per_sha in files.items():
-        for sha, (data, dist, version) in per_sha.items():
-            releases_files.setdefault((dist, version), {})[path] = data
-    by_id = {p.id: p for p in patches}
-    with shared_transforms():
-        for key, versions in selections.items():
-            entry: dict = {"selected": json.loads(key), "files": {}}
-            for present in releases_files.values():
-                plan = plan_target(_facts(versions, present, patches), patches, "apply")
-                for path, data in present.items():
-                    desired = [p.id for p in plan.patches if p.target == path and p.state in ("pending", "already-satisfied")]
-                    conflicts = [c for c in plan.conflicts if path in c.message]
-                    if conflicts:
-                        variant = {"patches": desired, "anchor_missing": conflicts[0].message}
-                    elif not desired:
-                        continue  # nothing for this file: its pristine bytes are the goal
-                    else:
-                        change = next((c for c in plan.changes if c.path == path), None)
-                        new = change.new_content.encode("utf-8") if change else data
-                        blobs.setdefault(_sha(new), _blob(new))
-                        variant = {
-                            "patches": change.patches if change else desired,
-                            "edits": change.edits if change else {},
-                            "outcomes": change.outcomes if change else {pid: "already-satisfied" for pid in desired},
-                            "sha256": _sha(new),
-                            "attribute_calls": [
-                                {"receiver": c.receiver, "method": c.method, "implementation": c.implementation}
-                                for pid in desired
-                                for c in by_id[pid].attribute_calls
-                            ],
-                        }
-                    text = json.dumps(variant, sort_keys=True)
-                    if text not in index_of:
-                        index_of[text] = len(variants)
-                        variants.append(variant)
-                    entry["files"].setdefault(path, {})[_sha(data)] = index_of[text]
-            entries.append(entry)
+    selections = _selections(patches, names, probes)
+    variants, blobs = _variants(patches, files, selections)
     originals = {
         path: {sha: {"release": f"{dist} {version}"} for sha, (_, dist, version) in per_sha.items()}
         for path, per_sha in files.items()
     }
     progress(f"{len(variants)} patched variant(s) of {sum(len(v) for v in originals.values())} pristine file(s), "
-             f"for {len(entries)} patch selection(s)")  # fmt: skip
-
+             f"for {len(selections)} patch selection(s)")  # fmt: skip
     data = {
-        "format": 1,
+        "format": 2,
         "patcher_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "names": names,
@@ -307,9 +282,8 @@ def build(
             for p in {p.target.path: p for p in patches}.values()
             if p.target.path in files
         ],
-        "patches": patch_data,
+        "patches": _patch_data(patches),
         "originals": originals,
-        "selections": entries,
         "variants": variants,
         "blobs": blobs,
         "ranges": _ranges(patches, names, probes, files),
@@ -318,7 +292,7 @@ def build(
     summary = {
         "files": {path: sorted(per) for path, per in originals.items()},
         "variants": len(variants),
-        "selections": len(entries),
+        "selections": len(selections),
         "bytes": len(source.encode("utf-8")),
         "checks": checks,
     }
@@ -352,12 +326,16 @@ def _ranges(patches: Sequence[Patch], names: list[str], probes: dict[str, list[s
 
 def _render(data: dict) -> str:
     from . import bundle_runtime
+    from .core import errors as core_errors
     from .transport import agent_source
 
     runtime = Path(bundle_runtime.__file__).read_text(encoding="utf-8")
     payload = _blob(json.dumps(data, sort_keys=True).encode("utf-8"))
     agent = _blob(agent_source().encode("utf-8"))
-    for name, value in (("DATA", payload), ("AGENT", agent)):
+    # The shared core, as text: the bundle runs patcher's own planning, not a copy of it.
+    core_text = {m.__name__.rsplit(".", 1)[-1]: Path(m.__file__).read_text(encoding="utf-8") for m in (core_errors, core)}
+    core_blob = _blob(json.dumps(core_text, sort_keys=True).encode("utf-8"))
+    for name, value in (("DATA", payload), ("AGENT", agent), ("CORE", core_blob)):
         marker = f"\n{name} = None"
         if marker not in runtime:
             raise BundleError(f"bundle_runtime.py has no `{name} = None` line")

@@ -1,11 +1,14 @@
 """The program inside a `patcher bundle` file: status, plan, apply and rollback on the Python
 that runs it, with no controller and nothing installed (standard library only, Python 3.9+).
 
-`patcher bundle` writes this source, then the data (DATA: what patcher knows, the patched bytes
-for every pristine file it knows by sha256 and every patch selection the supported version
-ranges lead to) and the agent (AGENT), then a call to main(). The agent does every write,
-exactly as when patcher drives it: same lock, backups, atomic writes, state record and
-verification, so patcher and a bundle can take turns on the same environment.
+`patcher bundle` writes this source with three blobs filled in: DATA (the declarations as the
+planning core reads them, the pristine files it knows by sha256, and the codemods' result for
+every transform the core can ask for on them, keyed by TransformRequest.key()), AGENT (the agent)
+and CORE (the text of patcher/core/: errors.py and planning.py). It plans with patcher's own
+planning core, not a copy: only PEP 440 matching is its own (below, checked against packaging
+when the bundle is made) and the transform results come from DATA instead of libcst. The agent
+does every write, exactly as when patcher drives it: same lock, backups, atomic writes, state
+record and verification, so patcher and a bundle can take turns on the same environment.
 
 A bundle applies the whole selected set or rolls all of it back; a file whose bytes it does not
 know (another release, a hand edit) is refused, never guessed at.
@@ -24,16 +27,7 @@ import zlib
 DATA = None  # replaced in a bundle file
 AGENT = None
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICT, EXIT_UNREACHABLE, EXIT_LOCKED, EXIT_PENDING = 0, 1, 2, 3, 4, 5, 6
-AGENT_ERRORS = {
-    "locked": EXIT_LOCKED,
-    "conflict": EXIT_CONFLICT,
-    "corrupt-state": EXIT_CONFLICT,
-    "backup-missing": EXIT_CONFLICT,
-    "hostile-path": EXIT_CONFLICT,
-    "python-too-old": EXIT_USAGE,
-    "usage": EXIT_USAGE,
-}
+CORE = None  # the text of patcher/core's modules, in a bundle
 
 
 # ------------------------------------------------------------------ PEP 440, the part patches use
@@ -155,51 +149,37 @@ def condition_holds(spec: str, version: str | None) -> bool:
         return False
 
 
-# ------------------------------------------------------------------ selection (as patcher.selection)
-
-
-def failed_conditions(conditions: dict, versions: dict) -> list:
-    out = []
-    for name, spec in conditions.items():
-        have = versions.get(name)
-        if have is None:
-            out.append(f"{name} is not installed (needs {spec})")
-        elif not condition_holds(spec, have):
-            out.append(f"{name} {have} does not satisfy {spec}")
-    return out
-
-
-def select(patches: list, versions: dict) -> dict:
-    """patch id -> (selected, reason, edit names)."""
-    out: dict = {}
-    for patch in patches:
-        failed = failed_conditions(patch["requires"], versions)
-        if failed:
-            out[patch["id"]] = (False, "; ".join(failed), [])
-            continue
-        edits = [e["name"] for e in patch["edits"] if not failed_conditions(e["when"], versions)]
-        if not edits:
-            reasons = sorted({r for e in patch["edits"] for r in failed_conditions(e["when"], versions)})
-            out[patch["id"]] = (False, "no edit applies: " + "; ".join(reasons), [])
-            continue
-        missing = [n for n in patch.get("needs", []) if not (n in out and out[n][0])]
-        if missing:
-            out[patch["id"]] = (False, f"needs {', '.join(missing)}, which is not selected", [])
-            continue
-        out[patch["id"]] = (True, "conditions hold", edits)
-    return out
-
-
-def signature(selection: dict) -> list:
-    """What selects the bytes: every selected patch with its edits, in canonical order."""
-    return [[pid, list(edits)] for pid, (chosen, _, edits) in selection.items() if chosen]
-
-
-# ------------------------------------------------------------------ the run
+# ------------------------------------------------------------------ the shared core
 
 
 def _load(blob: str) -> bytes:
     return zlib.decompress(base64.b64decode(blob))
+
+
+def _core() -> tuple:
+    """(errors, planning): patcher/core's modules. In a bundle their text is in CORE and runs
+    here as their own modules; imported inside patcher (tests, `patcher bundle`), they are
+    patcher's own: either way the very code patcher plans with."""
+    if CORE is None:
+        from patcher.core import errors, planning
+
+        return errors, planning
+    sources = json.loads(_load(CORE))
+    loaded = []
+    for name in ("errors", "planning"):
+        module = type(sys)(f"patcher_core_{name}")
+        sys.modules[module.__name__] = module  # dataclasses look their module up there
+        exec(compile(sources[name], f"<patcher-core-{name}>", "exec"), module.__dict__)
+        loaded.append(module)
+    return tuple(loaded)
+
+
+ERRORS, CORE_PLANNING = _core()
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = ERRORS.EXIT_OK, ERRORS.EXIT_FAILED, ERRORS.EXIT_USAGE
+EXIT_CONFLICT, EXIT_PENDING = ERRORS.EXIT_CONFLICT, ERRORS.EXIT_PENDING
+
+
+# ------------------------------------------------------------------ the run
 
 
 def _agent() -> dict:
@@ -214,204 +194,177 @@ def _sha(data: bytes) -> str:
 
 
 class Refusal(Exception):
-    def __init__(self, kind: str, message: str, code: int) -> None:
+    """A run the bundle will not carry out; its exit code is its kind's (core/errors.py)."""
+
+    def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind, self.message, self.code = kind, message, code
+        self.kind, self.message = kind, message
 
 
-def plan(data: dict, facts: dict, mode: str) -> tuple:
-    """(items for the agent, verify spec, per-patch states, versions). Raises Refusal."""
-    dists = facts["distributions"]
-    versions = {name: (dists[name]["version"] if name in dists else None) for name in data["names"]}
-    selection = select(data["patches"], versions)
-    key = signature(selection)
-    entry = next((e for e in data["selections"] if e["selected"] == key), None)
-    if mode == "apply" and key and entry is None:
-        raise Refusal(
-            "no-variant",
-            "this bundle holds no patched bytes for what these versions select "
-            f"({', '.join(f'{k} {v}' for k, v in sorted(versions.items()) if v)}): "
-            f"{', '.join(pid for pid, _ in key)}; make a new bundle with `patcher bundle`",
-            EXIT_USAGE,
-        )
-    needs = {p["id"]: p.get("needs", []) for p in data["patches"]}
-    items, verify_files, states = [], [], {}
-    state_files = facts["state"]["files"]
+def specs(data: dict) -> list:
+    return [CORE_PLANNING.PatchSpec.from_json(p) for p in data["patches"]]
+
+
+def check_known(data: dict, facts: dict, selection: dict) -> None:
+    """Refuse a file whose bytes the bundle does not know (another release, a hand edit) where a
+    patch would touch it; one no selected patch wants, with no record, is not its business."""
     for target in data["files"]:
         rel = target["path"]
         info = facts["files"].get(rel, {"exists": False})
-        file_patches = [p for p in data["patches"] if p["file"] == rel]
         if not info.get("exists"):
-            for p in file_patches:
-                states[p["id"]] = ("not-selected", f"{rel} is not installed", rel)
             continue
-        current = info["sha256"]
-        record = state_files.get(rel)
-        known = data["originals"].get(rel, {})
-        pending = (record or {}).get("pending") or {}
-        if record and current == record.get("patched_sha256"):
-            original, carried = record["original_sha256"], record.get("patches", [])
-        elif record and pending and current == pending.get("sha256"):
-            original, carried = record["original_sha256"], pending.get("patches", [])
-        elif current in known or (record and current == record.get("original_sha256")):
-            original, carried = current, []
-        elif not record and not any(selection[p["id"]][0] for p in file_patches):
-            for p in file_patches:  # another release, and no patch wants it: not our business
-                states[p["id"]] = ("not-selected", selection[p["id"]][1], rel)
+        current, known = info["sha256"], data["originals"].get(rel, {})
+        record = facts["state"]["files"].get(rel) or {}
+        recorded = {record.get("patched_sha256"), record.get("original_sha256"), (record.get("pending") or {}).get("sha256")}
+        if current in known or current in recorded:
             continue
-        else:
-            raise Refusal(
-                "unknown-file",
-                f"{info['root']}/{rel} has sha256 {current}, which this bundle does not know (it knows "
-                f"{', '.join(sorted(known)) or 'no version of it'}): the file is from another release or was "
-                "changed by hand; reinstall the release the bundle was made for, or use patcher itself",
-                EXIT_CONFLICT,
-            )
-        if original not in known:
-            raise Refusal(
-                "unknown-file",
-                f"{rel} was patched from an original (sha256 {original}) this bundle does not know; use patcher itself",
-                EXIT_CONFLICT,
-            )
-        variant = None
-        if mode == "apply" and entry is not None:
-            index = entry["files"].get(rel, {}).get(original)
-            variant = data["variants"][index] if index is not None else None
-        if variant is not None and variant.get("anchor_missing"):
-            raise Refusal("anchor-missing", variant["anchor_missing"], EXIT_CONFLICT)
-        desired = variant["patches"] if variant else []
-        if variant is not None:
-            new = _load(data["blobs"][variant["sha256"]])
-            outcomes = variant["outcomes"]
-            verify_files.append({"module": target["module"], "attribute_calls": variant["attribute_calls"]})
-        else:
-            new, outcomes = None, {}
-        for p in file_patches:
-            pid = p["id"]
-            chosen, reason, _ = selection[pid]
-            if pid in desired:
-                if outcomes.get(pid) == "already-satisfied":
-                    states[pid] = ("already-satisfied", "the file already has this change", rel)
-                elif new is not None and _sha(new) == current and pid in carried:
-                    states[pid] = ("applied", reason, rel)
-                else:
-                    states[pid] = ("pending", reason, rel)
-            elif pid in carried:
-                if mode == "rollback":
-                    states[pid] = ("pending", "rolled back by this run", rel)
-                else:
-                    states[pid] = ("stale", f"no longer selected: {reason}; apply removes it", rel)
-            elif chosen and mode == "apply":
-                missing = [n for n in needs[pid] if n not in desired]
-                why = f"needs {', '.join(missing)}, which is not part of this run" if missing else "left out"
-                states[pid] = ("not-selected", why, rel)
-            else:
-                states[pid] = ("not-selected", reason if not chosen else "rollback takes every patch out", rel)
-        if new is not None and _sha(new) == current:
+        if not record and not any(selection[p["id"]].selected for p in data["patches"] if p["file"] == rel):
             continue
-        if new is None and current == original:
-            continue
-        items.append(
-            {
-                "path": rel,
-                "root": info["root"],
-                "distribution": target["distribution"],
-                "distribution_version": dists[target["distribution"]]["version"],
-                "expected_sha256": current,
-                "original_sha256": original,
-                "new_content": None if new is None else new.decode("utf-8"),
-                "restore_original": new is None,
-                "patches": desired,
-                "edits": variant["edits"] if variant else {},
-                "outcomes": outcomes,
-                "versions": {k: v for k, v in versions.items() if v is not None},
-            }
+        raise Refusal(
+            "unknown-file",
+            f"{info['root']}/{rel} has sha256 {current}, which this bundle does not know (it knows "
+            f"{', '.join(sorted(known)) or 'no version of it'}): the file is from another release or was "
+            "changed by hand; reinstall the release the bundle was made for, or use patcher itself",
         )
-    ordered = [(p["id"],) + states[p["id"]] for p in data["patches"] if p["id"] in states]
-    return items, verify_files, ordered, versions
+
+
+def transform_results(data: dict, draft) -> dict:
+    """The codemods' results the draft asks for, from the bytes the bundle carries."""
+    results = {}
+    for request in draft.requests:
+        if request.original_sha256 not in data["originals"].get(request.path, {}):
+            raise Refusal(
+                "unknown-file",
+                f"{request.path} was patched from an original (sha256 {request.original_sha256}) this bundle "
+                "does not know; use patcher itself",
+            )
+        variant = data["variants"].get(request.key())
+        if variant is None:
+            versions = ", ".join(f"{k} {v}" for k, v in sorted(draft.versions.items()) if v)
+            raise Refusal(
+                "no-variant",
+                f"this bundle holds no patched bytes for what these versions select ({versions}): "
+                f"{', '.join(pid for pid, _ in request.steps)}; make a new bundle with `patcher bundle`",
+            )
+        content = _load(data["blobs"][variant["sha256"]]).decode("utf-8") if variant.get("sha256") else ""
+        missing = [tuple(m) for m in variant.get("missing", [])]
+        results[request.path] = CORE_PLANNING.TransformResult(content, dict(variant["outcomes"]), missing)
+    return results
+
+
+def plan(data: dict, facts: dict, mode: str):
+    """The core's plan for this environment, the codemods' results taken from the bundle."""
+    draft = CORE_PLANNING.draft(facts, specs(data), condition_holds, mode)
+    check_known(data, facts, draft.selection)
+    return CORE_PLANNING.finish(draft, transform_results(data, draft))
+
+
+def _empty_report() -> dict:
+    return {
+        "target": sys.executable, "python": sys.executable, "versions": {}, "distributions": {},
+        "status": "ok", "exit_code": EXIT_OK, "message": "", "notes": [], "problems": [],
+        "state_dir": None, "files": [], "patches": [],
+    }  # fmt: skip
+
+
+def _declared(data: dict) -> list:
+    """The files the agent may read, write and record: the bundle's target files only."""
+    return [{"distribution": f["distribution"], "path": f["path"]} for f in data["files"]]
+
+
+def _read_facts(ns: dict, data: dict, report: dict, command: str, lock_timeout: float) -> dict:
+    # The agent reads, writes and records the declared files only, as when patcher drives it;
+    # as patcher does, a run that writes holds the lock from its facts to its last write.
+    declared = _declared(data)
+    lock = "exclusive" if command in ("apply", "rollback") else "shared"
+    facts = ns["op_facts"](
+        {"names": data["names"], "files": declared, "declared": declared, "lock": lock, "lock_timeout": lock_timeout}
+    )
+    report["state_dir"] = facts["state_dir"]
+    report["versions"] = {n: d["version"] for n, d in facts["distributions"].items()}
+    report["distributions"] = {n: d["name"] for n, d in facts["distributions"].items()}
+    targets = {f["distribution"] for f in data["files"]}
+    if not targets & set(facts["distributions"]):
+        raise Refusal(
+            "usage",
+            f"{', '.join(sorted(targets))} is not installed for {sys.executable}; run the bundle with the "
+            "environment's Python, e.g. /root/ml-env/bin/python3 patcher-bundle.py status",
+        )
+    return facts
+
+
+def _report_plan(report: dict, the_plan, command: str) -> bool:
+    """Fill the report from the plan; True when the command is done (nothing to write)."""
+    report["patches"] = [p.as_json() for p in the_plan.patches]
+    report["notes"] = list(the_plan.notes)
+    report["files"] = [
+        {"path": c.path, "action": "restore" if c.new_content is None else "write",
+         "patches": c.patches, "expected_sha256": c.expected_sha256}
+        for c in the_plan.changes
+    ]  # fmt: skip
+    if the_plan.conflicts:
+        report["status"], report["exit_code"] = ERRORS.outcome(the_plan.conflicts[0].kind)
+        report["message"] = the_plan.conflicts[0].message
+        report["problems"] = [c.message for c in the_plan.conflicts]
+        return True
+    count = len(the_plan.changes)
+    if command in ("status", "plan"):
+        if command == "plan" and count:
+            report["exit_code"], report["message"] = EXIT_PENDING, f"{count} file(s) would change"
+        else:
+            report["message"] = f"{count} file(s) pending" if count else "nothing to do"
+        return True
+    if not count:
+        report["message"] = "nothing to do"
+        return True
+    return False
+
+
+def _write(ns: dict, data: dict, report: dict, the_plan, mode: str, verify: bool, lock_timeout: float, facts: dict) -> None:
+    """The agent carries the plan out (and verifies it); the report says how it went."""
+    checked = verify and mode == "apply" and the_plan.verify_files
+    request = {
+        "files": [c.as_request() for c in the_plan.changes],
+        "cleanup": the_plan.cleanup,
+        "verify": {"files": the_plan.verify_files, "import_prefixes": ["vllm"]} if checked else None,
+        "expect": facts.get("snapshot"),  # the agent refuses (stale-plan) if the files changed since the facts
+        "lock_timeout": lock_timeout,
+        "written_by": f"patcher bundle {data['patcher_version']}",
+        "declared": _declared(data),
+    }
+    result = ns["op_apply"](request)
+    if result["status"] == "rolled-back":
+        report["status"], report["exit_code"] = "rolled-back", EXIT_FAILED
+        report["problems"] = result["verification"]["problems"]
+        report["message"] = "verification failed, every file restored: " + report["problems"][0]
+        return
+    report["status"] = "changed"
+    after = CORE_PLANNING.after_write(the_plan.patches, the_plan.changes, mode)
+    report["patches"] = [p.as_json() for p in after]
+    verified = result.get("verification")
+    report["message"] = f"{len(the_plan.changes)} file(s) written" + (", verified" if verified else ", not verified")
 
 
 def run(command: str, verify: bool, lock_timeout: float) -> dict:
     data = json.loads(_load(DATA))
     ns = _agent()
-    report = {
-        "target": sys.executable, "python": sys.executable, "versions": {}, "distributions": {},
-        "status": "ok", "exit_code": EXIT_OK, "message": "", "notes": [], "problems": [],
-        "state_dir": None, "files": [], "patches": [],
-    }  # fmt: skip
+    report = _empty_report()
     try:
-        # The agent reads, writes and records the declared files only, as when patcher drives it;
-        # as patcher does, a run that writes holds the lock from its facts to its last write.
-        declared = [{"distribution": f["distribution"], "path": f["path"]} for f in data["files"]]
-        lock = "exclusive" if command in ("apply", "rollback") else "shared"
-        facts = ns["op_facts"](
-            {"names": data["names"], "files": declared, "declared": declared, "lock": lock, "lock_timeout": lock_timeout}
-        )
-        report["state_dir"] = facts["state_dir"]
-        report["versions"] = {n: d["version"] for n, d in facts["distributions"].items()}
-        report["distributions"] = {n: d["name"] for n, d in facts["distributions"].items()}
-        if facts.get("state_error"):
-            raise Refusal("corrupt-state", facts["state_error"], EXIT_CONFLICT)
-        targets = {f["distribution"] for f in data["files"]}
-        if not targets & set(facts["distributions"]):
-            raise Refusal(
-                "usage",
-                f"{', '.join(sorted(targets))} is not installed for {sys.executable}; run the bundle with the "
-                "environment's Python, e.g. /root/ml-env/bin/python3 patcher-bundle.py status",
-                EXIT_USAGE,
-            )
         mode = "rollback" if command == "rollback" else "apply"
-        items, verify_files, states, versions = plan(data, facts, mode)
-        report["patches"] = [{"id": i, "state": s, "reason": r, "file": f} for i, s, r, f in states]
-        report["files"] = [
-            {"path": it["path"], "action": "restore" if it["restore_original"] else "write",
-             "patches": it["patches"], "expected_sha256": it["expected_sha256"]}
-            for it in items
-        ]  # fmt: skip
-        if command in ("status", "plan"):
-            if command == "plan" and items:
-                report["exit_code"] = EXIT_PENDING
-                report["message"] = f"{len(items)} file(s) would change"
-            else:
-                report["message"] = f"{len(items)} file(s) pending" if items else "nothing to do"
-            return report
-        if not items:
-            report["message"] = "nothing to do"
-            return report
-        request = {
-            "files": items,
-            "verify": {"files": verify_files, "import_prefixes": ["vllm"]} if verify and mode == "apply" and verify_files else None,
-            "expect": facts.get("snapshot"),
-            "lock_timeout": lock_timeout,
-            "written_by": f"patcher bundle {data['patcher_version']}",
-            "declared": declared,
-        }
-        result = ns["op_apply"](request)
-        if result["status"] == "rolled-back":
-            report["status"], report["exit_code"] = "rolled-back", EXIT_FAILED
-            report["problems"] = result["verification"]["problems"]
-            report["message"] = "verification failed, every file restored: " + report["problems"][0]
-            return report
-        report["status"] = "changed"
-        for p in report["patches"]:
-            if p["state"] == "pending" and mode == "apply":
-                p["state"] = "applied"
-            elif p["state"] == "stale":
-                p["state"] = "not-selected"
-        verified = result.get("verification")
-        report["message"] = f"{len(items)} file(s) written" + (", verified" if verified else ", not verified")
-        return report
+        facts = _read_facts(ns, data, report, command, lock_timeout)
+        the_plan = plan(data, facts, mode)
+        if not _report_plan(report, the_plan, command):
+            _write(ns, data, report, the_plan, mode, verify, lock_timeout, facts)
     except Refusal as exc:
-        report["status"], report["exit_code"], report["message"] = "failed", exc.code, exc.message
-        return report
-    except ns["AgentError"] as exc:
-        report["status"], report["exit_code"] = "failed", AGENT_ERRORS.get(exc.kind, EXIT_FAILED)
+        report["status"], report["exit_code"] = ERRORS.outcome(exc.kind)
         report["message"] = exc.message
-        return report
+    except ns["AgentError"] as exc:
+        report["status"], report["exit_code"] = ERRORS.outcome(exc.kind)
+        report["message"] = exc.message
     except OSError as exc:
         report["status"], report["exit_code"] = "failed", EXIT_FAILED
         report["message"] = f"{exc.strerror}: {exc.filename}; run as a user who can write there"
-        return report
+    return report
 
 
 def info() -> None:
@@ -421,14 +374,14 @@ def info() -> None:
     for rel, known in data["originals"].items():
         for sha, about in known.items():
             print(f"  {rel}  {sha}  ({about['release']})")
-    print(f"patched variants: {len(data['variants'])}, for {len(data['selections'])} patch selection(s)")
+    print(f"patched variants: {len(data['variants'])}")
     print("supported version ranges:")
     for line in data.get("ranges", []):
         print(f"  {line}")
     print("patches:")
     for p in data["patches"]:
         conditions = "; ".join(f"{k} {v}" for k, v in p["requires"].items())
-        print(f"  {p['id']}: {p['title']} ({conditions})")
+        print(f"  {p['id']}: {p.get('title', '')} ({conditions})")
 
 
 def main(argv: list | None = None) -> int:

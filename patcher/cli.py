@@ -360,7 +360,7 @@ def list_patches(json_mode: bool) -> None:
                 "edits": [{"name": e.name, "when": dict(e.when), "answers": e.answers} for e in p.edits],
                 "upstream": p.upstream,
                 "fixed_in": p.fixed_in,
-                "without_it": p.note,
+                "without_it": p.without_it,
             }
             for p in patches
         ]
@@ -521,6 +521,6 @@ def bundle(output, releases, wheels, quiet) -> None:
 
 
 if __name__ == "__main__":
-    from .entry import run_and_exit
+    from .fastexit import run_and_exit
 
     run_and_exit(main)

@@ -16,6 +16,7 @@ import libcst as cst
 
 from .codemod import PatchCodemod, SkipFile
 from .model import Edit, Patch
+from .outcomes import PatchOutcome
 
 
 class _Diverged(Exception):
@@ -97,7 +98,6 @@ def apply_together(
 ) -> tuple[cst.Module, list] | None:
     """(new tree, outcomes) with every edit run in one traversal, or None where that cannot
     stand for running them one by one: an anchor is missing, or a codemod changed a node's type."""
-    from .transforms import PatchOutcome
 
     codemods = [edit.codemod(filename) for _, edits in steps for edit in edits]
     if any(_has_field_hooks(type(c)) for c in codemods):

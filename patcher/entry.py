@@ -3,7 +3,7 @@ the command line (click and the commands' modules cost several times a bare inte
 bench/local.py); everything else goes to patcher.cli.
 
 The help text is click's own, rendered for an 80-column screen and kept in patcher/help_text.py;
-tests/test_cli_entry.py fails when it no longer matches (regenerate: `python -m patcher.entry`).
+tests/test_cli_entry.py fails when it no longer matches (regenerate: `python scripts/write_help_text.py`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import sys
 
 from . import __version__
+from .fastexit import run_and_exit
 
 
 def _screen_width() -> int:
@@ -37,30 +38,6 @@ def main() -> None:
     run_and_exit(cli_main)
 
 
-def run_and_exit(command) -> None:
-    """Run the click command as the process, and end the process without tearing the
-    interpreter down: once libcst is loaded, freeing its objects one by one at exit costs about
-    20 ms, a tenth of a whole apply, for memory the system reclaims at once. Everything patcher
-    writes is closed before this point; only the standard streams need a flush."""
-    import os
-
-    try:
-        command()
-        code = 0
-    except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (BrokenPipeError, OSError):
-        code = code or 1
-    os._exit(code)
-
-
 def render_help() -> str:
     """click's top-level help, as an 80-column (or wider) screen shows it: 78 columns."""
     from click.testing import CliRunner
@@ -72,16 +49,5 @@ def render_help() -> str:
     return result.output
 
 
-def write_help() -> None:
-    from pathlib import Path
-
-    path = Path(__file__).with_name("help_text.py")
-    path.write_text(
-        '"""`patcher --help`, as click renders it on an 80-column screen (written by `python -m patcher.entry`)."""\n\n'
-        f"HELP = {render_help()!r}\n",
-        encoding="utf-8",
-    )
-
-
-if __name__ == "__main__":
-    write_help()
+if __name__ == "__main__":  # `python -m patcher.entry` is the console script too
+    main()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:  # libcst is imported only where a codemod actually runs
     from .codemod import PatchCodemod
+    from .core.planning import PatchSpec
 
 PATCH_ID = re.compile(r"^v(?P<number>[0-9]+)-[a-z0-9]+(?:-[a-z0-9]+)*$")
 
@@ -127,8 +128,21 @@ class AttributeCall:
     implementation: str
 
 
+# What a patch's codemods may say on the files of the speculators release that fixed it upstream.
+FIXED_IN_OUTCOMES = ("already-satisfied", "anchor-missing", "applies")
+
+
 @dataclass(frozen=True)
 class Patch:
+    """Everything about one patch, in one place: patcher's engine, `patcher list`, the README's
+    patch table (scripts/readme_patch_table.py) and the tests read it from here.
+
+    Required: id (`vN-slug`, in a module named `vN_slug.py`), title, target, requires, edits
+    (each with `when`, `answers` and `fact`), examples, satisfied, upstream. Expected of every
+    module in patches/ (the README table fails without it): without_it. Optional: fixed_in with
+    on_fixed_in, attribute_calls, needs, readme, since.
+    """
+
     id: str
     title: str
     target: TargetFile
@@ -139,16 +153,62 @@ class Patch:
     upstream: str  # the upstream change this patch answers (link or release)
     fixed_in: str | None = None  # the speculators release that fixed it upstream
     attribute_calls: tuple[AttributeCall, ...] = ()
-    note: str = ""  # what breaks without it, for README/list
-    needs: tuple[str, ...] = ()  # ids of patches this one relies on: never selected without them
+    note: str = ""  # the former name of `without_it`, still accepted
+    # ids of other PATCHES this one relies on: it is never applied without them (unlike
+    # Fact.needs, which names upstream facts an edit relies on)
+    needs: tuple[str, ...] = ()
+    # what breaks without it, in words: `patcher list` (its JSON's `without_it`)
+    without_it: str = ""
+    # the README patch table's "without it" cell (markdown); default: without_it
+    readme: str = ""
+    # the README patch table's "since vLLM" cell; default: the vLLM lower bounds its conditions name
+    since: str = ""
+    # tests: what its codemods say on the files of the speculators release named by `fixed_in`
+    # (speculators 0.4.0): already-satisfied (upstream's fix is recognised), anchor-missing (the
+    # shape it rewrites is gone; the file is left alone) or applies (the fix is needed there too)
+    on_fixed_in: str = ""
 
     def __post_init__(self) -> None:
+        where = f"patch {self.id}"
         if not PATCH_ID.match(self.id):
             raise ValueError(f"patch id {self.id!r} is not of the form vN-slug")
         if not self.edits:
-            raise ValueError(f"patch {self.id} declares no edits")
+            raise ValueError(f"{where} declares no edits")
         if not self.examples:
-            raise ValueError(f"patch {self.id} declares no before/after example")
+            raise ValueError(f"{where} declares no before/after example")
+        if self.note and self.without_it and self.note != self.without_it:
+            raise ValueError(f"{where} declares both note= and without_it=; keep without_it= only")
+        if self.note and not self.without_it:
+            object.__setattr__(self, "without_it", self.note)
+        object.__setattr__(self, "note", self.without_it)
+        if self.on_fixed_in and self.on_fixed_in not in FIXED_IN_OUTCOMES:
+            raise ValueError(f"{where}: on_fixed_in={self.on_fixed_in!r}; one of {', '.join(FIXED_IN_OUTCOMES)}")
+        if self.on_fixed_in and not self.fixed_in:
+            raise ValueError(f"{where}: on_fixed_in= needs fixed_in= (the release it is about)")
+        if self.id in self.needs:
+            raise ValueError(f"{where} needs itself")
+
+    @property
+    def module_name(self) -> str:
+        """The module that must declare it: v12-kv-cache-planning in v12_kv_cache_planning.py."""
+        return self.id.replace("-", "_")
+
+    @property
+    def readme_cell(self) -> str:
+        return self.readme or self.without_it
+
+    @property
+    def since_cell(self) -> str:
+        if self.since:
+            return self.since
+        bounds = []
+        for spec in self.conditions().get("vllm", []):
+            for item in spec.split(","):
+                item = item.strip()
+                text = item[2:] if item.startswith(">=") else item
+                if text not in bounds:
+                    bounds.append(text)
+        return " / ".join(bounds) or "any"
 
     @property
     def number(self) -> int:
@@ -159,6 +219,24 @@ class Patch:
     @property
     def short_id(self) -> str:
         return f"v{self.number}"
+
+    def spec(self) -> "PatchSpec":
+        """What the shared planning core needs of this declaration, as plain data."""
+        from .core.planning import PatchSpec
+
+        return PatchSpec(
+            id=self.id,
+            file=self.target.path,
+            distribution=self.target.distribution,
+            module=self.target.module,
+            requires=dict(self.requires),
+            edits=tuple((e.name, dict(e.when)) for e in self.edits),
+            needs=tuple(self.needs),
+            attribute_calls=tuple(
+                {"receiver": c.receiver, "method": c.method, "implementation": c.implementation}
+                for c in self.attribute_calls
+            ),
+        )
 
     def conditions(self) -> dict[str, list[str]]:
         """Every distribution the patch or one of its edits looks at, with its specifiers."""

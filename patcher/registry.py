@@ -44,6 +44,8 @@ def import_patches(package: str = "patcher.patches") -> tuple[Patch, ...]:
         patch = getattr(module, "PATCH", None)
         if not isinstance(patch, Patch):
             raise TypeError(f"{package}.{info.name} declares no PATCH")
+        if patch.module_name != info.name:
+            raise ValueError(f"{package}.{info.name} declares {patch.id}: name the module {patch.module_name}.py")
         found.append(patch)
     found.sort(key=lambda p: p.number)
     numbers = [p.number for p in found]

@@ -4,36 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Exit codes (README "Exit codes") and the error kinds' codes live in core/errors.py, shared
+# with the agent and the bundle; with several targets the highest code wins.
+from .core.errors import (  # noqa: F401  (re-exported for fleet.py and the tests)
+    ERROR_KINDS,
+    EXIT_CONFLICT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_LOCKED,
+    EXIT_OK,
+    EXIT_PENDING,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+)
 from .planning import PatchState
 
 SCHEMA_VERSION = 1
-
-# Exit codes (documented in README "Exit codes"); with several targets the highest wins.
-EXIT_OK = 0
-EXIT_FAILED = 1  # a patch or verification failed (rolled back), or the target is not writable
-EXIT_USAGE = 2  # bad invocation: not a Python, libraries missing, unknown patch id
-EXIT_CONFLICT = 3  # modified or anchor-missing file, damaged backup or state record
-EXIT_UNREACHABLE = 4
-EXIT_LOCKED = 5
-EXIT_PENDING = 6  # `plan` only: changes are pending (0 means nothing to do)
-EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports it: 128 + 2
-
-# The agent's error kinds, mapped to the status and exit code they give a target.
-AGENT_ERRORS = {
-    "locked": ("failed", EXIT_LOCKED),
-    "conflict": ("failed", EXIT_CONFLICT),
-    "stale-plan": ("failed", EXIT_CONFLICT),
-    "corrupt-state": ("failed", EXIT_CONFLICT),
-    "backup-missing": ("failed", EXIT_CONFLICT),
-    "hostile-path": ("failed", EXIT_CONFLICT),
-    "not-writable": ("failed", EXIT_FAILED),
-    "os-error": ("failed", EXIT_FAILED),
-    "python-too-old": ("failed", EXIT_USAGE),
-    "usage": ("failed", EXIT_USAGE),
-    "unreachable": ("unreachable", EXIT_UNREACHABLE),
-    "timeout": ("timed-out", EXIT_UNREACHABLE),
-    "interrupted": ("interrupted", EXIT_INTERRUPTED),
-}
 
 
 @dataclass

@@ -11,15 +11,9 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .model import Patch
-from .planning import STALE_SUFFIX, PatchState, TargetPlan, detected_names, plan_target, target_files
-from .report import (
-    AGENT_ERRORS,
-    EXIT_CONFLICT,
-    EXIT_FAILED,
-    EXIT_PENDING,
-    EXIT_USAGE,
-    TargetReport,
-)
+from .core.errors import EXIT_CONFLICT, EXIT_FAILED, EXIT_PENDING, outcome
+from .planning import PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
+from .report import TargetReport
 from .transport import AgentFailure, TransportError
 
 
@@ -104,7 +98,7 @@ def unregistered_vllm(installed: dict, python: str) -> str:
 
 
 def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
-    report.status, report.exit_code = AGENT_ERRORS.get(kind, ("failed", EXIT_FAILED))
+    report.status, report.exit_code = outcome(kind)
     report.message = message
     return report
 
@@ -232,7 +226,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         return report
     report.status = "changed"
     report.command_wrote = True
-    report.patches = [_after_write(p, changed_ids, mode) for p in plan.patches]
+    report.patches = after_write(plan.patches, plan.changes, mode)
     verified = result.get("verification")
     if mode == "rollback":
         restored = sum(1 for change in plan.changes if change.new_content is None)
@@ -300,15 +294,6 @@ def _then_run_check(transport, report: TargetReport, options: RunOptions) -> Tar
         line += "; the files stay as written: `patcher rollback` restores them"
     report.message = f"{report.message}; {line}" if report.message else line
     return report
-
-
-def _after_write(p: PatchState, changed_ids: set[str], mode: str) -> PatchState:
-    """A patch's state once the agent has written the plan."""
-    if p.state == "pending" and p.id in changed_ids and mode == "apply":
-        return PatchState(p.id, "applied", p.reason, p.target)
-    if p.state == "stale":
-        return PatchState(p.id, "not-selected", p.reason.replace(STALE_SUFFIX, "; removed by this run"), p.target)
-    return p
 
 
 def _why_none(plan: TargetPlan) -> str:

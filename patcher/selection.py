@@ -1,4 +1,5 @@
-"""Which patches, and which of their edits, hold for the versions a target has installed."""
+"""Which patches, and which of their edits, hold for the versions a target has installed:
+packaging's PEP 440 for the shared core's selection (patcher/core/planning.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Mapping, Sequence
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .core import planning as core
 from .model import Edit, Patch
 
 
@@ -26,14 +28,7 @@ def condition_holds(spec: str, version: str | None) -> bool:
 
 
 def failed_conditions(conditions: Mapping[str, str], versions: Mapping[str, str | None]) -> list[str]:
-    out = []
-    for name, spec in conditions.items():
-        have = versions.get(name)
-        if have is None:
-            out.append(f"{name} is not installed (needs {spec})")
-        elif not condition_holds(spec, have):
-            out.append(f"{name} {have} does not satisfy {spec}")
-    return out
+    return core.failed_conditions(dict(conditions), dict(versions), condition_holds)
 
 
 @dataclass
@@ -48,33 +43,24 @@ class Selection:
         return [e.name for e in self.edits]
 
 
-def select_patches(
-    patches: Sequence[Patch], versions: Mapping[str, str | None]
-) -> dict[str, Selection]:
-    """Select by version conditions alone; a patch whose `needs` are not selected is not either."""
+def select_patches(patches: Sequence[Patch], versions: Mapping[str, str | None]) -> dict[str, Selection]:
+    """What a run on a fresh target would apply: the core's selection by version conditions,
+    with a patch whose `needs` are not selected left out too (check-upstream, bundle ranges)."""
+    specs = [p.spec() for p in patches]
+    chosen = core.select(specs, dict(versions), condition_holds)
+    kept = set(core.selected_with_needs(specs, chosen))
     out: dict[str, Selection] = {}
     for patch in patches:
-        failed = failed_conditions(patch.requires, versions)
-        if failed:
-            out[patch.id] = Selection(patch, False, "; ".join(failed))
-            continue
-        edits = [e for e in patch.edits if not failed_conditions(e.when, versions)]
-        if not edits:
-            reasons = {r for e in patch.edits for r in failed_conditions(e.when, versions)}
-            out[patch.id] = Selection(patch, False, "no edit applies: " + "; ".join(sorted(reasons)))
-            continue
-        missing = [n for n in patch.needs if not (n in out and out[n].selected)]
-        if missing:
+        sel = chosen[patch.id]
+        if sel.selected and patch.id not in kept:
+            missing = [n for n in patch.needs if n not in kept]
             out[patch.id] = Selection(patch, False, f"needs {', '.join(missing)}, which is not selected")
-            continue
-        out[patch.id] = Selection(patch, True, "selected: " + describe(patch, versions), edits)
+        else:
+            edits = [e for e in patch.edits if e.name in sel.edits] if sel.selected else []
+            out[patch.id] = Selection(patch, sel.selected, sel.reason, edits)
     return out
 
 
 def describe(patch: Patch, versions: Mapping[str, str | None]) -> str:
     """e.g. "speculators 0.3.0 (>=0.3.0,<0.4.0), vllm 0.16.0 (>=0.11.1, >=0.12.0)"."""
-    parts = []
-    for name, specs in patch.conditions().items():
-        unique = list(dict.fromkeys(specs))
-        parts.append(f"{name} {versions.get(name)} ({', '.join(unique)})")
-    return ", ".join(parts)
+    return core.describe(patch.spec(), dict(versions))

@@ -125,18 +125,23 @@ def findall(tree: cst.CSTNode, shape: Shape) -> list[cst.CSTNode]:
     return [node for node in walk(tree) if shape.fits(node)]
 
 
+Replacement = Callable[[cst.CSTNode, dict], cst.CSTNode]
+
+
 class _Replacer(cst.CSTTransformer):
-    def __init__(self, shape: Shape, replacement: Callable[[cst.CSTNode], cst.CSTNode]) -> None:
+    def __init__(self, shape: Shape, replacement: Replacement) -> None:
         self.shape = shape
         self.replacement = replacement
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):  # type: ignore[override]
-        # Fitted on the original node, as libcst.matchers.replace does.
-        return self.replacement(updated) if self.shape.fits(original) else updated
+        # Fitted on the original node, as libcst.matchers.replace does; shapes capture nothing,
+        # so the extracted nodes are always {} (libcst's SaveMatchedNode is not part of shapes).
+        return self.replacement(updated, {}) if self.shape.fits(original) else updated
 
 
-def replace(tree: cst.CSTNode, shape: Shape, replacement: Callable[[cst.CSTNode], cst.CSTNode]) -> cst.CSTNode:
-    """`tree` with every node that fits replaced by `replacement(node)` (children first)."""
+def replace(tree: cst.CSTNode, shape: Shape, replacement: Replacement) -> cst.CSTNode:
+    """`tree` with every node that fits replaced by `replacement(node, extracted)` (children
+    first), as libcst.matchers.replace calls it."""
     return tree.visit(_Replacer(shape, replacement))
 
 

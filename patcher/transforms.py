@@ -6,35 +6,10 @@ import threading
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Literal, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from .model import Edit, Patch
-
-Outcome = Literal["applied", "already-satisfied", "anchor-missing"]
-
-
-@dataclass
-class PatchOutcome:
-    patch_id: str
-    outcome: Outcome
-    message: str = ""
-    edits: dict[str, str] = field(default_factory=dict)  # edit name -> applied|satisfied|anchor-missing
-
-
-@dataclass
-class FileTransform:
-    source: str
-    result: str
-    outcomes: list[PatchOutcome]
-
-    @property
-    def changed(self) -> bool:
-        return self.result != self.source
-
-    def outcome(self, patch_id: str) -> PatchOutcome:
-        return next(o for o in self.outcomes if o.patch_id == patch_id)
-
+from .outcomes import FileTransform, Outcome, PatchOutcome  # noqa: F401  (the results' types, here for callers)
 
 _shared: dict | None = None  # see shared_transforms()
 _persist: Path | None = None
@@ -103,7 +78,7 @@ def code_fingerprint() -> str:
     assert spec is not None and spec.submodule_search_locations
     patches_dir = Path(list(spec.submodule_search_locations)[0])
     here = Path(__file__).parent
-    engine = ("transforms.py", "combined.py", "codemod.py", "shapes.py", "model.py")
+    engine = ("transforms.py", "combined.py", "codemod.py", "shapes.py", "model.py", "outcomes.py")
     for path in [*sorted(patches_dir.rglob("*.py")), *(here / name for name in engine)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(_libcst_release().encode())

@@ -354,6 +354,9 @@ PATCH = Patch(
     "speculators 0.4.0 steps until prefill completes but sorts results by request id string",
     fixed_in="speculators 0.4.0 (results out of order from the eleventh prompt of a batch on)",
     needs=("v10-worker-request-capture",),
-    note="without it a batch over the step's token budget comes back wrong, silently: the prompt "
+    without_it="without it a batch over the step's token budget comes back wrong, silently: the prompt "
     "vLLM splits is cut (694 of 977 rows measured) and its neighbours get rows of others",
+    readme="silently cut data: a prompt vLLM splits across scheduler steps (a batch over the step's 8192-token budget) comes back short (694 of 977 rows) and its neighbours get each other's rows; needs v10",
+    since='any',
+    on_fixed_in='anchor-missing',
 )

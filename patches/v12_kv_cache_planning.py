@@ -176,6 +176,7 @@ PATCH = Patch(
     upstream="vLLM 0.33.0: vllm/v1/core/kv_cache_planning.py (get_kv_cache_config_from_groups, "
     "_get_kv_cache_groups_uniform_spec, unify_hybrid_kv_cache_specs moved out of "
     "vllm/v1/core/kv_cache_utils.py)",
-    note="without it on vLLM 0.33: ImportError: cannot import name '_get_kv_cache_groups_uniform_spec' "
+    without_it="without it on vLLM 0.33: ImportError: cannot import name '_get_kv_cache_groups_uniform_spec' "
     "from 'vllm.v1.core.kv_cache_utils' when the generator module is imported",
+    readme="without it on vLLM 0.33: `ImportError: cannot import name '_get_kv_cache_groups_uniform_spec' from 'vllm.v1.core.kv_cache_utils'` when the generator is imported (the three planning helpers moved to `vllm.v1.core.kv_cache_planning`; v1's hashing helpers stay)",
 )

@@ -87,6 +87,7 @@ PATCH = Patch(
         "req = Request(request_id=\"r\", prompt_token_ids=[1], sampling_params=None, pooling_params=None)\n",
     ),
     upstream="vLLM 0.17.0: vllm/v1/request.py (Request.__init__ without eos_token_id)",
-    note="without it on vLLM 0.17 and later: TypeError: Request.__init__() got an unexpected keyword "
+    without_it="without it on vLLM 0.17 and later: TypeError: Request.__init__() got an unexpected keyword "
     "argument 'eos_token_id' at the first generate() (verification catches it and rolls back)",
+    readme="without it on vLLM 0.17 and later: `TypeError: Request.__init__() got an unexpected keyword argument 'eos_token_id'` at the first `generate()` (verification catches it and rolls back)",
 )

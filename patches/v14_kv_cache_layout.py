@@ -247,6 +247,7 @@ PATCH = Patch(
     upstream="vLLM 0.29.0: vllm/v1/engine/core.py (resolve_kv_cache_layout, then "
     "Executor.set_kv_cache_layout, before the KV cache config), vllm/config/cache.py "
     "(CacheConfig.get_resolved_kv_cache_layout)",
-    note="without it on vLLM 0.29 and later: ValueError: KV cache layout has not been resolved yet, "
+    without_it="without it on vLLM 0.29 and later: ValueError: KV cache layout has not been resolved yet, "
     "from get_kv_cache_config_from_groups while the generator is constructed",
+    readme='without it on vLLM 0.29 and later: `ValueError: KV cache layout has not been resolved yet` from `get_kv_cache_config_from_groups` (the engine core resolves the layout first; the generator drives the executor itself)',
 )

@@ -117,6 +117,7 @@ PATCH = Patch(
     ),
     upstream="vLLM 0.29.0: vllm/v1/attention/backends/cpu_attn.py (get_supported_kernel_block_sizes "
     "returns [MultipleOf(32)]), vllm/v1/worker/utils.py (select_common_block_size)",
-    note="without it on vLLM's CPU build from 0.29: ValueError: No common block size for 16 "
+    without_it="without it on vLLM's CPU build from 0.29: ValueError: No common block size for 16 "
     "(CPU_ATTN: [MultipleOf(32)]) while the workers start",
+    readme='without it on the CPU build from 0.29: `No common block size for 16 (CPU_ATTN: [MultipleOf(32)])` while the workers start (block size 32 on the CPU platform, 16 elsewhere)',
 )

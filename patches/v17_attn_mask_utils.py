@@ -118,6 +118,8 @@ PATCH = Patch(
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
     upstream="transformers 5.24.0: src/transformers/modeling_attn_mask_utils.py removed",
-    note="without it with transformers 5.24 or later: import speculators fails with "
+    without_it="without it with transformers 5.24 or later: import speculators fails with "
     "ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'",
+    readme="with transformers 5.24 or later: `import speculators` fails, `ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'` (a local causal-mask function where the import fails)",
+    since='transformers 5.24.0',
 )

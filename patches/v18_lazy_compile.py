@@ -157,6 +157,8 @@ PATCH = Patch(
     "import (module-level use_experimental_benchmarker); vLLM: get_mp_context() forces spawn only "
     "when torch.cuda.is_initialized() (vllm/utils/system_utils.py _maybe_force_spawn)",
     fixed_in=None,
-    note="without it, on a CUDA host every vLLM worker dies at start: RuntimeError 'Cannot "
+    without_it="without it, on a CUDA host every vLLM worker dies at start: RuntimeError 'Cannot "
     "re-initialize CUDA in forked subprocess' (gpu_worker.init_device)",
+    readme="on a CUDA host every vLLM worker dies at start: `RuntimeError: Cannot re-initialize CUDA in forked subprocess` (gpu_worker.init_device; seen on an H200, vLLM 0.20.0, torch 2.11.0). `import speculators` ran `@torch.compile`, whose import of torch._inductor asks CUDA for its device count, so CUDA was initialised while `torch.cuda.is_initialized()` stayed False and vLLM kept fork. The decorator now compiles at the first call (as torch.compile does anyway). Chosen over spawning the workers, which would re-import every user's `__main__` (scripts without a `__name__` guard would start generators recursively); no environment variable needed. `tests/test_lazy_compile.py` counts the device-count calls of `import speculators` without a GPU: 1 before, 0 after",
+    since='any (torch >=2.0: a condition on torch)',
 )

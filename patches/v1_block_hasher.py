@@ -410,7 +410,9 @@ PATCH = Patch(
     "vllm/v1/request.py (block_hasher); https://github.com/vllm-project/vllm/pull/27151 "
     "(vllm.utils.hashing, 0.11.1); speculators fix https://github.com/vllm-project/speculators/pull/225",
     fixed_in="speculators 0.4.0",
-    note="without it a bare AssertionError in block_pool.cache_full_blocks once a prompt fills "
+    without_it="without it a bare AssertionError in block_pool.cache_full_blocks once a prompt fills "
     "a KV block (16 tokens). With it, prefix caching stays on: prompts sharing a prefix of 16+ "
     "tokens come back short or wrong unless prefix caching is also turned off (0.4.0 does)",
+    readme='bare `AssertionError` in `block_pool.cache_full_blocks` once a prompt fills a 16-token KV block — but only when v6 is left out too: with prefix caching off, no block is cached',
+    on_fixed_in='already-satisfied',
 )

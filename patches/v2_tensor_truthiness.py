@@ -167,6 +167,8 @@ PATCH = Patch(
     "unique_reply_rank returns the single reply); speculators fix "
     "https://github.com/vllm-project/speculators/pull/225",
     fixed_in="speculators 0.4.0",
-    note="without it generate() takes the first layer's tensor for the whole reply and fails: "
+    without_it="without it generate() takes the first layer's tensor for the whole reply and fails: "
     "RuntimeError 'Boolean value of Tensor with more than one value is ambiguous'",
+    readme='`RuntimeError: Boolean value of Tensor with more than one value is ambiguous`',
+    on_fixed_in='anchor-missing',
 )

@@ -202,8 +202,10 @@ PATCH = Patch(
     "vllm/config/scheduler.py (is_encoder_decoder), vllm/v1/core/kv_cache_utils.py "
     "(kv_cache_specs removed); speculators fix https://github.com/vllm-project/speculators/pull/225",
     fixed_in="speculators 0.4.0",
-    note="without it the generator cannot be constructed on vLLM 0.16: pydantic ValidationError "
+    without_it="without it the generator cannot be constructed on vLLM 0.16: pydantic ValidationError "
     "'is_encoder_decoder Field required' at SchedulerConfig(...), then TypeError "
     "\"unexpected keyword argument 'kv_cache_specs'\" and TypeError \"Scheduler.__init__() missing "
     "1 required positional argument: 'block_size'\"",
+    readme='`Scheduler` missing `block_size` (0.11.1); `SchedulerConfig` `is_encoder_decoder` Field required, `get_kv_cache_config_from_groups` unexpected `kv_cache_specs` (0.12.0)',
+    on_fixed_in='already-satisfied',
 )

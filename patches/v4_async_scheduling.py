@@ -55,5 +55,6 @@ PATCH = Patch(
     satisfied=("cfg = SchedulerConfig(max_num_seqs=1, async_scheduling=False)\n",),
     upstream="vLLM SchedulerConfig.async_scheduling (present in 0.11.0; default None from 0.14.0)",
     fixed_in="speculators 0.4.0 (never sets it)",
-    note="nothing: the run needs no change here; kept for parity with hosts patched by hand",
+    without_it="nothing: the run needs no change here; kept for parity with hosts patched by hand",
+    readme="nothing: the run does not need it (the seeds' v4; vLLM keeps the two-phase contract whatever the flag says); kept because hosts patched by hand carry it",
 )

@@ -151,6 +151,8 @@ PATCH = Patch(
             "vllm.v1.executor.multiproc_executor:MultiprocExecutor.execute_model",
         ),
     ),
-    note="without it the second execute_model() in a process fails: RuntimeError "
+    without_it="without it the second execute_model() in a process fails: RuntimeError "
     "'... State error: sample_tokens() must be called after execute_model() returns None.'",
+    readme='`RuntimeError: ... sample_tokens() must be called after execute_model() returns None.`',
+    on_fixed_in='already-satisfied',
 )

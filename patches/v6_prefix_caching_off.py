@@ -99,9 +99,11 @@ PATCH = Patch(
     upstream="vLLM 0.12.0: vllm/config/cache.py (enable_prefix_caching defaults to True); "
     "speculators fix https://github.com/vllm-project/speculators/pull/225",
     fixed_in="speculators 0.4.0",
-    note="without it, a prompt sharing a prefix of 16 tokens or more with an earlier prompt (in "
+    without_it="without it, a prompt sharing a prefix of 16 tokens or more with an earlier prompt (in "
     "the batch or an earlier call) is computed only past its cached blocks (vLLM 0.16 CPU: a "
     "64-token prompt sharing a 44-token prefix, 32 rows). Without v10/v11 that is silent: too few "
     "rows, or rows of another prompt; with them, RuntimeError 'request ...: captured 32 rows of "
     "hidden states, expected 64'",
+    readme='silently wrong data: a prompt sharing a 16+ token prefix with an earlier one comes back short (with v10/v11 in place: `RuntimeError ... captured 32 rows of hidden states, expected 64`)',
+    on_fixed_in='already-satisfied',
 )

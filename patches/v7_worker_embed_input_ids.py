@@ -224,6 +224,9 @@ PATCH = Patch(
     "(vllm/model_executor/models/interfaces.py); speculators fix "
     "https://github.com/vllm-project/speculators/pull/225",
     fixed_in="speculators 0.4.0",
-    note="without it the worker fails during vLLM's warm-up, before any prompt: AttributeError "
+    without_it="without it the worker fails during vLLM's warm-up, before any prompt: AttributeError "
     "\"'LlamaModel' object has no attribute 'get_input_embeddings'\"",
+    readme='`AttributeError: ... get_input_embeddings` at start-up; the patched forward also accepts extra keyword arguments',
+    since='0.11.1',
+    on_fixed_in='already-satisfied',
 )

@@ -137,7 +137,7 @@ class DeepseekLayerScaling(PatchCodemod):
             leading_lines=[*loop.leading_lines, *new_block[0].leading_lines]
         )
         loop = loop.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
-        loop = m.replace(loop, LAYER_CALL, lambda call: with_star_kwargs(call, KWARGS))
+        loop = m.replace(loop, LAYER_CALL, lambda call, extracted: with_star_kwargs(call, KWARGS))
         body[index : index + 1] = [*new_block, loop]
         return updated.with_changes(body=updated.body.with_changes(body=body))
 
@@ -258,8 +258,11 @@ PATCH = Patch(
     "0.18.0: DeepseekV2ForCausalLM and KimiK25ForConditionalGeneration declare SupportsEagle3; "
     "speculators 0.4.0 removed the supports_eagle3 guard",
     fixed_in="speculators 0.4.0 (guard only; it drops llama_4_scaling too)",
-    note="without it DeepSeek-V2-family models are refused (ValueError 'Model DeepseekV2ForCausalLM "
+    without_it="without it DeepSeek-V2-family models are refused (ValueError 'Model DeepseekV2ForCausalLM "
     "does not support hidden state extraction'), and with the guard relaxed alone, models whose "
     "config sets llama_4_scaling get hidden states without that scaling. Not needed for Llama "
     "models (the end-to-end run passes without it)",
+    readme='DeepSeek-V2-family models: `llama_4_scaling` not passed to their layers (0.12.0) and `supports_eagle3` rejecting them (before 0.18.0); not needed for Llama',
+    since='0.12.0 / <0.18.0',
+    on_fixed_in='anchor-missing',
 )

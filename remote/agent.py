@@ -81,6 +81,14 @@ def checkpoint(name: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+# Every kind an AgentError (or an answer's error) may carry; their exit codes are in
+# patcher/core/errors.py, whose AGENT_KINDS a test keeps equal to this tuple.
+AGENT_KINDS = (
+    "locked", "stale-plan", "corrupt-state", "backup-missing", "hostile-path",
+    "not-writable", "os-error", "python-too-old", "usage", "internal", "timeout",
+)  # fmt: skip
+
+
 class AgentError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)

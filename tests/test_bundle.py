@@ -19,6 +19,7 @@ from packaging.version import Version
 from patcher import bundle_runtime
 from patcher.registry import load_patches
 from patcher.selection import condition_holds
+from tests.support.cli import patcher
 from tests.support.envs import light_env, site_file
 from tests.support.pythons import find_python, python_or_skip
 
@@ -27,13 +28,6 @@ TARGETS = sorted({p.target.path for p in load_patches()})
 
 def files(python: Path) -> dict[str, bytes]:
     return {rel: site_file(python, rel).read_bytes() for rel in TARGETS}
-
-
-def patcher(*args: str, cwd: Path | None = None) -> tuple[int, dict | None, str]:
-    proc = subprocess.run([sys.executable, "-m", "patcher.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)  # fmt: skip
-    doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
-    return proc.returncode, doc, proc.stderr
 
 
 def run_bundle(bundle: Path, python: Path, *args: str) -> tuple[int, dict | None, str]:
@@ -94,6 +88,77 @@ def test_apply_writes_what_patcher_writes_and_patcher_agrees(bundle: Path, tmp_p
     assert run_bundle(bundle, target, "apply", "--no-verify")[0] == 0
     assert patcher("rollback", "--python", str(target))[0] == 0
     assert files(target) == pristine
+
+
+def _embedded(bundle: Path, name: str) -> dict:
+    """A blob the bundle carries (DATA, AGENT or CORE), decoded as the bundle decodes it."""
+    import base64
+    import zlib
+
+    source = bundle.read_text()
+    start = source.index(f'\n{name} = """') + len(f'\n{name} = """')
+    return zlib.decompress(base64.b64decode(source[start : source.index('"""', start)]))
+
+
+def test_every_error_kind_exits_alike_through_patcher_and_a_bundle(bundle: Path):
+    from patcher.core.errors import ERROR_KINDS
+    from patcher.report import TargetReport
+    from patcher.run import _fail
+
+    core = json.loads(_embedded(bundle, "CORE"))
+    assert core["planning"] == Path("patcher/core/planning.py").read_text()  # patcher's planning, not a copy
+    ns: dict = {}
+    exec(compile(core["errors"], "<bundle-errors>", "exec"), ns)
+    for kind in [*ERROR_KINDS, "a-kind-nobody-knows"]:
+        report = _fail(TargetReport("t"), kind, "m")
+        assert (report.status, report.exit_code) == ns["outcome"](kind), kind
+    assert ns["outcome"]("stale-plan") == ("failed", 3)  # 1 in bundles before the shared table
+
+
+def test_patcher_and_the_bundle_plan_alike(bundle: Path, tmp_path: Path):
+    """Drift: the same states, reasons, files and exit codes through both, step by step."""
+    from tests.support.envs import fabricate_dist
+
+    mine, theirs = light_env(tmp_path / "a"), light_env(tmp_path / "b")
+
+    def same(command: str, *extra: str) -> None:
+        code, doc, err = patcher(command, "--python", str(mine), *extra, "--json")
+        bundle_code, bundle_doc, bundle_err = run_bundle(bundle, theirs, command, *extra, "--json")
+        assert code == bundle_code, (command, err, bundle_err)
+        a, b = doc["targets"][0], bundle_doc["targets"][0]
+        assert a["patches"] == b["patches"], command
+        assert [(f["path"], f["action"], f["patches"]) for f in a["files"]] == [
+            (f["path"], f["action"], f["patches"]) for f in b["files"]
+        ], command
+        assert (a["status"], a["exit_code"]) == (b["status"], b["exit_code"]), command
+
+    for step in (("status",), ("plan",), ("apply", "--no-verify"), ("plan",), ("apply", "--no-verify")):
+        same(*step)
+    assert files(mine) == files(theirs)
+    for python in (mine, theirs):  # vLLM downgraded under both: patches go stale
+        fabricate_dist(python.parent.parent, "vllm", "0.11.0")
+    for step in (("status",), ("plan",), ("apply", "--no-verify"), ("status",), ("rollback",), ("status",)):
+        same(*step)
+    assert files(mine) == files(theirs)
+
+
+def test_an_agent_error_exits_alike_through_patcher_and_a_bundle(bundle: Path, tmp_path: Path):
+    """A real one (the agent's `locked`, another run holding the lock): the same status, exit code
+    and message through both."""
+    import fcntl
+
+    mine, theirs = light_env(tmp_path / "a"), light_env(tmp_path / "b")
+    got = []
+    for python, command in ((mine, None), (theirs, bundle)):
+        state = python.parent.parent / "share" / "patcher"
+        state.mkdir(parents=True)
+        with open(state / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            args = ("apply", "--no-verify", "--lock-timeout", "0.2", "--json")
+            code, doc, err = patcher(*args, "--python", str(python)) if command is None else run_bundle(bundle, python, *args)
+        target = doc["targets"][0]
+        got.append((code, target["status"], target["exit_code"], target["message"].replace(str(state), "STATE")))
+    assert got[0] == got[1] and got[0][:3] == (5, "failed", 5), got
 
 
 def test_a_file_it_does_not_know_is_refused(bundle: Path, tmp_path: Path):
@@ -200,7 +265,7 @@ def test_a_vllm_version_outside_what_it_carries_is_refused(tmp_path: Path, bundl
     import zlib
 
     data = json.loads(zlib.decompress(base64.b64decode(source[start:end])))
-    data["selections"] = [s for s in data["selections"] if not any(pid == "v1-block-hasher" for pid, _ in s["selected"])]
+    data["variants"] = {key: v for key, v in data["variants"].items() if "v1-block-hasher" not in key}
     blob = base64.b64encode(zlib.compress(json.dumps(data).encode())).decode()
     trimmed = tmp_path / "trimmed.py"
     trimmed.write_text(source[:start] + blob + source[end:])

@@ -26,6 +26,7 @@ from patcher.upstream.nightly import check_nightly
 from patcher.upstream.render import render_markdown
 from patcher.upstream.sources import ReleaseFiles
 from patcher.upstream.wheels import IndexUnreachable
+from tests.support.cli import run_patcher
 from tests.support.releases import cache_dir
 
 SPECULATORS = ["0.3.0", "0.4.0", "0.5.0"]
@@ -247,19 +248,13 @@ def test_a_gate_that_leaves_out_a_newer_nightly_is_caught(tmp_path):
 # ---------------------------------------------------------------------- command line
 
 
-def patcher(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "patcher.cli", "check-upstream", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-    )
+def check_upstream(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run_patcher("check-upstream", *args, env=env)
 
 
 def test_command_writes_json_and_markdown(report, tmp_path):
     markdown = tmp_path / "summary.md"
-    done = patcher(
+    done = check_upstream(
         "--release", "speculators=" + ",".join(SPECULATORS), "--release", "vllm=" + ",".join(VLLM),
         "--release", "transformers=" + ",".join(TRANSFORMERS),
         "--cache", str(cache()), "--json", "--markdown", str(markdown),
@@ -277,7 +272,7 @@ def test_command_writes_json_and_markdown(report, tmp_path):
 
 
 def test_unreachable_index_is_one_clear_line_and_exit_4(tmp_path):
-    done = patcher(
+    done = check_upstream(
         "--cache", str(tmp_path), "--quiet",
         env={
             "PIP_CONFIG_FILE": os.devnull,
@@ -292,5 +287,5 @@ def test_unreachable_index_is_one_clear_line_and_exit_4(tmp_path):
 
 
 def test_usage_errors_exit_2():
-    assert patcher("--release", "vllm=not-a-version").returncode == 2
-    assert patcher("--release", "0.12.0").returncode == 2
+    assert check_upstream("--release", "vllm=not-a-version").returncode == 2
+    assert check_upstream("--release", "0.12.0").returncode == 2

@@ -11,6 +11,7 @@ from patcher.entry import render_help
 from patcher.help_text import HELP
 
 SCRIPT = Path(sys.executable).parent / "patcher"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(args: list[str], columns: int, *, entry: bool = True) -> subprocess.CompletedProcess:
@@ -25,7 +26,29 @@ def imported(importtime: str, module: str) -> bool:
 
 
 def test_kept_help_is_what_click_renders_now():
-    assert HELP == render_help(), "the CLI changed: regenerate patcher/help_text.py with `python -m patcher.entry`"
+    assert HELP == render_help(), "the CLI changed: regenerate patcher/help_text.py with `python scripts/write_help_text.py`"
+
+
+def test_help_text_file_is_what_the_script_writes():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import write_help_text
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert write_help_text.PATH.read_text(encoding="utf-8") == write_help_text.text(), (
+        "regenerate patcher/help_text.py with `python scripts/write_help_text.py`"
+    )
+
+
+def test_python_dash_m_runs_the_cli():
+    for module in ("patcher", "patcher.entry", "patcher.cli"):
+        done = subprocess.run([sys.executable, "-m", module, "list", "--json"], capture_output=True, text=True)
+        assert done.returncode == 0 and '"v1-block-hasher"' in done.stdout, (module, done.stderr)
+        version = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True)
+        assert version.stdout.startswith("patcher, version "), (module, version.stderr)
+    before = (ROOT / "patcher" / "help_text.py").stat().st_mtime_ns
+    subprocess.run([sys.executable, "-m", "patcher.entry", "--help"], capture_output=True, check=True)
+    assert (ROOT / "patcher" / "help_text.py").stat().st_mtime_ns == before, "running the CLI wrote help_text.py"
 
 
 def test_help_and_version_match_click_and_do_not_import_it():

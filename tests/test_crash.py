@@ -13,8 +13,8 @@ import pytest
 from patcher.registry import load_patches
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import why_no_sshd
-from tests.test_engine import patcher
-from tests.test_remote import client, servers, spec  # noqa: F401  (fixtures)
+from tests.support.cli import patcher
+from tests.support.sshd import spec
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.envs import overlay_env
-from tests.test_e2e_vllm import assert_all_correct, error_of, extract, patch_as, patcher, summary
+from tests.support.cli import patcher
+from tests.support.e2e import assert_all_correct, error_of, extract, patch_as, pristine, summary
 
 pytestmark = pytest.mark.vllm
 
@@ -89,8 +90,6 @@ def test_without_v16_speculators_does_not_import(target: Path, model: Path):
 
 
 def test_rollback_restores_the_pristine_files(target: Path):
-    from tests.test_e2e_vllm import pristine
-
     code, doc, err = patcher("rollback", "--python", str(target))
     assert code == 0, err
     assert pristine(target)

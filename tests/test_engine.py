@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,31 +11,11 @@ from pathlib import Path
 import pytest
 
 from patcher.registry import load_patches
+from tests.support.cli import patcher, sha, states
 from tests.support.envs import fabricate_dist, light_env, reinstall_speculators, site_file
+from tests.support.files import GENERATOR, PRISTINE_GENERATOR
 
-GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
-PRISTINE_GENERATOR = "514f3f585afa335b558f98c1954a1dc5b804003cd7b08aeeac7c4cd333cd5106"
 PATCHES = load_patches()
-
-
-def patcher(*args: str, env=None) -> tuple[int, dict | None, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "patcher.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=300,
-    )
-    doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
-    return proc.returncode, doc, proc.stderr
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def states(doc: dict) -> dict[str, str]:
-    return {p["id"]: p["state"] for p in doc["targets"][0]["patches"]}
 
 
 def target_file_hashes(python: Path) -> dict[str, str]:
@@ -96,27 +74,37 @@ def test_second_apply_changes_nothing_and_does_not_parse(env: Path):
     assert target_file_hashes(env) == after_first
 
 
-# The vLLM a patch is selected on, where the default (0.16.0) is too old for it.
-VLLM_FOR = {
-    "v12-kv-cache-planning": "0.33.0",
-    "v13-request-eos-token-id": "0.17.0",
-    "v14-kv-cache-layout": "0.29.0",
-    "v15-cpu-block-size": "0.29.0",
-}
-# The transformers a patch is selected on (none is installed in a light environment).
+# What a light environment lacks and a patch's conditions name: transformers (v16, v17), torch (v18).
 TRANSFORMERS_FOR = {"v16-pydantic-torch-namespace": "5.19.0", "v17-attn-mask-utils": "5.24.0"}
-# The torch a patch is selected on (light environments have none).
 TORCH_FOR = {"v18-lazy-compile": "2.11.0"}
+
+
+def others_for(patch) -> dict:
+    """The distributions besides speculators and vLLM a patch is selected on."""
+    return {
+        **({"transformers": TRANSFORMERS_FOR[patch.id]} if patch.id in TRANSFORMERS_FOR else {}),
+        **({"torch": TORCH_FOR[patch.id]} if patch.id in TORCH_FOR else {}),
+    }
+
+
+def vllm_for(patch) -> str:
+    """The vLLM a patch is selected on: 0.16.0, or the lowest its declaration allows (v12: 0.33.0)."""
+    from patcher.core.planning import select_one
+    from patcher.selection import condition_holds
+
+    versions = {"speculators": "0.3.0", "vllm": "0.16.0", **others_for(patch)}
+    if select_one(patch.spec(), versions, condition_holds).selected:
+        return "0.16.0"
+    return patch.since_cell.split(" / ")[-1]
 
 
 @pytest.mark.parametrize("patch", [p.id for p in PATCHES])
 def test_each_patch_alone_applies_once_and_rolls_back_byte_identical(tmp_path: Path, patch: str):
     # "alone": with the patches it needs (v11 needs v10), which are never selected without it
-    env = light_env(tmp_path, vllm=VLLM_FOR.get(patch, "0.16.0"))
-    if patch in TRANSFORMERS_FOR:
-        fabricate_dist(env.parent.parent, "transformers", TRANSFORMERS_FOR[patch])
-    if patch in TORCH_FOR:
-        fabricate_dist(env.parent.parent, "torch", TORCH_FOR[patch])
+    declared = next(p for p in PATCHES if p.id == patch)
+    env = light_env(tmp_path, vllm=vllm_for(declared))
+    for name, version in others_for(declared).items():
+        fabricate_dist(env.parent.parent, name, version)
     needs = next(p for p in PATCHES if p.id == patch).needs
     only = [arg for item in (patch, *needs) for arg in ("--only", item)]
     before = target_file_hashes(env)

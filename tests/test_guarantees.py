@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from patcher.registry import load_patches
 from tests.support.envs import PYTHON_FOR_TARGETS, light_env, site_file
 from tests.support.releases import cache_dir, download_wheel
-from tests.test_engine import GENERATOR, PRISTINE_GENERATOR, patcher, sha, states
+from tests.support.cli import patcher, sha, states
+from tests.support.files import GENERATOR, PRISTINE_GENERATOR
 
 PATCHES = load_patches()
 TARGETS = sorted({p.target.path for p in PATCHES})

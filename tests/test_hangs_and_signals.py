@@ -19,7 +19,7 @@ import pytest
 from patcher.registry import load_patches
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import SshServer, why_no_sshd
-from tests.test_remote import client, host_env, next_address, servers, spec  # noqa: F401  (fixtures)
+from tests.support.sshd import next_address, spec
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 GENERATOR = next(t for t in TARGETS if t.endswith("vllm_hidden_states_generator.py"))

@@ -21,7 +21,7 @@ from patcher.registry import load_patches
 from patcher.transport import AgentFailure, LocalTransport
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import why_no_sshd
-from tests.test_remote import client, host_env, servers, shared_env, spec  # noqa: F401  (fixtures)
+from tests.support.sshd import spec
 from tests.support.sshd import ensure_user
 
 PATCHES = load_patches()

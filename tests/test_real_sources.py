@@ -51,29 +51,16 @@ SUBSETS = [
     for subset in _subsets(patches)
 ]
 
-# What each patch's codemods say on speculators 0.4.0's files. Patches never run there
-# (they require speculators <0.4.0); this checks they recognise upstream's fix as their own,
-# or find the shape they rewrite gone and leave the file alone (anchor-missing):
-# v2, v11 and the worker's v10: 0.4.0 rewrote the capture (results by request id); v9: 0.4.0
-# calls its own device helpers; v8: 0.4.0 dropped the supports_eagle3 guard (and passes no
-# llama_4_scaling either, so v8's other edit alone would apply: never a partial patch).
-# Not v12: 0.4.0 still imports the planning helpers from kv_cache_utils (it predates vLLM 0.33),
-# so v12 would rewrite it; 0.4.0 on vLLM 0.33 needs that fix as much as 0.3.0 does. Not v13 either:
-# 0.4.0 still passes Request(eos_token_id=...), which vLLM 0.17 refuses; nor v14-v17: 0.4.0 predates
-# vLLM 0.29 and transformers 5.4 (its block size is 16 on CPU too).
+# What each patch's codemods say on speculators 0.4.0's files (the release its `fixed_in`
+# names) is declared by the patch itself: Patch.on_fixed_in. Patches never run there (they
+# require speculators <0.4.0); this checks they recognise upstream's fix as their own, or find
+# the shape they rewrite gone and leave the file alone (anchor-missing). The reasons are in each
+# patch module, beside its on_fixed_in.
 EXPECTED_ON_0_4_0 = {
-    "v1-block-hasher": "already-satisfied",
-    "v2-tensor-truthiness": "anchor-missing",
-    "v3-signatures": "already-satisfied",
-    "v5-sample-tokens": "already-satisfied",
-    "v6-prefix-caching-off": "already-satisfied",
-    "v7-worker-embed-input-ids": "already-satisfied",
-    "v8-worker-deepseek": "anchor-missing",
-    "v9-device-memory": "anchor-missing",
-    "v10-worker-request-capture": "anchor-missing",
-    "v11-multistep-prefill": "anchor-missing",
+    **{p.id: p.on_fixed_in for p in PATCHES if p.on_fixed_in and p.fixed_in and p.fixed_in.startswith("speculators 0.4.0")},
     # 0.4.0 decorates with its own conditional_torch_compile (which asks torch.cuda.is_available()
-    # at class definition: it touches CUDA as 0.3.0 does, but v18 never runs on 0.4.0)
+    # at class definition: it touches CUDA as 0.3.0 does). v18 is not fixed upstream (no fixed_in),
+    # so its declaration cannot carry on_fixed_in; its codemod still must leave 0.4.0's file alone.
     "v18-lazy-compile": "anchor-missing",
 }
 
@@ -191,8 +178,12 @@ def test_what_the_patches_say_on_0_4_0(speculators_0_4_0, capsys):
         print("\nspeculators 0.4.0, each patch alone on its file:")
         for patch_id, (outcome, edits, changed) in report.items():
             print(f"  {patch_id}: {outcome} {edits}{' (would change the file)' if changed else ''}")
+    assert EXPECTED_ON_0_4_0, "no patch declares on_fixed_in"
     for patch_id, expected in EXPECTED_ON_0_4_0.items():
         outcome, edits, changed = report[patch_id]
+        if expected == "applies":
+            assert outcome == "applied" and changed, (patch_id, outcome, edits)
+            continue
         assert outcome == expected, (patch_id, outcome, edits)
         assert not changed, patch_id
         if expected == "already-satisfied":

@@ -9,8 +9,8 @@ in an apply, a login user who cannot write the environment, sudo with and withou
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -25,29 +25,15 @@ from pathlib import Path
 import pytest
 
 from patcher.registry import load_patches
-from tests.support.envs import light_env, site_file
-from tests.support.sshd import SshClient, SshServer, ensure_user, free_port, why_no_sshd
+from tests.support.envs import site_file
+from tests.support.cli import patcher
+from tests.support.sshd import SshClient, SshServer, ensure_user, free_port, next_address, spec, why_no_sshd
 
 pytestmark = pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
 
 TARGETS = sorted({p.target.path for p in load_patches()})
-_numbers = itertools.count(2)
-
-
-def next_address() -> str:
-    number = next(_numbers)
-    assert number < 255, "out of loopback addresses for this session"
-    return f"127.0.0.{number}"
-
-
-def patcher(*args: str, cwd: Path, timeout: float = 300) -> tuple[int, dict | None, str]:
-    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}  # never the user's agent
-    proc = subprocess.run(
-        [sys.executable, "-m", "patcher.cli", *args],
-        capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout,
-    )  # fmt: skip
-    doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
-    return proc.returncode, doc, proc.stderr
+# Every command here runs without SSH_AUTH_SOCK: never the user's own agent.
+patcher = functools.partial(patcher, clean_ssh=True)
 
 
 def files(python: Path) -> dict[str, bytes]:
@@ -72,40 +58,6 @@ def comparable(target: dict) -> dict:
         "patches": [(p["id"], p["state"], p["reason"]) for p in target["patches"]],
         "files": [(f["path"], f["action"], f.get("patches")) for f in target["files"]],
     }
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> SshClient:
-    return SshClient(tmp_path / "client")
-
-
-@pytest.fixture
-def servers(tmp_path: Path, client: SshClient):
-    started: list[SshServer] = []
-
-    def make(users=("root",), public_key: str | None = None, address: str | None = None) -> SshServer:
-        keys = {user: public_key or client.public_key for user in users}
-        server = SshServer(tmp_path / f"sshd{len(started)}", address or next_address(), keys)
-        started.append(server)
-        return server.start()
-
-    yield make
-    for server in started:
-        server.remove()
-
-
-@pytest.fixture
-def host_env(tmp_path: Path):
-    count = itertools.count()
-
-    def make() -> Path:
-        return light_env(tmp_path / f"host{next(count)}")
-
-    return make
-
-
-def spec(server: SshServer, user: str = "root") -> str:
-    return f"{user}@{server.address}:{server.port}"
 
 
 # ---------------------------------------------------------------- the ordinary path
@@ -442,32 +394,6 @@ def test_connection_dropped_during_apply(tmp_path: Path, client, servers, host_e
 # ---------------------------------------------------------------- users who are not root
 
 
-SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-@pytest.fixture
-def shared_env(tmp_path: Path, host_env):
-    """A root-owned target environment that other users can run but not write: built on the
-    system Python (the test's own Python lives under /root, which other users cannot enter)."""
-    if not Path(SYSTEM_PYTHON).exists():
-        pytest.skip(f"no {SYSTEM_PYTHON} for a target environment other users can run")
-    template = host_env()
-    root = Path(tempfile.mkdtemp(prefix="patcher-shared-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    env = root / "env"
-    subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(env)], check=True)
-    site = next((env / "lib").glob("python3.*/site-packages"))
-    source = next((template.parent.parent / "lib").glob("python3.*/site-packages"))
-    shutil.rmtree(site)
-    shutil.copytree(source, site, symlinks=True)
-    for path in [root, *root.rglob("*")]:
-        mode = path.lstat().st_mode
-        if not stat.S_ISLNK(mode):
-            os.chmod(path, (mode & ~0o022) | (0o755 if stat.S_ISDIR(mode) or mode & 0o100 else 0o644))
-    yield env / "bin" / "python"
-    shutil.rmtree(root, ignore_errors=True)
-
-
 def test_ansible_become_in_the_inventory_is_sudo_for_that_host(tmp_path: Path, client, servers, shared_env, sudoer):
     server = servers(users=(sudoer,))
     pristine = files(shared_env)
@@ -505,25 +431,6 @@ def test_environment_not_writable_for_the_login_user(tmp_path: Path, client, ser
                              *client.args(), "--json", cwd=tmp_path)  # fmt: skip
     assert code == 0, err
     assert doc["targets"][0]["versions"] == {"speculators": "0.3.0", "vllm": "0.16.0"}
-
-
-@pytest.fixture
-def sudoer():
-    if not shutil.which("sudo"):
-        pytest.skip("sudo is not installed (apt-get install sudo): --sudo cannot be tried")
-    if not Path("/etc/sudoers.d").is_dir():
-        pytest.skip("no /etc/sudoers.d to grant the test user passwordless sudo")
-    ensure_user("patcher-sudo")
-    rule = Path(f"/etc/sudoers.d/patcher-test-{os.getpid()}")
-    rule.write_text("patcher-sudo ALL=(root) NOPASSWD: ALL\n")
-    rule.chmod(0o440)
-    try:
-        check = subprocess.run(["sudo", "-n", "-u", "patcher-sudo", "sudo", "-n", "true"], capture_output=True)
-        if check.returncode != 0:
-            pytest.skip(f"sudo does not honour /etc/sudoers.d here: {check.stderr.decode().strip()}")
-        yield "patcher-sudo"
-    finally:
-        rule.unlink(missing_ok=True)
 
 
 def test_sudo_runs_the_remote_side_as_root_without_prompting(tmp_path: Path, client, servers, shared_env, sudoer):

@@ -23,8 +23,8 @@ from patcher.transport import LocalTransport
 from tests.support.envs import light_env, site_file
 from patcher.inventory import RETRY_HEADER
 from tests.support.sshd import SshClient, free_port, why_no_sshd
-from tests.test_engine import GENERATOR, PRISTINE_GENERATOR
-from tests.test_remote import client, host_env, servers, shared_env, sudoer  # noqa: F401  (fixtures)
+from tests.support.files import GENERATOR, PRISTINE_GENERATOR
+
 
 PATCHES = load_patches()
 TARGETS = sorted({p.target.path for p in PATCHES})

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.envs import light_env, site_file
-from tests.test_engine import GENERATOR, PRISTINE_GENERATOR, patcher, sha, states
+from tests.support.cli import patcher, sha, states
+from tests.support.files import GENERATOR, PRISTINE_GENERATOR
 
 PYENV = Path.home() / ".pyenv" / "versions"
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.envs import overlay_env, site_file
-from tests.test_engine import GENERATOR, PRISTINE_GENERATOR, patcher, states
+from tests.support.cli import patcher, states
+from tests.support.files import GENERATOR, PRISTINE_GENERATOR
 
 pytestmark = pytest.mark.vllm
 

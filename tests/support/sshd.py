@@ -8,6 +8,7 @@ Needs root (sshd must run as root to log users in) and `/usr/sbin/sshd`.
 
 from __future__ import annotations
 
+import itertools
 import os
 import pwd
 import shutil
@@ -210,3 +211,18 @@ def ensure_user(name: str) -> pwd.struct_passwd:
         # "*": no password can match, and the account is not locked ("!"), so key logins work.
         subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True)
         return pwd.getpwnam(name)
+
+
+_addresses = itertools.count(2)
+
+
+def next_address() -> str:
+    """A loopback address of its own for each server a test session starts (127.0.0.2 on)."""
+    number = next(_addresses)
+    assert number < 255, "out of loopback addresses for this session"
+    return f"127.0.0.{number}"
+
+
+def spec(server: SshServer, user: str = "root") -> str:
+    """The --host value that reaches `server` as `user`."""
+    return f"{user}@{server.address}:{server.port}"

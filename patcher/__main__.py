@@ -1,0 +1,5 @@
+"""`python -m patcher`: the console script."""
+
+from .entry import main
+
+main()

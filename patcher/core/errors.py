@@ -1,0 +1,53 @@
+"""Exit codes (README "Exit codes") and every error kind a run can end with, in one table shared
+by the controller (report.py, run.py), the agent (remote/agent.py mirrors AGENT_KINDS: a test
+checks they agree) and a bundle (which embeds this module's text).
+
+Standard library only, Python 3.9+, no imports from patcher: a bundle runs this text as is.
+"""
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a patch or verification failed (rolled back), or the target is not writable
+EXIT_USAGE = 2  # bad invocation: not a Python, libraries missing, unknown patch id
+EXIT_CONFLICT = 3  # modified or anchor-missing file, damaged backup or state record
+EXIT_UNREACHABLE = 4
+EXIT_LOCKED = 5
+EXIT_PENDING = 6  # `plan` only: changes are pending (0 means nothing to do)
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports it: 128 + 2
+
+# kind -> (the target's status, its exit code). An unknown kind is a failure (exit 1).
+ERROR_KINDS = {
+    # raised by the agent (remote/agent.py AGENT_KINDS)
+    "locked": ("failed", EXIT_LOCKED),
+    "conflict": ("failed", EXIT_CONFLICT),
+    "stale-plan": ("failed", EXIT_CONFLICT),
+    "corrupt-state": ("failed", EXIT_CONFLICT),
+    "backup-missing": ("failed", EXIT_CONFLICT),
+    "hostile-path": ("failed", EXIT_CONFLICT),
+    "not-writable": ("failed", EXIT_FAILED),
+    "os-error": ("failed", EXIT_FAILED),
+    "python-too-old": ("failed", EXIT_USAGE),
+    "usage": ("failed", EXIT_USAGE),
+    "internal": ("failed", EXIT_FAILED),  # a bug in the agent, answered rather than a dropped session
+    # answered by the agent (a request's time limit) or found by a transport (no answer in time)
+    "timeout": ("timed-out", EXIT_UNREACHABLE),
+    # raised by a transport
+    "unreachable": ("unreachable", EXIT_UNREACHABLE),
+    "interrupted": ("interrupted", EXIT_INTERRUPTED),  # Ctrl-C
+    # found by planning
+    "modified": ("failed", EXIT_CONFLICT),
+    "anchor-missing": ("failed", EXIT_CONFLICT),
+    # a bundle's own refusals: bytes it does not know, versions it holds no patched bytes for
+    "unknown-file": ("failed", EXIT_CONFLICT),
+    "no-variant": ("failed", EXIT_USAGE),
+}
+
+# The kinds remote/agent.py may answer with (it keeps the same tuple: tests/test_core.py).
+AGENT_KINDS = (
+    "locked", "stale-plan", "corrupt-state", "backup-missing", "hostile-path",
+    "not-writable", "os-error", "python-too-old", "usage", "internal", "timeout",
+)  # fmt: skip
+
+
+def outcome(kind):
+    """(status, exit code) a target ends with for an error of this kind."""
+    return ERROR_KINDS.get(kind, ("failed", EXIT_FAILED))

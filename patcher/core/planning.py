@@ -1,0 +1,591 @@
+"""From a target's facts to a plan, in small steps: select -> classify -> desired set -> states
+-> changes. Shared by patcher (patcher/planning.py) and a bundle (which embeds this text).
+
+Standard library only, Python 3.9+, no imports from patcher: a bundle runs this text as is. Two
+things come from the caller, so that each side keeps its own:
+- `holds(spec, version) -> bool`, PEP 440 matching (patcher: packaging; a bundle: its own);
+- the transform results. `draft()` says which files need which codemods (`Draft.requests`);
+  the caller computes them (patcher runs libcst, a bundle looks up the bytes it carries) and
+  `finish()` turns them into the plan. Planning never runs a codemod itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+# --------------------------------------------------------------------------- declarations as data
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """What planning needs of a patch (patcher.model.Patch carries the rest): plain data, so a
+    bundle can carry it as JSON."""
+
+    id: str
+    file: str  # POSIX path inside site-packages
+    distribution: str  # the name conditions use for the file's distribution
+    module: str  # the file's dotted module name
+    requires: dict  # {"vllm": ">=0.12.0"}
+    edits: tuple  # ((edit name, {"vllm": ">=0.12.0"}), ...)
+    needs: tuple = ()  # ids of patches this one relies on: never applied without them
+    attribute_calls: tuple = ()  # ({"receiver", "method", "implementation"}, ...)
+
+    def as_json(self) -> dict:
+        return {
+            "id": self.id, "file": self.file, "distribution": self.distribution, "module": self.module,
+            "requires": dict(self.requires), "edits": [[name, dict(when)] for name, when in self.edits],
+            "needs": list(self.needs), "attribute_calls": [dict(c) for c in self.attribute_calls],
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PatchSpec":
+        return cls(
+            data["id"], data["file"], data["distribution"], data["module"], dict(data["requires"]),
+            tuple((name, dict(when)) for name, when in data["edits"]), tuple(data.get("needs", ())),
+            tuple(dict(c) for c in data.get("attribute_calls", ())),
+        )  # fmt: skip
+
+    def conditions(self) -> dict:
+        """Every distribution the patch or one of its edits looks at, with its specifiers."""
+        out: dict = {}
+        for name, spec in self.requires.items():
+            out.setdefault(name, []).append(spec)
+        for _, when in self.edits:
+            for name, spec in when.items():
+                out.setdefault(name, []).append(spec)
+        return out
+
+
+def condition_names(specs) -> list:
+    """The distributions the conditions of these patches name, in first-use order."""
+    names: list = []
+    for spec in specs:
+        for name in spec.conditions():
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def target_files(specs) -> list:
+    """The files these patches rewrite, as the agent's facts request names them."""
+    seen: dict = {}
+    for spec in specs:
+        seen.setdefault(spec.file, {"distribution": spec.distribution, "path": spec.file})
+    return list(seen.values())
+
+
+def versions_of(facts: dict, names) -> dict:
+    """name -> the installed version (None: not installed), for each name conditions use."""
+    dists = facts["distributions"]
+    return {name: (dists[name]["version"] if name in dists else None) for name in names}
+
+
+# --------------------------------------------------------------------------- select
+
+
+@dataclass
+class Selection:
+    """Whether a patch's version conditions hold, why, and which of its edits are selected."""
+
+    selected: bool
+    reason: str
+    edits: list = field(default_factory=list)
+
+
+def failed_conditions(conditions: dict, versions: dict, holds) -> list:
+    out = []
+    for name, spec in conditions.items():
+        have = versions.get(name)
+        if have is None:
+            out.append(f"{name} is not installed (needs {spec})")
+        elif not holds(spec, have):
+            out.append(f"{name} {have} does not satisfy {spec}")
+    return out
+
+
+def describe(spec: PatchSpec, versions: dict) -> str:
+    """e.g. "speculators 0.3.0 (>=0.3.0,<0.4.0), vllm 0.16.0 (>=0.11.1, >=0.12.0)"."""
+    parts = []
+    for name, specs in spec.conditions().items():
+        unique = list(dict.fromkeys(specs))
+        parts.append(f"{name} {versions.get(name)} ({', '.join(unique)})")
+    return ", ".join(parts)
+
+
+def select_one(spec: PatchSpec, versions: dict, holds) -> Selection:
+    failed = failed_conditions(spec.requires, versions, holds)
+    if failed:
+        return Selection(False, "; ".join(failed))
+    edits = [name for name, when in spec.edits if not failed_conditions(when, versions, holds)]
+    if not edits:
+        reasons = {r for _, when in spec.edits for r in failed_conditions(when, versions, holds)}
+        return Selection(False, "no edit applies: " + "; ".join(sorted(reasons)))
+    return Selection(True, "selected: " + describe(spec, versions), edits)
+
+
+def select(specs, versions: dict, holds) -> dict:
+    """patch id -> Selection, by version conditions alone (`needs` is planning's business:
+    see drop_unmet_needs)."""
+    return {spec.id: select_one(spec, versions, holds) for spec in specs}
+
+
+def drop_unmet_needs(ids, needs_of: dict) -> tuple:
+    """(the ids whose `needs` are all in the set too, {dropped id: the needs it misses}),
+    repeated until stable (v12 may need v11 which needs v10). Order is kept."""
+    keep = list(ids)
+    dropped: dict = {}
+    changed = True
+    while changed:
+        changed = False
+        for pid in list(keep):
+            missing = [n for n in needs_of.get(pid, ()) if n not in keep]
+            if missing:
+                keep.remove(pid)
+                dropped[pid] = missing
+                changed = True
+    return keep, dropped
+
+
+def selected_with_needs(specs, selection: dict) -> list:
+    """The ids a run on a fresh target would apply: selected, with everything they need."""
+    chosen = [s.id for s in specs if selection[s.id].selected]
+    return drop_unmet_needs(chosen, {s.id: s.needs for s in specs})[0]
+
+
+# --------------------------------------------------------------------------- classify
+
+
+@dataclass
+class FileClass:
+    """What a target file is now, against the record: pristine | patched | replaced | modified;
+    `interrupted` a file an interrupted run wrote (patched, not yet recorded)."""
+
+    kind: str
+    applied: list = field(default_factory=list)  # the patches it carries
+    applied_edits: dict = field(default_factory=dict)
+    interrupted: bool = False
+
+
+def classify(info: dict, record) -> FileClass:
+    current = info["sha256"]
+    if record:
+        if current == record.get("patched_sha256"):
+            return FileClass("patched", list(record.get("patches", [])), dict(record.get("edits", {})))
+        pending = record.get("pending")
+        if pending and current == pending.get("sha256"):
+            # An interrupted run wrote this file but did not record the result: it carries
+            # the pending set, not yet verified; the next apply rewrites it, verifies, records.
+            if pending.get("patches"):
+                return FileClass("patched", list(pending["patches"]), dict(pending.get("edits", {})), True)
+            return FileClass("pristine")
+        if current == record.get("original_sha256"):
+            return FileClass("pristine")
+        if info.get("record_sha256") and current == info["record_sha256"]:
+            return FileClass("replaced")
+        return FileClass("modified")
+    if info.get("record_sha256") in (None, current):
+        return FileClass("pristine")
+    return FileClass("modified")
+
+
+# --------------------------------------------------------------------------- plan data
+
+
+@dataclass
+class PatchState:
+    id: str
+    state: str  # applied|pending|not-selected|already-satisfied|modified|anchor-missing|stale|failed
+    reason: str
+    target: str = ""
+    cause: str = ""  # stale only: why it is no longer selected (the reason once it is removed)
+
+    def as_json(self) -> dict:
+        return {"id": self.id, "state": self.state, "reason": self.reason, "file": self.target}
+
+
+@dataclass
+class FileChange:
+    """One write the agent will carry out: new bytes, or the original restored from backup."""
+
+    path: str
+    root: str
+    distribution: str
+    distribution_version: str
+    expected_sha256: str
+    original_sha256: str
+    current: str
+    new_content: object  # str, or None: restore the original from its backup
+    patches: list
+    edits: dict
+    outcomes: dict
+    versions: dict
+    module: str
+
+    def diff(self, original=None) -> str:
+        import difflib  # only where a diff is shown
+
+        new = self.new_content if self.new_content is not None else (original or "")
+        return "".join(
+            difflib.unified_diff(
+                self.current.splitlines(keepends=True), new.splitlines(keepends=True),
+                fromfile=f"a/{self.path}", tofile=f"b/{self.path}",
+            )
+        )  # fmt: skip
+
+    def as_request(self) -> dict:
+        return {
+            "path": self.path, "root": self.root, "distribution": self.distribution,
+            "distribution_version": self.distribution_version, "expected_sha256": self.expected_sha256,
+            "original_sha256": self.original_sha256, "new_content": self.new_content,
+            "restore_original": self.new_content is None, "patches": self.patches, "edits": self.edits,
+            "outcomes": self.outcomes, "versions": self.versions,
+        }  # fmt: skip
+
+
+@dataclass
+class Conflict:
+    kind: str  # modified|anchor-missing|backup-missing|corrupt-state
+    message: str
+    diff: str = ""
+
+
+@dataclass
+class TargetPlan:
+    versions: dict
+    distributions: dict
+    patches: list  # PatchState, in patch order
+    changes: list  # FileChange
+    conflicts: list
+    notes: list
+    verify_files: list  # every file patched once the plan is carried out
+    cleanup: list = field(default_factory=list)  # files whose folder holds stale temporaries
+    originals: dict = field(default_factory=dict)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.changes)
+
+
+@dataclass(frozen=True)
+class TransformRequest:
+    """Run these patches' edits (in this order) on the pristine bytes of `path`."""
+
+    path: str
+    original_sha256: str
+    pristine: str
+    steps: tuple  # ((patch id, (edit name, ...)), ...)
+
+    def key(self) -> str:
+        """What selects the result: the same key, the same bytes (a bundle's lookup key)."""
+        return json.dumps([self.path, self.original_sha256, [[p, list(e)] for p, e in self.steps]])
+
+
+@dataclass
+class TransformResult:
+    content: str  # the transformed source (unused when `missing` is not empty)
+    outcomes: dict  # patch id -> applied|already-satisfied
+    missing: list = field(default_factory=list)  # [(patch id, message)] for each anchor not found
+
+
+@dataclass
+class FileWork:
+    """One target file between classification and its change."""
+
+    spec_ids: list  # the patches of this file, in patch order
+    target: dict  # {"distribution", "path", "module"}
+    info: dict
+    record: object
+    cls: FileClass
+    pristine: str
+    original_sha: str
+    desired: list = field(default_factory=list)
+    edits: dict = field(default_factory=dict)
+    request: object = None  # a TransformRequest, when the new bytes need a codemod run
+
+
+@dataclass
+class Draft:
+    """A plan up to the transforms (see finish)."""
+
+    specs: dict  # id -> PatchSpec, in patch order
+    mode: str
+    facts: dict
+    versions: dict
+    selection: dict
+    works: list
+    states: dict = field(default_factory=dict)
+    conflicts: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    cleanup: list = field(default_factory=list)
+    originals: dict = field(default_factory=dict)
+    dropped: dict = field(default_factory=dict)  # id -> reason it is left out by `needs`
+
+    @property
+    def requests(self) -> list:
+        return [w.request for w in self.works if w.request is not None]
+
+
+# --------------------------------------------------------------------------- draft
+
+
+def draft(facts: dict, specs, holds, mode: str = "apply", only=(), skip=(), force: bool = False) -> Draft:
+    """Classify every target file, choose what each should carry, and name the transforms."""
+    specs = list(specs)
+    versions = versions_of(facts, condition_names(specs))
+    d = Draft({s.id: s for s in specs}, mode, facts, versions, select(specs, versions, holds), [])
+    if facts.get("state_error"):
+        d.conflicts.append(Conflict("corrupt-state", facts["state_error"]))
+    for target in target_files(specs):
+        work = _file_work(d, target, force)
+        if work is not None:
+            work.desired = _desired(d, work, only, skip)
+            d.works.append(work)
+    _apply_needs(d)
+    for work in d.works:
+        _choose_edits(d, work)
+    return d
+
+
+def _file_work(d: Draft, target: dict, force: bool):
+    """The file's FileWork, or None (with its patches' states set) when this run leaves it."""
+    rel = target["path"]
+    ids = [pid for pid, s in d.specs.items() if s.file == rel]
+    module = d.specs[ids[0]].module
+    info = d.facts["files"].get(rel, {"exists": False})
+    if not info.get("exists"):
+        for pid in ids:
+            sel = d.selection[pid]
+            d.states[pid] = PatchState(pid, "not-selected", sel.reason if not sel.selected else f"{rel} is not installed", rel)
+        return None
+    record = d.facts["state"]["files"].get(rel)
+    # Read under the lock, what a run left half done is an interrupted run's; read while
+    # another run holds it (status after --lock-timeout), it may be that run's work.
+    live = d.facts.get("lock") == "busy"
+    if info.get("temporaries"):
+        d.cleanup.append({"root": info["root"], "path": rel})
+        who = "the run holding the lock has" if live else "an interrupted run left"
+        d.notes.append(f"{rel}: {who} {len(info['temporaries'])} temporary file(s) beside it")
+    cls = classify(info, record)
+    _note_class(d, rel, target, cls)
+    if cls.kind == "modified" and not force:
+        d.conflicts.append(_modified_conflict(rel, info, record))
+        for pid in ids:
+            d.states[pid] = PatchState(pid, "modified", "file changed by hand", rel)
+        return None
+    if cls.kind == "patched" and not info.get("original_intact"):
+        d.conflicts.append(Conflict(
+            "backup-missing",
+            f"the pristine backup of {rel} is missing or damaged; reinstall the package "
+            "(pip install --force-reinstall) and run `patcher forget`",
+        ))  # fmt: skip
+        return None
+    patched = cls.kind == "patched"
+    pristine = info["original"] if patched else info["content"]
+    original_sha = record["original_sha256"] if patched else info["sha256"]
+    d.originals[rel] = pristine
+    return FileWork(ids, {**target, "module": module}, info, record, cls, pristine, original_sha)
+
+
+def _note_class(d: Draft, rel: str, target: dict, cls: FileClass) -> None:
+    if cls.interrupted:
+        d.notes.append(
+            f"{rel}: the run holding the lock has written it, not yet recorded"
+            if d.facts.get("lock") == "busy"
+            else f"{rel}: an interrupted run left it patched but unrecorded; apply completes it"
+        )
+    if cls.kind == "replaced":
+        dist = d.facts["distributions"].get(target["distribution"])
+        now = f"{dist['name']} {dist['version']}" if dist else target["distribution"]
+        d.notes.append(
+            f"{rel}: pip replaced it (now {now}); the earlier record is "
+            "superseded by this run, or cleared with `patcher forget`"
+        )
+
+
+def _modified_conflict(rel: str, info: dict, record) -> Conflict:
+    base = info.get("original") if record else None
+    return Conflict(
+        "modified",
+        f"{info['root']}/{rel} was changed by hand since patcher last wrote it "
+        "(or was never pristine); review the diff, then reinstall the package or "
+        "rerun with --force to adopt the current bytes as the new original",
+        _diff(base, info["content"], rel) if base else "",
+    )
+
+
+def _desired(d: Draft, work: FileWork, only, skip) -> list:
+    """What the file should carry after this run, before `needs` are checked. apply: the
+    selected patches asked for, plus those it carries that are still selected; rollback: what
+    it carries, less those --only names (all of them without --only)."""
+    applied, sel = work.cls.applied, d.selection
+    if d.mode == "apply":
+        requested = [pid for pid in work.spec_ids if sel[pid].selected and (not only or pid in only) and pid not in skip]
+        kept = [pid for pid in applied if pid in sel and sel[pid].selected]
+        order = list(d.specs)
+        return sorted(set(requested) | set(kept), key=order.index)
+    return [pid for pid in applied if pid in d.specs and only and pid not in only]
+
+
+def _apply_needs(d: Draft) -> None:
+    """The one place `needs` is enforced: a patch whose needs are not carried by the end of the
+    run is left out. `needs` may cross files (a generator patch relying on a worker patch)."""
+    order = list(d.specs)
+    wanted = sorted({pid for w in d.works for pid in w.desired}, key=order.index)
+    kept, dropped = drop_unmet_needs(wanted, {pid: s.needs for pid, s in d.specs.items()})
+    for pid, missing in dropped.items():
+        if all(d.selection[n].selected for n in missing if n in d.selection):
+            d.dropped[pid] = f"needs {', '.join(missing)}, which is not part of this run"
+        else:  # what the versions select decides it: the patch is not selected
+            d.selection[pid] = Selection(False, f"needs {', '.join(missing)}, which is not selected")
+    for work in d.works:
+        work.desired = [pid for pid in work.desired if pid in kept]
+
+
+def _choose_edits(d: Draft, work: FileWork) -> None:
+    """The edits each desired patch runs, and whether the new bytes need a codemod run."""
+    cls = work.cls
+    work.edits = {
+        pid: (d.selection[pid].edits if d.selection[pid].selected else cls.applied_edits.get(pid, []))
+        for pid in work.desired
+    }
+    if _unchanged(work) or not work.desired:
+        return
+    steps = tuple((pid, tuple(work.edits[pid])) for pid in work.desired)
+    work.request = TransformRequest(work.target["path"], work.original_sha, work.pristine, steps)
+
+
+def _unchanged(work: FileWork) -> bool:
+    """The file already carries exactly the desired patches and edits: nothing to parse."""
+    cls = work.cls
+    return (
+        cls.kind == "patched" and not cls.interrupted and work.desired == cls.applied
+        and work.edits == {k: cls.applied_edits.get(k) for k in work.desired}
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- finish
+
+
+def finish(d: Draft, results: dict) -> TargetPlan:
+    """The plan, given the transform result of every request (path -> TransformResult)."""
+    changes: list = []
+    verify_files: list = []
+    for work in d.works:
+        rel = work.target["path"]
+        result = results.get(rel) if work.request is not None else None
+        if result is not None and result.missing:
+            _anchor_missing(d, work, result)
+            continue
+        new_content, outcomes = _new_content(work, result)
+        _file_states(d, work, outcomes)
+        if work.desired and new_content is not None:
+            verify_files.append({"module": work.target["module"], "attribute_calls": _attribute_calls(d, work.desired)})
+        change = _change(d, work, new_content, outcomes)
+        if change is not None:
+            changes.append(change)
+    ordered = [d.states[pid] for pid in d.specs if pid in d.states]
+    return TargetPlan(
+        versions=d.versions,
+        distributions={k: v["name"] for k, v in d.facts["distributions"].items()},
+        patches=ordered, changes=changes, conflicts=d.conflicts, notes=d.notes,
+        verify_files=verify_files, cleanup=d.cleanup, originals=d.originals,
+    )  # fmt: skip
+
+
+def _anchor_missing(d: Draft, work: FileWork, result: TransformResult) -> None:
+    rel = work.target["path"]
+    for pid, message in result.missing:
+        d.conflicts.append(Conflict("anchor-missing", message))
+        d.states[pid] = PatchState(pid, "anchor-missing", message, rel)
+    for pid in work.spec_ids:
+        if pid not in d.states:
+            d.states[pid] = _idle_state(d, pid, work.cls.applied, rel, "apply")
+
+
+def _new_content(work: FileWork, result):
+    """(new text or None for "restore the original", outcomes per patch)."""
+    if work.request is not None:
+        if result is None:
+            raise KeyError(f"no transform result for {work.target['path']}")
+        return result.content, dict(result.outcomes)
+    if work.desired:  # unchanged: the bytes it has, the outcomes recorded
+        record = work.record or {}
+        return work.info["content"], dict(record.get("outcomes") or {pid: "applied" for pid in work.desired})
+    return (None if work.cls.kind == "patched" else work.info["content"]), {}
+
+
+def _file_states(d: Draft, work: FileWork, outcomes: dict) -> None:
+    rel, cls = work.target["path"], work.cls
+    carried = cls.applied if cls.kind == "patched" else []
+    for pid in work.spec_ids:
+        sel = d.selection[pid]
+        if pid in work.desired:
+            if outcomes.get(pid) == "already-satisfied":
+                d.states[pid] = PatchState(pid, "already-satisfied", "the file already has this change", rel)
+            elif pid in cls.applied and cls.kind == "patched":
+                d.states[pid] = PatchState(pid, "applied", sel.reason if sel.selected else "kept", rel)
+            else:
+                d.states[pid] = PatchState(pid, "pending", sel.reason, rel)
+        elif pid in d.dropped:
+            d.states[pid] = PatchState(pid, "not-selected", d.dropped[pid], rel)
+        else:
+            d.states[pid] = _idle_state(d, pid, carried, rel, d.mode)
+
+
+def _idle_state(d: Draft, pid: str, carried: list, rel: str, mode: str) -> PatchState:
+    """A patch this run leaves out: stale if the file still carries it, else why not."""
+    sel = d.selection[pid]
+    if pid in carried:
+        if mode == "rollback":
+            return PatchState(pid, "pending", "rolled back by this run", rel)
+        cause = f"no longer selected: {sel.reason}"
+        return PatchState(pid, "stale", f"{cause}; apply removes it", rel, cause)
+    if not sel.selected:
+        return PatchState(pid, "not-selected", sel.reason, rel)
+    return PatchState(pid, "pending", "selected; left out by --only/--skip", rel)
+
+
+def _attribute_calls(d: Draft, desired: list) -> list:
+    return [dict(c) for pid in desired for c in d.specs[pid].attribute_calls]
+
+
+def _change(d: Draft, work: FileWork, new_content, outcomes: dict):
+    """The FileChange for this file, or None when its bytes stay (and nothing is adopted)."""
+    info, cls = work.info, work.cls
+    same = new_content is not None and new_content == info["content"]
+    # Adopting a hand edit, or completing an interrupted run, is recorded even when no byte changes.
+    adopting = cls.kind == "modified" or cls.interrupted
+    if not adopting and (same or (new_content is None and cls.kind != "patched")):
+        return None
+    dist = work.target["distribution"]
+    return FileChange(
+        path=work.target["path"], root=info["root"], distribution=dist,
+        distribution_version=d.facts["distributions"][dist]["version"], expected_sha256=info["sha256"],
+        original_sha256=work.original_sha, current=info["content"], new_content=new_content,
+        patches=work.desired, edits=work.edits, outcomes=outcomes,
+        versions={k: v for k, v in d.versions.items() if v is not None}, module=work.target["module"],
+    )  # fmt: skip
+
+
+def after_write(states: list, changes: list, mode: str) -> list:
+    """Each patch's state once the agent has written `changes`."""
+    written = {pid for change in changes for pid in change.patches}
+    out = []
+    for p in states:
+        if p.state == "pending" and p.id in written and mode == "apply":
+            p = PatchState(p.id, "applied", p.reason, p.target)
+        elif p.state == "stale":
+            p = PatchState(p.id, "not-selected", f"{p.cause}; removed by this run", p.target)
+        out.append(p)
+    return out
+
+
+def _diff(a: str, b: str, rel: str) -> str:
+    import difflib  # only where a diff is shown
+
+    return "".join(
+        difflib.unified_diff(
+            a.splitlines(keepends=True), b.splitlines(keepends=True), fromfile=f"expected/{rel}", tofile=f"found/{rel}"
+        )
+    )

@@ -1,0 +1,100 @@
+"""The end-to-end pieces both vLLM modules use (tests/test_e2e_vllm.py on 0.16,
+tests/test_e2e_vllm_032.py on 0.32): patch a target as asked, run the extraction driver in it,
+read its report. TIMINGS collects each extraction's wall time for test_e2e_vllm's summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from tests.support.cli import patcher
+from tests.support.envs import site_file
+
+GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
+WORKER = "speculators/data_generation/custom_worker.py"
+PRISTINE = {
+    GENERATOR: "514f3f585afa335b558f98c1954a1dc5b804003cd7b08aeeac7c4cd333cd5106",
+    WORKER: "e9a95cf6422fa3e3efb3edb658e4898ba23ee141619f58d7096ea7fbde8af548",
+}
+EXTRACT = Path(__file__).resolve().parent.parent.parent / "patcher" / "demo" / "extract.py"
+TIMINGS: dict[str, float] = {}
+
+
+def sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def pristine(target: Path) -> bool:
+    return all(sha(site_file(target, rel)) == digest for rel, digest in PRISTINE.items())
+
+
+def patch_as(target: Path, *skip: str) -> dict[str, str]:
+    """Roll back to pristine, then apply every patch but `skip`; the patches' states."""
+    code, doc, err = patcher("rollback", "--python", str(target), "--json")
+    assert code == 0, err
+    assert pristine(target)
+    skips = [arg for short in skip for arg in ("--skip", short)]
+    code, doc, err = patcher("apply", "--python", str(target), "--no-verify", *skips, "--json")
+    assert code == 0, err
+    states = {p["id"].split("-", 1)[0]: p["state"] for p in doc["targets"][0]["patches"]}
+    for short in skip:
+        assert states[short] != "applied", states
+    return states
+
+
+def extract(target: Path, model: Path, calls: str, label: str) -> dict:
+    """Run the driver in the target; its report is the last line of its stdout."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [str(target), str(EXTRACT), "--model", str(model), "--calls", calls],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=str(target.parent.parent),
+    )
+    TIMINGS[label] = time.monotonic() - started
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"no report; stderr:\n{proc.stderr[-3000:]}"
+    report = json.loads(lines[-1])
+    assert proc.returncode == (0 if report["ok"] else 1)
+    return report
+
+
+def error_of(report: dict) -> dict:
+    error = report["error"]
+    assert error is not None, f"expected a failure, the run passed: {summary(report)}"
+    return error
+
+
+def report_of(error: dict) -> dict:
+    return {"error": error, "calls": []}
+
+
+def prompts(report: dict, call: int) -> list[dict]:
+    return next(c for c in report["calls"] if c["call"] == call)["prompts"]
+
+
+def summary(report: dict) -> str:
+    if report["error"]:
+        e = report["error"]
+        return f"{e['type']} in {e['phase']} at {e['where']}: {e['message'][:200]}"
+    return "; ".join(
+        f"call {c['call']}: " + ", ".join(f"{p['prompt_tokens']}->{p['rows'][0]}:{p['status']}" for p in c["prompts"])
+        for c in report["calls"]
+    )
+
+
+def assert_all_correct(report: dict) -> None:
+    assert report["error"] is None, summary(report)
+    assert report["planned_calls"] == len(report["calls"]) >= 3
+    for call in report["calls"]:
+        for p in call["prompts"]:
+            assert p["rows"] == [p["prompt_tokens"]] * len(report["layer_ids"]), (call["call"], p)
+            assert p["input_ids_ok"], (call["call"], p)
+            assert p["max_rel_diff"] <= report["tolerance"], (call["call"], p)
+            assert p["status"] == "ok", (call["call"], p)
+    assert report["ok"]

@@ -1,0 +1,5 @@
+"""The speculators 0.3.0 files the patches rewrite, as the tests name them."""
+
+GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
+WORKER = "speculators/data_generation/custom_worker.py"
+PRISTINE_GENERATOR = "514f3f585afa335b558f98c1954a1dc5b804003cd7b08aeeac7c4cd333cd5106"
