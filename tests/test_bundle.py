@@ -21,6 +21,7 @@ from patcher.registry import load_patches
 from patcher.selection import condition_holds
 from tests.support.cli import patcher
 from tests.support.envs import light_env, site_file
+from tests.support.files import GENERATOR
 from tests.support.pythons import find_python, python_or_skip
 
 TARGETS = sorted({p.target.path for p in load_patches()})
@@ -163,7 +164,7 @@ def test_an_agent_error_exits_alike_through_patcher_and_a_bundle(bundle: Path, t
 
 def test_a_file_it_does_not_know_is_refused(bundle: Path, tmp_path: Path):
     target = light_env(tmp_path)
-    generator = site_file(target, TARGETS[-1])
+    generator = site_file(target, GENERATOR)
     generator.write_bytes(generator.read_bytes() + b"\n# changed by hand\n")
     before = files(target)
     code, doc, err = run_bundle(bundle, target, "apply", "--no-verify", "--json")
@@ -186,7 +187,7 @@ def test_a_hostile_record_or_a_symlinked_backups_folder_is_refused(bundle: Path,
     record = target.parent.parent / "share" / "patcher" / "state.json"
     valid = record.read_text()
     state = json.loads(valid)
-    state["files"][TARGETS[-1]]["original_sha256"] = str(outside / "important")
+    state["files"][GENERATOR]["original_sha256"] = str(outside / "important")
     record.write_text(json.dumps(state))
     for command in ("status", "rollback", "apply"):
         code, doc, err = run_bundle(bundle, target, command, "--no-verify", "--json")
