@@ -13,12 +13,9 @@ import functools
 import hashlib
 import json
 import os
-import shutil
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
