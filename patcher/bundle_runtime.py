@@ -283,6 +283,8 @@ def _read_facts(ns: dict, data: dict, report: dict, command: str, lock_timeout: 
     report["state_dir"] = facts["state_dir"]
     report["versions"] = {n: d["version"] for n, d in facts["distributions"].items()}
     report["distributions"] = {n: d["name"] for n, d in facts["distributions"].items()}
+    if facts.get("state_error"):  # before check_known: a damaged record says so, not "unknown file"
+        raise Refusal("corrupt-state", facts["state_error"])
     targets = {f["distribution"] for f in data["files"]}
     if not targets & set(facts["distributions"]):
         raise Refusal(
