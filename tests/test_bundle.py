@@ -23,6 +23,7 @@ from tests.support.envs import light_env, site_file
 from tests.support.pythons import find_python, python_or_skip
 
 TARGETS = sorted({p.target.path for p in load_patches()})
+GENERATOR_PATH = "speculators/data_generation/vllm_hidden_states_generator.py"  # patched on vLLM 0.16
 
 
 def files(python: Path) -> dict[str, bytes]:
@@ -98,7 +99,7 @@ def test_apply_writes_what_patcher_writes_and_patcher_agrees(bundle: Path, tmp_p
 
 def test_a_file_it_does_not_know_is_refused(bundle: Path, tmp_path: Path):
     target = light_env(tmp_path)
-    generator = site_file(target, TARGETS[-1])
+    generator = site_file(target, GENERATOR_PATH)
     generator.write_bytes(generator.read_bytes() + b"\n# changed by hand\n")
     before = files(target)
     code, doc, err = run_bundle(bundle, target, "apply", "--no-verify", "--json")
