@@ -137,7 +137,7 @@ def run_release(release: str, keep_env: bool) -> dict:
 def extract_row(target: Path, model: Path) -> dict:
     proc = subprocess.run([str(target), str(EXTRACT), "--model", str(model), "--calls", "all"],
                           capture_output=True, text=True, cwd=str(target.parent.parent), timeout=1800)  # fmt: skip
-    lines = proc.stdout.strip().splitlines()
+    lines = [line for line in proc.stdout.strip().splitlines() if line.startswith("{")]  # workers may log after it
     if not lines:
         return {"error": proc.stderr.strip().splitlines()[-1][:200] if proc.stderr.strip() else "no report"}
     report = json.loads(lines[-1])

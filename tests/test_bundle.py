@@ -25,6 +25,7 @@ from tests.support.files import GENERATOR
 from tests.support.pythons import find_python, python_or_skip
 
 TARGETS = sorted({p.target.path for p in load_patches()})
+GENERATOR_PATH = "speculators/data_generation/vllm_hidden_states_generator.py"  # patched on vLLM 0.16
 
 
 def files(python: Path) -> dict[str, bytes]:

@@ -57,7 +57,8 @@ def extract(target: Path, model: Path, calls: str, label: str) -> dict:
         cwd=str(target.parent.parent),
     )
     TIMINGS[label] = time.monotonic() - started
-    lines = proc.stdout.strip().splitlines()
+    # the report is the driver's last JSON line; vLLM 0.32's workers may still log after it
+    lines = [line for line in proc.stdout.strip().splitlines() if line.startswith("{")]
     assert lines, f"no report; stderr:\n{proc.stderr[-3000:]}"
     report = json.loads(lines[-1])
     assert proc.returncode == (0 if report["ok"] else 1)
