@@ -208,6 +208,20 @@ def _facts(versions: dict, present: dict[str, bytes], patches: Sequence[Patch]) 
     }
 
 
+def _regions(probes: dict[str, list[str]], specs: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Per name, one probe for each distinct answer of that name's conditions: a selection depends
+    on a version only through them, and the product over names must stay small (four detected
+    distributions with dozens of probes each would be millions of selections)."""
+    kept: dict[str, list[str]] = {}
+    for name, versions in probes.items():
+        conditions = sorted(specs.get(name, set()))
+        seen: dict[tuple, str] = {}
+        for version in versions:
+            seen.setdefault(tuple(condition_holds(c, version) for c in conditions), version)
+        kept[name] = list(seen.values())
+    return kept
+
+
 def _selections(patches: Sequence[Patch], names: list[str], probes: dict[str, list[str]]) -> list[dict]:
     """One set of versions for every distinct patch selection the probed versions lead to."""
     specs = specs_of(patches)
@@ -264,7 +278,7 @@ def build(
     probes = {name: probe_versions(specs.get(name, set()), releases.get(name, [])) for name in names}
     checks = check_runtime_versions(specs, probes)
     progress(f"version logic checked against packaging: {checks} condition/version pairs")
-    selections = _selections(patches, names, probes)
+    selections = _selections(patches, names, _regions(probes, specs))
     variants, blobs = _variants(patches, files, selections)
     originals = {
         path: {sha: {"release": f"{dist} {version}"} for sha, (_, dist, version) in per_sha.items()}
