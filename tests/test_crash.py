@@ -14,6 +14,7 @@ from patcher.registry import load_patches
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import why_no_sshd
 from tests.support.cli import patcher
+from tests.support.files import GENERATOR, WORKER
 from tests.support.sshd import spec
 
 TARGETS = sorted({p.target.path for p in load_patches()})
@@ -61,8 +62,11 @@ def occurrences(points: list[str]) -> list[tuple[str, int]]:
 
 
 def test_the_write_steps_are_enumerated(reference):
-    # Every kind of write is among the injection points, for every target file.
-    for rel in TARGETS:
+    # Every kind of write is among the injection points, for every file this environment's
+    # selection writes (on vLLM 0.16 without torch or transformers: the generator and the worker).
+    written = [rel for rel in TARGETS if reference["original"][rel] != reference["patched"][rel]]
+    assert {GENERATOR, WORKER} <= set(written), written
+    for rel in written:
         assert f"file-written:{rel}" in reference["apply"]
         assert f"backup-written:{rel}" in reference["apply"]
         assert f"bytecode-removed:{rel}" in reference["apply"]
