@@ -47,7 +47,7 @@ def target(tmp_path_factory, demo_python: Path):
 
 
 def test_every_patch_it_needs_is_selected_and_one_batch_is_correct(target: Path, model: Path):
-    code, doc, err = patcher("status", "--python", str(target))
+    code, doc, err = patcher("status", "--python", str(target), "--json")
     versions = doc["targets"][0]["versions"]
     assert versions["vllm"].startswith(VLLM) and versions["transformers"] == "5.19.0", versions
     assert versions["torch"].startswith("2.13.0"), versions
