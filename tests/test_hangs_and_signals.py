@@ -126,10 +126,12 @@ def test_a_python_that_never_answers_times_out_within_the_limit(tmp_path: Path):
     target = doc["targets"][0]
     assert target["status"] == "timed-out" and target["exit_code"] == 4 and doc["exit_code"] == 4
     assert target["message"].startswith(
-        f"{fake}: no answer to the facts request within 2s (--facts-timeout 2): {fake} did not start or does not "
-        "answer as a Python 3.9+ interpreter (name one with --python)"
+        f"{fake}: no answer to the facts request within 12s (--lock-timeout 10 + --facts-timeout 2): {fake} did "
+        "not start or does not answer as a Python 3.9+ interpreter (name one with --python)"
     ), target["message"]
-    assert elapsed < 2 + 1 + 10  # the limit, the controller's second of grace, a loaded machine's start
+    # The facts request includes the wait for the lock (a reader waits for a writer to finish):
+    # the limit, the controller's second of grace, a loaded machine's start.
+    assert elapsed < 12 + 1 + 10
     pid = int((tmp_path / "bin" / "pid").read_text())
     wait_until(lambda: not Path(f"/proc/{pid}").exists(), 10, "the stuck interpreter to be ended")
 
