@@ -36,7 +36,9 @@ TRANSFORMERS = ["4.57.6", "5.3.0", "5.4.0", "5.23.0", "5.24.0"]
 ONLY = {"speculators": SPECULATORS, "vllm": VLLM, "transformers": TRANSFORMERS}
 # Gates on vLLM releases beyond the ones this test reads (bench/check_upstream.py and the daily
 # workflow read them all): their facts hold in none of VLLM.
-LATER_VLLM = {"v12-kv-cache-planning", "v13-request-eos-token-id", "v14-kv-cache-layout", "v15-cpu-block-size"}
+LATER_VLLM = {
+    "v12-kv-cache-planning", "v13-request-eos-token-id", "v14-kv-cache-layout", "v15-cpu-block-size", "v19-v1-model-runner",
+}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 # v16's file is still in speculators 0.5.0 (the data-generation files and eagle.py are not)
 SHIPPED_BY_0_5_0 = {"speculators/utils/pydantic_utils.py", "speculators/models/eagle3/core.py"}

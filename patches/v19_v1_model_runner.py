@@ -1,0 +1,181 @@
+"""v19: the generator's workers run vLLM's V1 model runner, the one its worker extension reads.
+
+vLLM 0.22.0 made Model Runner V2 (vllm/v1/worker/gpu/model_runner.py) the default on CUDA for
+Qwen3, 0.23.0 for Llama and Mistral too, and 0.32.0 for every model (vllm/config/vllm.py,
+`VllmConfig.use_v2_model_runner`; only where Triton is there, so never on the CPU build).
+speculators' worker extension, and v10's capture by request, read the V1 runner's per-step batch
+(`model_runner.input_batch`); V2 keeps its batch elsewhere. On an H200 with vLLM 0.23.0 every
+`generate()` failed at the first step, one GPU and two: "'GPUModelRunner' object has no attribute
+'input_batch'". vLLM's own switch, VLLM_USE_V2_MODEL_RUNNER=0, selects V1 (still shipped, and
+the runner 0.20-0.22 ran with). The generator sets it while it builds its config, before its
+workers start, so they inherit it; no user sets anything. It stays set in the generator's
+process: VllmConfig reads it again whenever it asks which runner is in use, and the answer must
+not change under the running executor.
+
+Why not teach the extension V2's batch instead: V2's execute/sample split, warm-up and step
+state differ from V1 in ways the capture would have to follow release by release; V1 is the path
+every run so far proved (CPU 0.16-0.32, CUDA 0.20-0.22).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from patcher import shapes as m
+from patcher.codemod import PatchCodemod
+from patcher.model import Edit, Example, Fact, Patch
+
+from .targets import GENERATOR, SPECULATORS_0_3
+
+METHOD = "_create_vllm_config"
+SWITCH = 'os.environ["VLLM_USE_V2_MODEL_RUNNER"]'
+SETTING = f'{SWITCH} = "0"\n'
+WHY = (
+    "# speculators' worker extension reads the V1 model runner's batch (input_batch); vLLM",
+    "# picks Model Runner V2 by default on CUDA (Qwen3 from 0.22, Llama from 0.23, all from 0.32)",
+)
+
+# vLLM 0.22.0: the first release whose VllmConfig chooses V2 by default for some models.
+V2_RUNNER_BY_DEFAULT_SINCE = {"vllm": ">=0.22.0"}
+
+IMPORTS_OS = m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("os"), asname=None)])])
+ANY_IMPORT = m.SimpleStatementLine(body=[m.ImportFrom() | m.Import()])
+DOCSTRING = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString())])
+
+
+def _source(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def _sets_switch(statement: cst.BaseStatement) -> bool:
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    assign = statement.body[0]
+    return (
+        isinstance(assign, cst.Assign)
+        and len(assign.targets) == 1
+        and _source(assign.targets[0].target) == SWITCH
+    )
+
+
+class SelectV1ModelRunner(PatchCodemod):
+    """`def _create_vllm_config(...)` gets `os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"` as its
+    first statement (after the docstring), and the module `import os`.
+
+    Patched: the method sets the switch to "0". Set to anything else, it is set to "0".
+    """
+
+    ANCHOR = f"a method def {METHOD}(...)"
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if updated.name.value != METHOD or not isinstance(updated.body, cst.IndentedBlock):
+            return updated
+        body = list(updated.body.body)
+        setting = cst.parse_statement(SETTING)
+        for index, statement in enumerate(body):
+            if _sets_switch(statement):
+                if m.matches(statement.body[0].value, m.SimpleString('"0"')):
+                    self.found_patched()
+                    return updated
+                self.rewrote()
+                body[index] = setting.with_changes(leading_lines=statement.leading_lines)
+                return updated.with_changes(body=updated.body.with_changes(body=body))
+        self.rewrote()
+        at = 1 if body and m.matches(body[0], DOCSTRING) else 0
+        why = [cst.EmptyLine(comment=cst.Comment(line)) for line in WHY]
+        body.insert(at, setting.with_changes(leading_lines=why))
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        if not (self.rewrites or self.patched_seen):
+            return updated
+        body = list(updated.body)
+        if any(m.matches(s, IMPORTS_OS) for s in body):
+            return updated
+        self.rewrote()
+        imports = [i for i, s in enumerate(body) if m.matches(s, ANY_IMPORT)]
+        at = imports[0] if imports else 0
+        statement = cst.parse_statement("import os\n")
+        if imports:  # first of the imports: it takes over the blank lines above them
+            statement = statement.with_changes(leading_lines=body[at].leading_lines)
+            body[at] = body[at].with_changes(leading_lines=())
+        return updated.with_changes(body=[*body[:at], statement, *body[at:]])
+
+
+BEFORE = '''\
+"""Extract hidden states from intermediate layers during prefill using vLLM."""
+
+import torch
+from vllm.config import VllmConfig
+
+
+class VllmHiddenStatesGenerator:
+    def _create_vllm_config(
+        self,
+        model_path: str,
+        max_model_len: int,
+    ) -> VllmConfig:
+        """Create VllmConfig with hidden states worker extension"""
+        cache_config = CacheConfig(block_size=VLLM_BLOCK_SIZE)
+        return VllmConfig(cache_config=cache_config)
+'''
+
+AFTER = '''\
+"""Extract hidden states from intermediate layers during prefill using vLLM."""
+
+import os
+import torch
+from vllm.config import VllmConfig
+
+
+class VllmHiddenStatesGenerator:
+    def _create_vllm_config(
+        self,
+        model_path: str,
+        max_model_len: int,
+    ) -> VllmConfig:
+        """Create VllmConfig with hidden states worker extension"""
+        # speculators' worker extension reads the V1 model runner's batch (input_batch); vLLM
+        # picks Model Runner V2 by default on CUDA (Qwen3 from 0.22, Llama from 0.23, all from 0.32)
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        cache_config = CacheConfig(block_size=VLLM_BLOCK_SIZE)
+        return VllmConfig(cache_config=cache_config)
+'''
+
+PATCH = Patch(
+    id="v19-v1-model-runner",
+    title="the generator's workers run vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)",
+    target=GENERATOR,
+    requires=SPECULATORS_0_3,
+    edits=(
+        Edit(
+            SelectV1ModelRunner,
+            when=V2_RUNNER_BY_DEFAULT_SINCE,
+            answers="VllmConfig.use_v2_model_runner chooses Model Runner V2 by default, whose "
+            "runner has no input_batch",
+            fact=Fact("defines", "vllm.config.vllm", "VllmConfig", "use_v2_model_runner"),
+        ),
+    ),
+    examples=(
+        Example(before=BEFORE, after=AFTER),
+        # no docstring, `import os` already there; a switch set to "1" is set to "0"
+        Example(
+            before=(
+                "import os\n\n\nclass G:\n    def _create_vllm_config(self):\n"
+                '        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"\n        return None\n'
+            ),
+            after=(
+                "import os\n\n\nclass G:\n    def _create_vllm_config(self):\n"
+                '        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"\n        return None\n'
+            ),
+        ),
+    ),
+    satisfied=(AFTER,),
+    upstream="vLLM 0.22.0/0.23.0: vllm/config/vllm.py (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, "
+    "VllmConfig.use_v2_model_runner); vllm/v1/worker/gpu_worker.py builds "
+    "vllm.v1.worker.gpu.model_runner.GPUModelRunner when it says so",
+    without_it="without it on CUDA vLLM 0.23 and later (0.22 for Qwen3 models): every generate() "
+    "fails at its first step, RuntimeError \"'GPUModelRunner' object has no attribute "
+    "'input_batch'\" (seen on an H200 with vLLM 0.23.0, tensor parallel 1 and 2)",
+    readme="on CUDA vLLM 0.23 and later (0.22 for Qwen3 models) every `generate()` fails at its first step: `'GPUModelRunner' object has no attribute 'input_batch'` (vLLM now defaults to Model Runner V2; speculators' worker extension reads V1's batch; seen on an H200 with vLLM 0.23.0). The generator sets vLLM's own switch `VLLM_USE_V2_MODEL_RUNNER=0` before its workers start; no user sets anything. The CPU build never uses V2 (it needs Triton), so the patch changes nothing there",
+)
