@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -59,7 +60,11 @@ class Run:
         self.say(f"== {name}: {' '.join(command)}")
         started = time.monotonic()
         try:
-            done = subprocess.run(command, capture_output=True, text=True, env=env or self.env, timeout=timeout)
+            # Out of the device tool's checkout: there `python3 -m patcher.cli` would import the
+            # source folder patcher/ (no patcher.remote in it) instead of the installed wheel.
+            done = subprocess.run(
+                command, capture_output=True, text=True, env=env or self.env, timeout=timeout, cwd=tempfile.gettempdir()
+            )
         except subprocess.TimeoutExpired as error:
             done = subprocess.CompletedProcess(command, 124, error.stdout or "", (error.stderr or "") + "\ntimed out")
         seconds = time.monotonic() - started
