@@ -90,3 +90,31 @@ def test_the_stress_does_reproduce_the_race_with_bare_ast_parse():
         if _stress(parse_all):
             return
     pytest.fail("ast.parse from several threads never failed here: this interpreter may not have the race")
+
+
+def test_binding_patched_code_from_many_threads_without_the_311_ast_race():
+    """check-upstream binds each release's patched files in its own thread: bind_file parses the
+    patched code, so it must take the same lock (it once called ast.parse directly, and a fresh
+    clone's `.ci/run` failed three binding tests with the SystemError)."""
+    from patcher.upstream.binding import bind_file
+
+    files = StdlibFiles()
+    code = "".join(files.read(f"{name}.py") or "" for name in MODULES) + "from shlex import split\nsplit('a b')\n"
+
+    def parse_all() -> None:
+        binding = bind_file(code, "mixed.py", SourceTree(files, "stdlib"), "stdlib", prefixes=("shlex",))
+        assert binding.checked, binding
+
+    assert _stress(parse_all) == []
+
+
+def test_every_parse_in_patcher_takes_the_lock():
+    """The one place patcher's controller parses Python with `ast` is facts.parse (the lock)."""
+    root = Path(__file__).resolve().parent.parent / "patcher"
+    bare = [
+        f"{path.relative_to(root.parent)}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "ast.parse(" in line and not line.lstrip().startswith("#")
+    ]
+    assert bare == ["patcher/upstream/facts.py:29"], bare

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .facts import MAX_DEPTH, SourceTree, last_definition, top_level
+from .facts import MAX_DEPTH, SourceTree, last_definition, parse, top_level
 
 DATACLASS_DECORATORS = {"dataclass", "config"}  # vLLM's config classes: @config @dataclass
 
@@ -228,7 +228,7 @@ def bind_file(
     """Every import from `prefixes` in `code` must exist in `tree`'s release, and every call of an
     imported name (and each declared attribute call) must bind to its parameters there."""
     result = Binding(path, release)
-    module_ast = ast.parse(code, path)
+    module_ast = parse(code)  # under facts' lock: check-upstream binds from several threads
     imported: dict[str, tuple[str, str, Target]] = {}  # local name -> (module, name, target)
     for node in ast.walk(module_ast):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
