@@ -32,7 +32,7 @@ def command(*args: str) -> list[str]:
 
 def environment(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
-    return {**env, **extra}
+    return {**env, "PYTHONFAULTHANDLER": "1", **extra}
 
 
 def patcher(*args: str, timeout: float = 120, **env: str) -> tuple[int, dict | None, str, float]:
@@ -203,7 +203,14 @@ def interrupt_when(proc: subprocess.Popen, condition, what: str) -> tuple[dict, 
         assert proc.poll() is None, proc.communicate()
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Seen once in a loaded fresh-clone run, never reproduced: have the stuck process
+            # print every thread's stack (PYTHONFAULTHANDLER, set by environment()) and show it.
+            proc.send_signal(signal.SIGABRT)
+            out, err = proc.communicate(timeout=30)
+            pytest.fail(f"patcher did not exit within 60 s of SIGINT; its threads at SIGABRT:\n{err[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
