@@ -165,12 +165,29 @@ class LocalTransport:
                 if len(stderr) < 200:
                     stderr.append(line)
 
+        # What the agent is sent goes through a writer thread: a write to a pipe blocks once the
+        # pipe is full (64 KiB), and the agent's source plus the first request are about that
+        # size. A target that never reads its input (a hung interpreter) would otherwise hold the
+        # caller in a write, past every time limit; a Ctrl-C would then block again in the
+        # flush of closing stdin. The caller only ever waits on answers, with its deadline.
+        outbox: queue.Queue = queue.Queue()
+
+        def pump_in() -> None:
+            while (data := outbox.get()) is not None:
+                try:
+                    proc.stdin.write(data)
+                    proc.stdin.flush()
+                except (OSError, ValueError):
+                    break  # the agent has ended, or was ended: what it said is read by the caller
+            _end_of_input(proc)
+
+        self._outbox = outbox
         self._pumps = [
             threading.Thread(target=target, daemon=True, name=f"agent-{self.label}") for target in (pump_out, pump_err)
         ]
-        for pump in self._pumps:
+        for pump in [*self._pumps, threading.Thread(target=pump_in, daemon=True, name=f"agent-in-{self.label}")]:
             pump.start()
-        weakref.finalize(self, _end_of_input, proc)
+        weakref.finalize(self, outbox.put, None)
         self._send({"agent": agent_source(), "mark": self.mark, "session": True})
 
     def prestart(self) -> None:
@@ -182,11 +199,8 @@ class LocalTransport:
             pass
 
     def _send(self, payload: dict) -> None:
-        try:
-            self._proc.stdin.write(json.dumps(payload).encode("utf-8") + b"\n")
-            self._proc.stdin.flush()
-        except (OSError, ValueError):
-            pass  # the agent has ended (or the session was ended): what it said before is read next
+        """Queue one line for the agent (the writer thread writes it; see start())."""
+        self._outbox.put(json.dumps(payload).encode("utf-8") + b"\n")
 
     def call(self, request: dict, timeout: float = DEFAULT_CALL_TIMEOUT, limit: str = "") -> dict:
         """One round trip on the session (started by the first call if not yet). `timeout`: the
@@ -241,14 +255,16 @@ class LocalTransport:
         proc = self._proc
         if proc is None:
             return
-        _end_of_input(proc)
+        # Killed first: closing its input flushes what is still buffered, which blocks while
+        # the agent is alive and not reading. The writer thread then ends on the broken pipe.
         _kill_session(proc)
+        self._outbox.put(None)
 
     def close(self) -> None:
         """End the session: the agent sees the end of its input and exits."""
         if self._proc is None:
             return
-        _end_of_input(self._proc)
+        self._outbox.put(None)  # after what is queued: the agent sees the end of its input
         self._reap(timeout=10)
 
     def _ended(self) -> TransportError:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -132,6 +133,35 @@ def test_a_python_that_never_answers_times_out_within_the_limit(tmp_path: Path):
     # The facts request includes the wait for the lock (a reader waits for a writer to finish):
     # the limit, the controller's second of grace, a loaded machine's start.
     assert elapsed < 12 + 1 + 10
+    pid = int((tmp_path / "bin" / "pid").read_text())
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), 10, "the stuck interpreter to be ended")
+
+
+def test_a_python_that_never_reads_its_input_times_out_whatever_the_request_size(tmp_path: Path):
+    """The agent's source and a request can together pass a pipe's 64 KiB (they were 610 bytes
+    short of it, and grow with every patch and declared file): writing them to a target that
+    never reads must not hold patcher past its time limit."""
+    from patcher.transport import LocalTransport, TransportError
+
+    fake = never_answers(tmp_path / "bin")
+    transport = LocalTransport(str(fake))
+    outcome: list = []
+
+    def call() -> None:
+        try:
+            transport.call({"op": "facts", "declared": ["x" * 100] * 2000}, timeout=2)  # ~200 KB
+        except TransportError as error:
+            outcome.append(error)
+
+    started = time.monotonic()
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(30)  # in a thread: a regression hangs in the write, and this test must say so
+    elapsed = time.monotonic() - started
+    assert not caller.is_alive(), "the call is still blocked after 30 s (writing to a target that does not read)"
+    transport.close()
+    assert outcome and outcome[0].kind == "timeout", outcome
+    assert elapsed < 2 + 1 + 10, elapsed  # the limit, the grace, a loaded machine
     pid = int((tmp_path / "bin" / "pid").read_text())
     wait_until(lambda: not Path(f"/proc/{pid}").exists(), 10, "the stuck interpreter to be ended")
 
