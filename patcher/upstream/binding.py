@@ -39,6 +39,14 @@ class Binding:
     checked: int = 0  # imports and calls bound
     unchecked: list[str] = field(default_factory=list)  # what could not be bound statically, and why
     problems: list[str] = field(default_factory=list)
+    # Bound against a transformers or torch release: the vLLM releases that allow it (their
+    # wheel's Requires-Dist) and where apply writes this file so. Empty for a vLLM release.
+    allowed_by: list[str] = field(default_factory=list)
+
+    @property
+    def vllm_releases(self) -> list[str]:
+        """The vLLM releases this binding speaks for."""
+        return [self.versions["vllm"]] if "vllm" in self.versions else self.allowed_by
 
     def to_json(self) -> dict:
         return {
@@ -49,6 +57,7 @@ class Binding:
             "checked": self.checked,
             "unchecked": self.unchecked,
             "problems": self.problems,
+            "allowed_by": self.allowed_by,
         }
 
 
@@ -63,8 +72,9 @@ class Target:
     detail: str = ""
 
 
-def lookup(tree: SourceTree, module: str, name: str, depth: int = 0) -> Target:
+def lookup(tree: SourceTree, module: str, name: str, depth: int = 0, budget: list[int] | None = None) -> Target:
     """What `from module import name` gives in this release."""
+    budget = [STAR_BUDGET] if budget is None else budget
     if tree.module(module) is None:
         return Target("missing", detail=f"no module {module}")
     found = last_definition(tree.module(module).body, name)
@@ -80,7 +90,7 @@ def lookup(tree: SourceTree, module: str, name: str, depth: int = 0) -> Target:
                         source = tree.absolute(module, node.level, node.module)
                         if not (source == tree.package or source.startswith(tree.package + ".")):
                             return Target("external", detail=f"{module} re-exports it from {source}")
-                        return lookup(tree, source, alias.name, depth + 1)
+                        return lookup(tree, source, alias.name, depth + 1, budget)
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if (alias.asname or alias.name.split(".")[0]) == name:
@@ -88,11 +98,47 @@ def lookup(tree: SourceTree, module: str, name: str, depth: int = 0) -> Target:
     if tree.module(f"{module}.{name}") is not None:
         return Target("module", f"{module}.{name}")
     body = tree.module(module).body
-    if last_definition(body, "__getattr__") is not None or any(
+    if depth <= MAX_DEPTH:
+        for node in top_level(body):
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                found = _through_star(tree, tree.absolute(module, node.level, node.module), name, depth, budget)
+                if found is not None:
+                    return found
+    if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in top_level(body)) or any(
         isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in top_level(body)
     ):
         return Target("external", detail=f"{module} may provide it at run time (module __getattr__ or import *)")
     return Target("missing", detail=f"{module} has no {name}")
+
+
+STAR_BUDGET = 12  # modules a lookup may open through `import *` (transformers re-exports hundreds)
+
+
+def _through_star(tree: SourceTree, source: str, name: str, depth: int, budget: list[int]) -> Target | None:
+    """`name` as `from source import *` gives it, when that can be told within the budget: the
+    module's literal `__all__` decides what a star import takes (torch.cuda: `from .memory import *`)."""
+    if not (source == tree.package or source.startswith(tree.package + ".")) or budget[0] <= 0:
+        return None
+    budget[0] -= 1
+    module = tree.module(source)
+    if module is None:
+        return None
+    exported = _literal_all(module)
+    if exported is not None and name not in exported:
+        return None
+    if exported is None and name.startswith("_"):
+        return None
+    found = lookup(tree, source, name, depth + 1, budget)
+    return found if found.kind in ("def", "module") else None
+
+
+def _literal_all(module: ast.Module) -> set[str] | None:
+    value = last_definition(module.body, "__all__")
+    if isinstance(value, (ast.Assign, ast.AnnAssign)) and isinstance(value.value, (ast.List, ast.Tuple)):
+        names = {e.value for e in value.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        if len(names) == len(value.value.elts):
+            return names
+    return None
 
 
 # ---------------------------------------------------------------- parameters of a callee
@@ -153,16 +199,31 @@ def class_params(tree: SourceTree, module: str, cls: ast.ClassDef) -> Params | s
     """The constructor's parameters, or why they cannot be known statically."""
     from .facts import field_default
 
-    init = tree.member(module, cls, "__init__")
-    if init is not None and isinstance(init[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return function_params(init[1], drop_first=True)
     chain = [(module, cls)]
     seen = 0
     while seen < len(chain) and len(chain) <= MAX_DEPTH:
         chain += tree.bases(*chain[seen])
         seen += 1
-    if not any(_decorator_names(c) & DATACLASS_DECORATORS for _, c in chain):
-        return f"class {cls.name} has no __init__ in vllm (its constructor comes from outside)"
+    for _, c in chain:
+        for keyword in c.keywords:
+            if keyword.arg == "metaclass" and _dotted(keyword.value) not in ("ABCMeta", "abc.ABCMeta"):
+                # e.g. transformers 5's ModelOutput: its metaclass wraps every dataclass __init__
+                # to take the old keyword past_key_values
+                return f"class {cls.name}'s metaclass {ast.unparse(keyword.value)} may change its constructor at run time"
+    # The nearest class in the chain that writes __init__ decides: its own def, or @dataclass's
+    # generated one (a dataclass subclass of a class with __init__ gets the dataclass's).
+    for index, (owner_module, c) in enumerate(chain):
+        own = last_definition(c.body, "__init__")
+        if isinstance(own, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return function_params(own, drop_first=True)
+        if _decorator_names(c) & DATACLASS_DECORATORS:
+            chain = chain[index:]
+            break
+    else:
+        init = tree.member(module, cls, "__init__")  # bases outside the chain followed (depth)
+        if init is not None and isinstance(init[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return function_params(init[1], drop_first=True)
+        return f"class {cls.name} has no __init__ in {tree.package} (its constructor comes from outside)"
     fields: dict[str, bool] = {}
     kw_only = any(_kw_only_dataclass(c) for _, c in chain)
     for _, c in reversed(chain):  # bases first, as dataclasses orders fields
@@ -229,23 +290,50 @@ def bind_file(
     imported name (and each declared attribute call) must bind to its parameters there."""
     result = Binding(path, release)
     module_ast = ast.parse(code, path)
+    guarded = _guarded_imports(module_ast)
+    ours = lambda module: any(module == p or module.startswith(p + ".") for p in prefixes)  # noqa: E731
     imported: dict[str, tuple[str, str, Target]] = {}  # local name -> (module, name, target)
+    modules: dict[str, str] = {}  # local name -> module, from `import torch` / `import torch.nn as nn`
     for node in ast.walk(module_ast):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if ours(alias.name):
+                    modules[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if not any(node.module == p or node.module.startswith(p + ".") for p in prefixes):
+            if not ours(node.module):
                 continue
             for alias in node.names:
                 target = lookup(tree, node.module, alias.name)
                 result.checked += 1
-                if target.kind == "missing":
+                if target.kind == "missing" and id(node) in guarded:
+                    # `try: from X import f / except ImportError: def f(...)`: the file's own f is called there
+                    fallback = guarded[id(node)].get(alias.asname or alias.name)
+                    result.unchecked.append(
+                        f"{node.module}.{alias.name}: {target.detail} in {release}, guarded by except ImportError"
+                        + (" (the file's own definition is bound)" if fallback is not None else "")
+                    )
+                    if fallback is not None:
+                        target = Target("def", path, fallback)
+                elif target.kind == "missing":
                     result.problems.append(
                         f"{path}:{node.lineno}: from {node.module} import {alias.name}: {target.detail} in {release}"
                     )
                 imported[alias.asname or alias.name] = (node.module, alias.name, target)
     for node in ast.walk(module_ast):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported):
+        if not isinstance(node, ast.Call):
             continue
-        module, name, target = imported[node.func.id]
+        if isinstance(node.func, ast.Name) and node.func.id in imported:
+            module, name, target = imported[node.func.id]
+        elif isinstance(node.func, ast.Attribute) and (_dotted(node.func) or "").split(".")[0] in modules:
+            dotted = _dotted(node.func)
+            local, _, rest = dotted.partition(".")
+            module, name, target = _attribute_target(tree, f"{modules[local]}.{rest}")
+            if target.kind == "missing":
+                result.checked += 1
+                result.problems.append(f"{path}:{node.lineno}: {dotted}(...): {target.detail} in {release}")
+                continue
+        else:
+            continue
         shape = _call_shape(node)
         if target.kind != "def" or shape is None:
             if target.kind == "external":
@@ -281,7 +369,59 @@ def bind_file(
             error = bind(params, *shape)
             if error:
                 result.problems.append(f"{path}:{n.lineno}: {label}(...): {error} in {release}")
+    result.unchecked = list(dict.fromkeys(result.unchecked))
     return result
+
+
+
+def _guarded_imports(module: ast.Module) -> dict[int, dict[str, ast.FunctionDef]]:
+    """id of each `from ... import` inside a `try:` that catches ImportError -> the functions its
+    handlers define (the fallback that is called when the import fails)."""
+    catches = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+    out: dict[int, dict[str, ast.FunctionDef]] = {}
+    for node in ast.walk(module):
+        if not isinstance(node, ast.Try):
+            continue
+        handlers = [h for h in node.handlers if h.type is None or _names_in(h.type) & catches]
+        if not handlers:
+            continue
+        fallbacks = {
+            s.name: s for h in handlers for s in h.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+        for statement in node.body:
+            for inner in ast.walk(statement):
+                if isinstance(inner, ast.ImportFrom):
+                    out[id(inner)] = fallbacks
+    return out
+
+
+def _names_in(expr: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(expr) if isinstance(n, ast.Attribute)
+    }
+
+
+def _attribute_target(tree: SourceTree, dotted: str) -> tuple[str, str, Target]:
+    """`torch.cuda.mem_get_info` -> (module, name, what it is): the longest prefix that is a module,
+    then its names one by one (a submodule reached by a name; a class's members are not bound)."""
+    parts = dotted.split(".")
+    cut = len(parts) - 1
+    while cut > 1 and tree.module(".".join(parts[:cut])) is None:
+        cut -= 1
+    module = ".".join(parts[:cut])
+    if tree.module(module) is None:
+        return module, parts[cut], Target("missing", detail=f"no module {module}")
+    target = lookup(tree, module, parts[cut])
+    name = parts[cut]
+    for part in parts[cut + 1:]:
+        if target.kind == "module":
+            module, name, target = target.module, part, lookup(tree, target.module, part)
+        elif target.kind == "missing":
+            break
+        else:  # a class's members (classmethods, descriptors) and anything else: not bound here
+            detail = f"an attribute of a {'definition' if target.kind == 'def' else 'name from outside'} (not bound statically)"
+            return module, f"{name}.{part}", Target("external", detail=detail)
+    return module, name, target
 
 
 def _params_of(tree: SourceTree, target: Target) -> Params | str:
@@ -304,10 +444,10 @@ def _binder_key() -> str:
     return digest.hexdigest()[:16]
 
 
-def bind_cached(files, version: str, variants) -> list[Binding]:
-    """bind_file for each patched file (patched.Variant) on the release `files` reads, cached
-    beside its files: a release never changes, so a binding is computed again only when the
-    patched code or this binder changes."""
+def bind_cached(files, version: str, variants, package: str = "vllm") -> list[Binding]:
+    """bind_file for each patched file (patched.Variant) on the release of `package` that `files`
+    reads, cached beside its files: a release never changes, so a binding is computed again only
+    when the patched code or this binder changes."""
     from .facts import SourceTree
     from .wheels import write_atomic
 
@@ -327,9 +467,12 @@ def bind_cached(files, version: str, variants) -> list[Binding]:
         if key in known:
             binding = Binding(**known[key])
         else:
-            tree = tree or SourceTree(files, "vllm")
-            binding = bind_file(variant.code, variant.path, tree, f"vllm {version}", variant.attribute_calls)
-            known[key] = {k: v for k, v in binding.to_json().items() if k not in ("patches", "versions")}
+            tree = tree or SourceTree(files, package)
+            calls = variant.attribute_calls if package == "vllm" else ()  # declared calls are into vLLM
+            binding = bind_file(variant.code, variant.path, tree, f"{package} {version}", calls, (package,))
+            known[key] = {
+                k: v for k, v in binding.to_json().items() if k not in ("patches", "versions", "allowed_by")
+            }
             fresh = True
         binding.patches = list(variant.patches)
         binding.versions = dict(variant.versions)
