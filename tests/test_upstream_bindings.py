@@ -19,6 +19,7 @@ from patcher.upstream.deps import TORCH_SOURCE_TAGS
 from patcher.upstream.facts import SourceTree
 from patcher.upstream.index import load_index
 from patcher.upstream.patched import variants
+from patcher.upstream.render import render_markdown
 from patcher.upstream.runs import load_runs
 from patcher.upstream.sources import ReleaseFiles
 from patcher.upstream.wheels import IndexUnreachable
@@ -84,7 +85,9 @@ def test_every_patch_in_place_binds_on_every_release(index, tmp_path):
     eagle = against[("transformers 5.24.0", EAGLE)]
     assert eagle.patches == ["v17-attn-mask-utils"] and eagle.allowed_by == ["0.11.0"] and eagle.checked >= 5
     assert any("guarded by except ImportError (the file's own definition is bound)" in u for u in eagle.unchecked)
-    assert against[("torch 2.10.0", EAGLE3_CORE)].checked >= 5  # torch.nn.Linear, torch.compile, create_block_mask ...
+    # torch.compile, create_block_mask, and torch.nn.Linear & co. through torch.nn's `from .modules import *`
+    core = against[("torch 2.10.0", EAGLE3_CORE)]
+    assert core.checked >= 10 and not [u for u in core.unchecked if u.startswith("torch.nn.")], core.unchecked
 
 
 def test_without_v17_only_the_vllm_releases_allowing_transformers_5_24_fail(index, tmp_path):
@@ -163,6 +166,11 @@ def test_release_matrix_results_shown_and_never_run_named(index, tmp_path):
     assert shown["0.16.0"]["summary"] == "new" and shown["0.16.0"]["ok"] is False
     assert shown["0.17.0"]["ok"] is True and "largest relative error 0.020" in shown["0.17.0"]["summary"]
     assert [v for v, r in shown.items() if r is None] == ["0.11.0", "0.11.1", "0.12.0"]
+    # and in the report a reader sees: the last run beside each release's static verdict
+    markdown = render_markdown(report)
+    assert "never run (no release-matrix result): 0.11.0, 0.11.1, 0.12.0" in markdown
+    row = next(line for line in markdown.splitlines() if line.startswith("| 0.16.0 | transformers <5,>=4.56.0"))
+    assert row.endswith("| binds | FAILED 2026-11-30: new |"), row
 
 
 # --- drift planted in a synthetic release ------------------------------------------------------
@@ -308,6 +316,20 @@ def test_planted_dropped_transformers_keyword_is_caught(eagle_files):
     assert len(problems) == 1 and problems[0].endswith(
         "transformers.modeling_attn_mask_utils._prepare_4d_causal_attention_mask(...): "
         "got an unexpected keyword argument 'sliding_window' in synthetic"
+    ), problems
+
+    # a dataclass field (4.57's ModelOutput has an __init__(*args, **kwargs) of its own; @dataclass
+    # gives CausalLMOutputWithPast a generated one, which is what the call meets)
+    outputs = "transformers/modeling_outputs.py"
+    text = transformers.read(outputs)
+    start = text.index("class CausalLMOutputWithPast(ModelOutput):")
+    field = "    past_key_values: Optional[Cache] = None\n"
+    at = text.index(field, start)
+    dropped = {outputs: text[:at] + text[at + len(field):]}
+    problems = bind_to(pristine, EAGLE, Synthetic(transformers, dropped), "transformers")
+    assert len(problems) == 1 and problems[0].endswith(
+        "transformers.modeling_outputs.CausalLMOutputWithPast(...): "
+        "got an unexpected keyword argument 'past_key_values' in synthetic"
     ), problems
 
 
