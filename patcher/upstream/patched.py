@@ -61,16 +61,18 @@ def variants(
     with shared_transforms(persist=cache):
         for vllm in vllm_versions:
             others = {d: list(v) for d, v in sorted((allowed or {}).get(vllm, {}).items()) if v}
-            # one selection per combination of the other distributions' releases, grouped per file
+            # one selection per combination of the other distributions' releases (one release per
+            # class of releases every condition on that distribution treats alike), grouped per file
+            classes = {d: _alike(patches, d, releases) for d, releases in others.items()}
             found: dict[tuple[str, tuple], dict[str, set[str]]] = {}
-            for combination in product(*others.values()):
-                versions = {distribution: version, "vllm": vllm, **dict(zip(others, combination))}
+            for combination in product(*classes.values()):
+                versions = {distribution: version, "vllm": vllm, **{d: c[0] for d, c in zip(others, combination)}}
                 chosen = select_patches(patches, versions)
                 for path, group in groups.items():
                     key = tuple((p.id, tuple(e.name for e in chosen[p.id].edits)) for p in group if chosen[p.id].selected)
                     where = found.setdefault((path, key), {d: set() for d in others})
-                    for dist, release in zip(others, combination):
-                        where[dist].add(release)
+                    for dist, members in zip(others, combination):
+                        where[dist].update(members)
             for (path, key), where in found.items():
                 source = sources[path]
                 chosen_edits = dict(key)
@@ -89,6 +91,19 @@ def variants(
                             tuple((d, tuple(sorted(r, key=_key))) for d, r in sorted(where.items())))
                 )  # fmt: skip
     return out
+
+
+def _alike(patches: Sequence[Patch], distribution: str, releases: Sequence[str]) -> list[list[str]]:
+    """`releases` grouped by what every condition on `distribution` (a patch's requires, an edit's
+    when) says of them: the selection is the same for each release of a group."""
+    specs = sorted(
+        {p.requires[distribution] for p in patches if distribution in p.requires}
+        | {e.when[distribution] for p in patches for e in p.edits if distribution in e.when}
+    )
+    groups: dict[tuple[bool, ...], list[str]] = {}
+    for release in releases:
+        groups.setdefault(tuple(condition_holds(spec, release) for spec in specs), []).append(release)
+    return list(groups.values())
 
 
 def _key(version: str):
