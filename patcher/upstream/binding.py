@@ -1,18 +1,20 @@
-"""Bind the patched files' calls into vLLM, statically, against one vLLM release's sources.
+"""Bind the patched files' calls, statically, against one release's sources: vLLM's, and the
+transformers and torch releases a vLLM release allows (deps.py).
 
 What the agent's verification does at run time (import, then `inspect.signature(...).bind`),
 done with `ast` on a release read from the package index: for every release the matrix reads,
 the files the patches selected there produce (speculators' pristine file, transformed), and in
 them every `from vllm... import NAME` (a module or name that must exist) and every call of such a
-NAME or of a declared attribute call (AttributeCall: `self.executor.sample_tokens(...)` against
-`MultiprocExecutor.sample_tokens`) bound to the callee's parameters: required arguments present,
-no unknown keyword, not too many positional arguments.
+NAME, of an imported module's attribute (`torch.cuda.mem_get_info()`), or of a declared attribute
+call (AttributeCall: `self.executor.sample_tokens(...)` against `MultiprocExecutor.sample_tokens`)
+bound to the callee's parameters: required arguments present, no unknown keyword, not too many
+positional arguments. Names are resolved by names.py.
 
 What it cannot see (said in the README): calls through values it cannot type (a method of an
-object returned by vLLM), names vLLM defines outside its own package or lazily (a module
-`__getattr__`), signatures made at run time (decorators that change them), classes whose
-constructor comes from outside vLLM (msgspec, pydantic models without a dataclass shape), and
-anything that depends on what the code does when it runs.
+object returned by vLLM, a class's methods), names a package defines outside itself or lazily (a
+module `__getattr__`, torch's C functions), signatures made at run time (decorators, metaclasses
+that change them), classes whose constructor comes from outside the package (msgspec, pydantic
+models without a dataclass shape), and anything that depends on what the code does when it runs.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .facts import MAX_DEPTH, SourceTree, last_definition, top_level
+from .facts import MAX_DEPTH, SourceTree, last_definition
+from .names import Target, attribute_target, dotted_name, guarded_imports, lookup
 
 DATACLASS_DECORATORS = {"dataclass", "config"}  # vLLM's config classes: @config @dataclass
 
@@ -59,86 +62,6 @@ class Binding:
             "problems": self.problems,
             "allowed_by": self.allowed_by,
         }
-
-
-# ---------------------------------------------------------------- resolving a name
-
-
-@dataclass(frozen=True)
-class Target:
-    kind: str  # def | module | external | missing
-    module: str = ""
-    node: ast.AST | None = None
-    detail: str = ""
-
-
-def lookup(tree: SourceTree, module: str, name: str, depth: int = 0, budget: list[int] | None = None) -> Target:
-    """What `from module import name` gives in this release."""
-    budget = [STAR_BUDGET] if budget is None else budget
-    if tree.module(module) is None:
-        return Target("missing", detail=f"no module {module}")
-    found = last_definition(tree.module(module).body, name)
-    if found is not None:
-        return Target("def", module, found)
-    if depth <= MAX_DEPTH:
-        for node in top_level(tree.module(module).body):
-            if isinstance(node, ast.ImportFrom):
-                for alias in node.names:
-                    if alias.name == "*":
-                        continue
-                    if (alias.asname or alias.name) == name:
-                        source = tree.absolute(module, node.level, node.module)
-                        if not (source == tree.package or source.startswith(tree.package + ".")):
-                            return Target("external", detail=f"{module} re-exports it from {source}")
-                        return lookup(tree, source, alias.name, depth + 1, budget)
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    if (alias.asname or alias.name.split(".")[0]) == name:
-                        return Target("module", alias.name)
-    if tree.module(f"{module}.{name}") is not None:
-        return Target("module", f"{module}.{name}")
-    body = tree.module(module).body
-    if depth <= MAX_DEPTH:
-        for node in top_level(body):
-            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
-                found = _through_star(tree, tree.absolute(module, node.level, node.module), name, depth, budget)
-                if found is not None:
-                    return found
-    if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in top_level(body)) or any(
-        isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in top_level(body)
-    ):
-        return Target("external", detail=f"{module} may provide it at run time (module __getattr__ or import *)")
-    return Target("missing", detail=f"{module} has no {name}")
-
-
-STAR_BUDGET = 12  # modules a lookup may open through `import *` (transformers re-exports hundreds)
-
-
-def _through_star(tree: SourceTree, source: str, name: str, depth: int, budget: list[int]) -> Target | None:
-    """`name` as `from source import *` gives it, when that can be told within the budget: the
-    module's literal `__all__` decides what a star import takes (torch.cuda: `from .memory import *`)."""
-    if not (source == tree.package or source.startswith(tree.package + ".")) or budget[0] <= 0:
-        return None
-    budget[0] -= 1
-    module = tree.module(source)
-    if module is None:
-        return None
-    exported = _literal_all(module)
-    if exported is not None and name not in exported:
-        return None
-    if exported is None and name.startswith("_"):
-        return None
-    found = lookup(tree, source, name, depth + 1, budget)
-    return found if found.kind in ("def", "module") else None
-
-
-def _literal_all(module: ast.Module) -> set[str] | None:
-    value = last_definition(module.body, "__all__")
-    if isinstance(value, (ast.Assign, ast.AnnAssign)) and isinstance(value.value, (ast.List, ast.Tuple)):
-        names = {e.value for e in value.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
-        if len(names) == len(value.value.elts):
-            return names
-    return None
 
 
 # ---------------------------------------------------------------- parameters of a callee
@@ -206,7 +129,7 @@ def class_params(tree: SourceTree, module: str, cls: ast.ClassDef) -> Params | s
         seen += 1
     for _, c in chain:
         for keyword in c.keywords:
-            if keyword.arg == "metaclass" and _dotted(keyword.value) not in ("ABCMeta", "abc.ABCMeta"):
+            if keyword.arg == "metaclass" and dotted_name(keyword.value) not in ("ABCMeta", "abc.ABCMeta"):
                 # e.g. transformers 5's ModelOutput: its metaclass wraps every dataclass __init__
                 # to take the old keyword past_key_values
                 return f"class {cls.name}'s metaclass {ast.unparse(keyword.value)} may change its constructor at run time"
@@ -272,15 +195,6 @@ def _call_shape(call: ast.Call) -> tuple[int, list[str]] | None:
 # ---------------------------------------------------------------- one file against one release
 
 
-def _dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 def bind_file(
@@ -290,7 +204,7 @@ def bind_file(
     imported name (and each declared attribute call) must bind to its parameters there."""
     result = Binding(path, release)
     module_ast = ast.parse(code, path)
-    guarded = _guarded_imports(module_ast)
+    guarded = guarded_imports(module_ast)
     ours = lambda module: any(module == p or module.startswith(p + ".") for p in prefixes)  # noqa: E731
     imported: dict[str, tuple[str, str, Target]] = {}  # local name -> (module, name, target)
     modules: dict[str, str] = {}  # local name -> module, from `import torch` / `import torch.nn as nn`
@@ -324,10 +238,10 @@ def bind_file(
             continue
         if isinstance(node.func, ast.Name) and node.func.id in imported:
             module, name, target = imported[node.func.id]
-        elif isinstance(node.func, ast.Attribute) and (_dotted(node.func) or "").split(".")[0] in modules:
-            dotted = _dotted(node.func)
+        elif isinstance(node.func, ast.Attribute) and (dotted_name(node.func) or "").split(".")[0] in modules:
+            dotted = dotted_name(node.func)
             local, _, rest = dotted.partition(".")
-            module, name, target = _attribute_target(tree, f"{modules[local]}.{rest}")
+            module, name, target = attribute_target(tree, f"{modules[local]}.{rest}")
             if target.kind == "missing":
                 result.checked += 1
                 result.problems.append(f"{path}:{node.lineno}: {dotted}(...): {target.detail} in {release}")
@@ -354,7 +268,7 @@ def bind_file(
         calls = [
             n for n in ast.walk(module_ast)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == call["method"]
-            and _dotted(n.func.value) == call["receiver"]
+            and dotted_name(n.func.value) == call["receiver"]
         ]  # fmt: skip
         if hit is None or not isinstance(hit[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
             if calls:
@@ -374,56 +288,6 @@ def bind_file(
 
 
 
-def _guarded_imports(module: ast.Module) -> dict[int, dict[str, ast.FunctionDef]]:
-    """id of each `from ... import` inside a `try:` that catches ImportError -> the functions its
-    handlers define (the fallback that is called when the import fails)."""
-    catches = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
-    out: dict[int, dict[str, ast.FunctionDef]] = {}
-    for node in ast.walk(module):
-        if not isinstance(node, ast.Try):
-            continue
-        handlers = [h for h in node.handlers if h.type is None or _names_in(h.type) & catches]
-        if not handlers:
-            continue
-        fallbacks = {
-            s.name: s for h in handlers for s in h.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-        }
-        for statement in node.body:
-            for inner in ast.walk(statement):
-                if isinstance(inner, ast.ImportFrom):
-                    out[id(inner)] = fallbacks
-    return out
-
-
-def _names_in(expr: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} | {
-        n.attr for n in ast.walk(expr) if isinstance(n, ast.Attribute)
-    }
-
-
-def _attribute_target(tree: SourceTree, dotted: str) -> tuple[str, str, Target]:
-    """`torch.cuda.mem_get_info` -> (module, name, what it is): the longest prefix that is a module,
-    then its names one by one (a submodule reached by a name; a class's members are not bound)."""
-    parts = dotted.split(".")
-    cut = len(parts) - 1
-    while cut > 1 and tree.module(".".join(parts[:cut])) is None:
-        cut -= 1
-    module = ".".join(parts[:cut])
-    if tree.module(module) is None:
-        return module, parts[cut], Target("missing", detail=f"no module {module}")
-    target = lookup(tree, module, parts[cut])
-    name = parts[cut]
-    for part in parts[cut + 1:]:
-        if target.kind == "module":
-            module, name, target = target.module, part, lookup(tree, target.module, part)
-        elif target.kind == "missing":
-            break
-        else:  # a class's members (classmethods, descriptors) and anything else: not bound here
-            detail = f"an attribute of a {'definition' if target.kind == 'def' else 'name from outside'} (not bound statically)"
-            return module, f"{name}.{part}", Target("external", detail=detail)
-    return module, name, target
-
-
 def _params_of(tree: SourceTree, target: Target) -> Params | str:
     node = target.node
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -439,8 +303,11 @@ BINDINGS_FILE = ".bindings.json"
 def _binder_key() -> str:
     from . import facts
 
+    from . import names
+
     digest = hashlib.sha256(Path(__file__).read_bytes())
     digest.update(Path(facts.__file__).read_bytes())
+    digest.update(Path(names.__file__).read_bytes())
     return digest.hexdigest()[:16]
 
 
