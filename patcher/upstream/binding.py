@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .facts import MAX_DEPTH, SourceTree, last_definition
+from .facts import MAX_DEPTH, SourceTree, last_definition, parse
 from .names import Target, attribute_target, dotted_name, guarded_imports, lookup
 
 DATACLASS_DECORATORS = {"dataclass", "config"}  # vLLM's config classes: @config @dataclass
@@ -203,7 +203,7 @@ def bind_file(
     """Every import from `prefixes` in `code` must exist in `tree`'s release, and every call of an
     imported name (and each declared attribute call) must bind to its parameters there."""
     result = Binding(path, release)
-    module_ast = ast.parse(code, path)
+    module_ast = parse(code)  # under the lock: bindings run in threads (facts.parse says why)
     guarded = guarded_imports(module_ast)
     ours = lambda module: any(module == p or module.startswith(p + ".") for p in prefixes)  # noqa: E731
     imported: dict[str, tuple[str, str, Target]] = {}  # local name -> (module, name, target)
