@@ -320,4 +320,6 @@ def _short(patch_id: str) -> str:
 
 
 def _span(versions: Sequence[str]) -> str:
-    return versions[0] if len(versions) == 1 else f"{versions[0]}–{versions[-1]} ({len(versions)} releases)"
+    """Every release named: those allowing a transformers release need not be consecutive (5.24.0:
+    0.11.0, then 0.19.1 to 0.30.0)."""
+    return ", ".join(versions)
