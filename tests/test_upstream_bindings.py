@@ -9,6 +9,7 @@ a synthetic release (the real 0.16.0 sources, one thing changed) must each be ca
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -18,6 +19,7 @@ from patcher.upstream.check import EXIT_DRIFT, EXIT_OK, EXIT_UNREACHABLE, CheckO
 from patcher.upstream.deps import TORCH_SOURCE_TAGS
 from patcher.upstream.facts import SourceTree
 from patcher.upstream.index import load_index
+from patcher.upstream.names import source_tree
 from patcher.upstream.patched import variants
 from patcher.upstream.render import render_markdown
 from patcher.upstream.runs import load_runs
@@ -85,9 +87,10 @@ def test_every_patch_in_place_binds_on_every_release(index, tmp_path):
     eagle = against[("transformers 5.24.0", EAGLE)]
     assert eagle.patches == ["v17-attn-mask-utils"] and eagle.allowed_by == ["0.11.0"] and eagle.checked >= 5
     assert any("guarded by except ImportError (the file's own definition is bound)" in u for u in eagle.unchecked)
-    # torch.compile, create_block_mask, and torch.nn.Linear & co. through torch.nn's `from .modules import *`
+    # torch.compile, create_block_mask, torch.nn.Linear & co. through torch.nn's `from .modules import *`,
+    # and torch's compiled functions (torch.cat, torch.arange...) through their .pyi stub's overloads
     core = against[("torch 2.10.0", EAGLE3_CORE)]
-    assert core.checked >= 10 and not [u for u in core.unchecked if u.startswith("torch.nn.")], core.unchecked
+    assert core.checked >= 20 and core.unchecked == [], core.unchecked
 
 
 def test_without_v17_only_the_vllm_releases_allowing_transformers_5_24_fail(index, tmp_path):
@@ -279,7 +282,7 @@ def eagle_files():
 
 
 def bind_to(code: str, path: str, files, package: str) -> list[str]:
-    return bind_file(code, path, SourceTree(files, package), "synthetic", (), (package,)).problems
+    return bind_file(code, path, source_tree(files, package), "synthetic", (), (package,)).problems
 
 
 def test_the_real_transformers_and_torch_releases_bind(eagle_files):
@@ -351,3 +354,20 @@ def test_planted_torch_drift_is_caught(eagle_files):
     required = {"torch/__init__.py": head + tail.replace("    *,\n    fullgraph", "    *,\n    backend_id: int,\n    fullgraph", 1)}
     problems = bind_to(core, EAGLE3_CORE, Synthetic(torch, required), "torch")
     assert any("torch.compile(...): missing a required argument: 'backend_id'" in p for p in problems), problems
+
+
+def test_planted_drift_in_a_torch_stub_is_caught(eagle_files):
+    # torch.masked_select is compiled: torch/_C/_VariableFunctions.pyi says its signature
+    _, _, core, _, torch = eagle_files
+    stub = "torch/_C/_VariableFunctions.pyi"
+    changes = edited(torch, stub, "def masked_select(\n    input: Tensor,\n    mask: Tensor,\n", "def masked_select(\n    input: Tensor,\n")
+    problems = bind_to(core, EAGLE3_CORE, Synthetic(torch, changes), "torch")
+    assert problems == [f"{EAGLE3_CORE}:74: torch.masked_select(...): too many positional arguments in synthetic"]
+    # torch.cat has two @overload stubs: a call binds when one of them takes it
+    text = torch.read(stub)
+    renamed = re.sub(r"(def cat\(\n    tensors: [^\n]*\n)    dim:", r"\1    axis:", text)
+    assert renamed.count("def cat(") == 2 and renamed != text
+    problems = bind_to(core, EAGLE3_CORE, Synthetic(torch, {stub: renamed}), "torch")
+    assert problems and all(
+        "torch.cat(...): no overload of 2 takes it (got an unexpected keyword argument 'dim')" in p for p in problems
+    ), problems

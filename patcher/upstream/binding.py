@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .facts import MAX_DEPTH, SourceTree, last_definition, parse
-from .names import Target, attribute_target, dotted_name, guarded_imports, lookup
+from .names import Target, attribute_target, dotted_name, guarded_imports, lookup, source_tree
 
 DATACLASS_DECORATORS = {"dataclass", "config"}  # vLLM's config classes: @config @dataclass
 
@@ -253,6 +253,13 @@ def bind_file(
             if target.kind == "external":
                 result.unchecked.append(f"{module}.{name}: {target.detail}")
             continue
+        if target.overloads:  # a stub's overloads: one of them must take the call
+            errors = [bind(function_params(o, drop_first=False), *shape) for o in target.overloads]
+            result.checked += 1
+            error = None if None in errors else f"no overload of {len(errors)} takes it ({errors[0]})"
+            if error:
+                result.problems.append(f"{path}:{node.lineno}: {module}.{name}(...): {error} in {release}")
+            continue
         params = _params_of(tree, target)
         if isinstance(params, str):
             result.unchecked.append(f"{module}.{name}: {params}")
@@ -334,7 +341,7 @@ def bind_cached(files, version: str, variants, package: str = "vllm") -> list[Bi
         if key in known:
             binding = Binding(**known[key])
         else:
-            tree = tree or SourceTree(files, package)
+            tree = tree or source_tree(files, package)
             calls = variant.attribute_calls if package == "vllm" else ()  # declared calls are into vLLM
             binding = bind_file(variant.code, variant.path, tree, f"{package} {version}", calls, (package,))
             known[key] = {

@@ -11,7 +11,27 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from .facts import MAX_DEPTH, SourceTree, last_definition, top_level
+from .facts import MAX_DEPTH, SourceTree, _is_overload, last_definition, parse, top_level
+
+# Packages whose functions are mostly compiled, with their signatures in type stubs: torch's
+# `torch.cat`, `torch.arange`... are `torch._C._VariableFunctions`, described by its .pyi.
+STUBBED = {"torch"}
+
+
+class StubTree(SourceTree):
+    """A SourceTree that reads a module's .pyi stub where the module has no Python source."""
+
+    def module(self, dotted: str) -> ast.Module | None:
+        if dotted not in self._modules:
+            found = super().module(dotted)
+            if found is None:
+                source = self.files.read(dotted.replace(".", "/") + ".pyi")
+                self._modules[dotted] = None if source is None else parse(source)
+        return self._modules[dotted]
+
+
+def source_tree(files, package: str) -> SourceTree:
+    return StubTree(files, package) if package in STUBBED else SourceTree(files, package)
 
 
 @dataclass(frozen=True)
@@ -20,6 +40,7 @@ class Target:
     module: str = ""
     node: ast.AST | None = None
     detail: str = ""
+    overloads: tuple = ()  # a stub's @overload definitions (node is the first): a call must bind to one
 
 
 def lookup(tree: SourceTree, module: str, name: str, depth: int = 0, budget: list[int] | None = None) -> Target:
@@ -30,6 +51,12 @@ def lookup(tree: SourceTree, module: str, name: str, depth: int = 0, budget: lis
     found = last_definition(tree.module(module).body, name)
     if found is not None:
         return Target("def", module, found)
+    overloads = tuple(
+        n for n in tree.module(module).body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name and _is_overload(n)
+    )  # fmt: skip
+    if overloads:  # only @overload stubs: a .pyi
+        return Target("def", module, overloads[0], overloads=overloads)
     if depth <= MAX_DEPTH:
         for node in top_level(tree.module(module).body):
             if isinstance(node, ast.ImportFrom):
