@@ -25,7 +25,10 @@ class StubTree(SourceTree):
         if dotted not in self._modules:
             found = super().module(dotted)
             if found is None:
-                source = self.files.read(dotted.replace(".", "/") + ".pyi")
+                base = dotted.replace(".", "/")
+                source = self.files.read(f"{base}.pyi")
+                if source is None:
+                    source = self.files.read(f"{base}/__init__.pyi")  # torch._C
                 self._modules[dotted] = None if source is None else parse(source)
         return self._modules[dotted]
 
