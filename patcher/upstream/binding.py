@@ -218,7 +218,10 @@ def bind_file(
                 continue
             for alias in node.names:
                 target = lookup(tree, node.module, alias.name)
-                result.checked += 1
+                if target.kind == "external":  # neither found nor known to be missing
+                    result.unchecked.append(f"from {node.module} import {alias.name}: {target.detail}")
+                else:
+                    result.checked += 1
                 if target.kind == "missing" and id(node) in guarded:
                     # `try: from X import f / except ImportError: def f(...)`: the file's own f is called there
                     fallback = guarded[id(node)].get(alias.asname or alias.name)
