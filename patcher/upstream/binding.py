@@ -1,18 +1,20 @@
-"""Bind the patched files' calls into vLLM, statically, against one vLLM release's sources.
+"""Bind the patched files' calls, statically, against one release's sources: vLLM's, and the
+transformers and torch releases a vLLM release allows (deps.py).
 
 What the agent's verification does at run time (import, then `inspect.signature(...).bind`),
 done with `ast` on a release read from the package index: for every release the matrix reads,
 the files the patches selected there produce (speculators' pristine file, transformed), and in
 them every `from vllm... import NAME` (a module or name that must exist) and every call of such a
-NAME or of a declared attribute call (AttributeCall: `self.executor.sample_tokens(...)` against
-`MultiprocExecutor.sample_tokens`) bound to the callee's parameters: required arguments present,
-no unknown keyword, not too many positional arguments.
+NAME, of an imported module's attribute (`torch.cuda.mem_get_info()`), or of a declared attribute
+call (AttributeCall: `self.executor.sample_tokens(...)` against `MultiprocExecutor.sample_tokens`)
+bound to the callee's parameters: required arguments present, no unknown keyword, not too many
+positional arguments. Names are resolved by names.py.
 
 What it cannot see (said in the README): calls through values it cannot type (a method of an
-object returned by vLLM), names vLLM defines outside its own package or lazily (a module
-`__getattr__`), signatures made at run time (decorators that change them), classes whose
-constructor comes from outside vLLM (msgspec, pydantic models without a dataclass shape), and
-anything that depends on what the code does when it runs.
+object returned by vLLM, a class's methods), names a package defines outside itself or lazily (a
+module `__getattr__`, torch's C functions), signatures made at run time (decorators, metaclasses
+that change them), classes whose constructor comes from outside the package (msgspec, pydantic
+models without a dataclass shape), and anything that depends on what the code does when it runs.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .facts import MAX_DEPTH, SourceTree, last_definition, parse, top_level
+from .facts import MAX_DEPTH, SourceTree, last_definition, parse
+from .names import Target, attribute_target, dotted_name, guarded_imports, lookup, source_tree
 
 DATACLASS_DECORATORS = {"dataclass", "config"}  # vLLM's config classes: @config @dataclass
 
@@ -39,6 +42,14 @@ class Binding:
     checked: int = 0  # imports and calls bound
     unchecked: list[str] = field(default_factory=list)  # what could not be bound statically, and why
     problems: list[str] = field(default_factory=list)
+    # Bound against a transformers or torch release: the vLLM releases that allow it (their
+    # wheel's Requires-Dist) and where apply writes this file so. Empty for a vLLM release.
+    allowed_by: list[str] = field(default_factory=list)
+
+    @property
+    def vllm_releases(self) -> list[str]:
+        """The vLLM releases this binding speaks for."""
+        return [self.versions["vllm"]] if "vllm" in self.versions else self.allowed_by
 
     def to_json(self) -> dict:
         return {
@@ -49,50 +60,8 @@ class Binding:
             "checked": self.checked,
             "unchecked": self.unchecked,
             "problems": self.problems,
+            "allowed_by": self.allowed_by,
         }
-
-
-# ---------------------------------------------------------------- resolving a name
-
-
-@dataclass(frozen=True)
-class Target:
-    kind: str  # def | module | external | missing
-    module: str = ""
-    node: ast.AST | None = None
-    detail: str = ""
-
-
-def lookup(tree: SourceTree, module: str, name: str, depth: int = 0) -> Target:
-    """What `from module import name` gives in this release."""
-    if tree.module(module) is None:
-        return Target("missing", detail=f"no module {module}")
-    found = last_definition(tree.module(module).body, name)
-    if found is not None:
-        return Target("def", module, found)
-    if depth <= MAX_DEPTH:
-        for node in top_level(tree.module(module).body):
-            if isinstance(node, ast.ImportFrom):
-                for alias in node.names:
-                    if alias.name == "*":
-                        continue
-                    if (alias.asname or alias.name) == name:
-                        source = tree.absolute(module, node.level, node.module)
-                        if not (source == tree.package or source.startswith(tree.package + ".")):
-                            return Target("external", detail=f"{module} re-exports it from {source}")
-                        return lookup(tree, source, alias.name, depth + 1)
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    if (alias.asname or alias.name.split(".")[0]) == name:
-                        return Target("module", alias.name)
-    if tree.module(f"{module}.{name}") is not None:
-        return Target("module", f"{module}.{name}")
-    body = tree.module(module).body
-    if last_definition(body, "__getattr__") is not None or any(
-        isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in top_level(body)
-    ):
-        return Target("external", detail=f"{module} may provide it at run time (module __getattr__ or import *)")
-    return Target("missing", detail=f"{module} has no {name}")
 
 
 # ---------------------------------------------------------------- parameters of a callee
@@ -153,16 +122,31 @@ def class_params(tree: SourceTree, module: str, cls: ast.ClassDef) -> Params | s
     """The constructor's parameters, or why they cannot be known statically."""
     from .facts import field_default
 
-    init = tree.member(module, cls, "__init__")
-    if init is not None and isinstance(init[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return function_params(init[1], drop_first=True)
     chain = [(module, cls)]
     seen = 0
     while seen < len(chain) and len(chain) <= MAX_DEPTH:
         chain += tree.bases(*chain[seen])
         seen += 1
-    if not any(_decorator_names(c) & DATACLASS_DECORATORS for _, c in chain):
-        return f"class {cls.name} has no __init__ in vllm (its constructor comes from outside)"
+    for _, c in chain:
+        for keyword in c.keywords:
+            if keyword.arg == "metaclass" and dotted_name(keyword.value) not in ("ABCMeta", "abc.ABCMeta"):
+                # e.g. transformers 5's ModelOutput: its metaclass wraps every dataclass __init__
+                # to take the old keyword past_key_values
+                return f"class {cls.name}'s metaclass {ast.unparse(keyword.value)} may change its constructor at run time"
+    # The nearest class in the chain that writes __init__ decides: its own def, or @dataclass's
+    # generated one (a dataclass subclass of a class with __init__ gets the dataclass's).
+    for index, (owner_module, c) in enumerate(chain):
+        own = last_definition(c.body, "__init__")
+        if isinstance(own, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return function_params(own, drop_first=True)
+        if _decorator_names(c) & DATACLASS_DECORATORS:
+            chain = chain[index:]
+            break
+    else:
+        init = tree.member(module, cls, "__init__")  # bases outside the chain followed (depth)
+        if init is not None and isinstance(init[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return function_params(init[1], drop_first=True)
+        return f"class {cls.name} has no __init__ in {tree.package} (its constructor comes from outside)"
     fields: dict[str, bool] = {}
     kw_only = any(_kw_only_dataclass(c) for _, c in chain)
     for _, c in reversed(chain):  # bases first, as dataclasses orders fields
@@ -211,15 +195,6 @@ def _call_shape(call: ast.Call) -> tuple[int, list[str]] | None:
 # ---------------------------------------------------------------- one file against one release
 
 
-def _dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 def bind_file(
@@ -228,28 +203,65 @@ def bind_file(
     """Every import from `prefixes` in `code` must exist in `tree`'s release, and every call of an
     imported name (and each declared attribute call) must bind to its parameters there."""
     result = Binding(path, release)
-    module_ast = parse(code)  # under facts' lock: check-upstream binds from several threads
+    module_ast = parse(code)  # under the lock: bindings run in threads (facts.parse says why)
+    guarded = guarded_imports(module_ast)
+    ours = lambda module: any(module == p or module.startswith(p + ".") for p in prefixes)  # noqa: E731
     imported: dict[str, tuple[str, str, Target]] = {}  # local name -> (module, name, target)
+    modules: dict[str, str] = {}  # local name -> module, from `import torch` / `import torch.nn as nn`
     for node in ast.walk(module_ast):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if ours(alias.name):
+                    modules[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if not any(node.module == p or node.module.startswith(p + ".") for p in prefixes):
+            if not ours(node.module):
                 continue
             for alias in node.names:
                 target = lookup(tree, node.module, alias.name)
-                result.checked += 1
-                if target.kind == "missing":
+                if target.kind == "external":  # neither found nor known to be missing
+                    result.unchecked.append(f"from {node.module} import {alias.name}: {target.detail}")
+                else:
+                    result.checked += 1
+                if target.kind == "missing" and id(node) in guarded:
+                    # `try: from X import f / except ImportError: def f(...)`: the file's own f is called there
+                    fallback = guarded[id(node)].get(alias.asname or alias.name)
+                    result.unchecked.append(
+                        f"{node.module}.{alias.name}: {target.detail} in {release}, guarded by except ImportError"
+                        + (" (the file's own definition is bound)" if fallback is not None else "")
+                    )
+                    if fallback is not None:
+                        target = Target("def", path, fallback)
+                elif target.kind == "missing":
                     result.problems.append(
                         f"{path}:{node.lineno}: from {node.module} import {alias.name}: {target.detail} in {release}"
                     )
                 imported[alias.asname or alias.name] = (node.module, alias.name, target)
     for node in ast.walk(module_ast):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported):
+        if not isinstance(node, ast.Call):
             continue
-        module, name, target = imported[node.func.id]
+        if isinstance(node.func, ast.Name) and node.func.id in imported:
+            module, name, target = imported[node.func.id]
+        elif isinstance(node.func, ast.Attribute) and (dotted_name(node.func) or "").split(".")[0] in modules:
+            dotted = dotted_name(node.func)
+            local, _, rest = dotted.partition(".")
+            module, name, target = attribute_target(tree, f"{modules[local]}.{rest}")
+            if target.kind == "missing":
+                result.checked += 1
+                result.problems.append(f"{path}:{node.lineno}: {dotted}(...): {target.detail} in {release}")
+                continue
+        else:
+            continue
         shape = _call_shape(node)
         if target.kind != "def" or shape is None:
             if target.kind == "external":
                 result.unchecked.append(f"{module}.{name}: {target.detail}")
+            continue
+        if target.overloads:  # a stub's overloads: one of them must take the call
+            errors = [bind(function_params(o, drop_first=False), *shape) for o in target.overloads]
+            result.checked += 1
+            error = None if None in errors else f"no overload of {len(errors)} takes it ({errors[0]})"
+            if error:
+                result.problems.append(f"{path}:{node.lineno}: {module}.{name}(...): {error} in {release}")
             continue
         params = _params_of(tree, target)
         if isinstance(params, str):
@@ -266,7 +278,7 @@ def bind_file(
         calls = [
             n for n in ast.walk(module_ast)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == call["method"]
-            and _dotted(n.func.value) == call["receiver"]
+            and dotted_name(n.func.value) == call["receiver"]
         ]  # fmt: skip
         if hit is None or not isinstance(hit[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
             if calls:
@@ -281,7 +293,9 @@ def bind_file(
             error = bind(params, *shape)
             if error:
                 result.problems.append(f"{path}:{n.lineno}: {label}(...): {error} in {release}")
+    result.unchecked = list(dict.fromkeys(result.unchecked))
     return result
+
 
 
 def _params_of(tree: SourceTree, target: Target) -> Params | str:
@@ -299,15 +313,18 @@ BINDINGS_FILE = ".bindings.json"
 def _binder_key() -> str:
     from . import facts
 
+    from . import names
+
     digest = hashlib.sha256(Path(__file__).read_bytes())
     digest.update(Path(facts.__file__).read_bytes())
+    digest.update(Path(names.__file__).read_bytes())
     return digest.hexdigest()[:16]
 
 
-def bind_cached(files, version: str, variants) -> list[Binding]:
-    """bind_file for each patched file (patched.Variant) on the release `files` reads, cached
-    beside its files: a release never changes, so a binding is computed again only when the
-    patched code or this binder changes."""
+def bind_cached(files, version: str, variants, package: str = "vllm") -> list[Binding]:
+    """bind_file for each patched file (patched.Variant) on the release of `package` that `files`
+    reads, cached beside its files: a release never changes, so a binding is computed again only
+    when the patched code or this binder changes."""
     from .facts import SourceTree
     from .wheels import write_atomic
 
@@ -327,9 +344,12 @@ def bind_cached(files, version: str, variants) -> list[Binding]:
         if key in known:
             binding = Binding(**known[key])
         else:
-            tree = tree or SourceTree(files, "vllm")
-            binding = bind_file(variant.code, variant.path, tree, f"vllm {version}", variant.attribute_calls)
-            known[key] = {k: v for k, v in binding.to_json().items() if k not in ("patches", "versions")}
+            tree = tree or source_tree(files, package)
+            calls = variant.attribute_calls if package == "vllm" else ()  # declared calls are into vLLM
+            binding = bind_file(variant.code, variant.path, tree, f"{package} {version}", calls, (package,))
+            known[key] = {
+                k: v for k, v in binding.to_json().items() if k not in ("patches", "versions", "allowed_by")
+            }
             fresh = True
         binding.patches = list(variant.patches)
         binding.versions = dict(variant.versions)

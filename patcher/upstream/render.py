@@ -138,11 +138,25 @@ def first_label(check: GateCheck, report: CheckReport) -> str:
     return f"{'≤' if check.first == oldest else ''}{check.first}{wheel}"
 
 
-def release_rows(report: CheckReport) -> list[tuple[str, str, str, str, str]]:
-    """Per vLLM release bound: (release, patches selected, calls bound, static verdict, last run)."""
+def allows(report: CheckReport, version: str) -> str:
+    """e.g. "transformers <5,>=4.56.0 (12 read), torch ==2.10.0 (1 read)"."""
+    specs = report.requirements.specs.get(version)
+    if specs is None:
+        return "not read"
+    allowed = report.requirements.allowed.get(version, {})
+    return ", ".join(
+        f"{d} {specs[d]} ({len(allowed.get(d, []))} read)" if d in specs else f"{d}: no requirement"
+        for d in ("transformers", "torch")
+    )
+
+
+def release_rows(report: CheckReport) -> list[tuple[str, str, str, str, str, str]]:
+    """Per vLLM release bound: (release, what it allows, patches selected, calls bound, static
+    verdict, last run). A release's bindings include those against the transformers and torch
+    releases it allows."""
     rows = []
     for version in report.binding_releases():
-        bindings = [b for b in report.bindings if b.versions["vllm"] == version]
+        bindings = [b for b in report.bindings if version in b.vllm_releases]
         patches = sorted({p for b in bindings for p in b.patches}, key=_number)
         problems = sum(len(b.problems) for b in bindings)
         run = report.runs.get(version)
@@ -150,7 +164,7 @@ def release_rows(report: CheckReport) -> list[tuple[str, str, str, str, str]]:
             " (other patches)" if run.stale else ""
         ) + (f": {run.summary}" if run.summary and not run.ok else "")
         rows.append((
-            version, " ".join(_short(p) for p in patches), str(sum(b.checked for b in bindings)),
+            version, allows(report, version), " ".join(_short(p) for p in patches), str(sum(b.checked for b in bindings)),
             "binds" if not problems else f"{problems} call(s) do not bind", last,
         ))  # fmt: skip
     return rows
@@ -212,12 +226,13 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
         for line in read_summary(report):
             console.print(f"  [dim]{line}[/]", soft_wrap=True)
         if report.bindings:
-            bound = Table(title="patched files bound per vLLM release (static), beside the release matrix's last run")
-            for column in ("vllm", "patches selected", "imports+calls bound", "static", "last run"):
+            bound = Table(title="patched files bound per vLLM release and the transformers/torch releases it "
+                          "allows (static), beside the release matrix's last run")
+            for column in ("vllm", "allows", "patches selected", "imports+calls bound", "static", "last run"):
                 bound.add_column(column)
-            for version, patches, checked, verdict, last in release_rows(report):
+            for version, allowed, patches, checked, verdict, last in release_rows(report):
                 style = "green" if verdict == "binds" else "bold red"
-                bound.add_row(version, patches, checked, f"[{style}]{verdict}[/]", last)
+                bound.add_row(version, allowed, patches, checked, f"[{style}]{verdict}[/]", last)
             console.print(bound)
             console.print(f"  [dim]{never_run(report)}[/]", soft_wrap=True)
         if report.nightlies:
@@ -280,11 +295,14 @@ def render_markdown(report: CheckReport) -> str:
     lines += [f"{_md(line)}." for line in read_summary(report)] + [""]
     if report.bindings:
         lines += ["## Patched files bound per vLLM release", "",
-                  "Static: every vLLM import and call of the files apply writes there; last run: the release "
-                  "matrix's result (runtime drift is seen only there).", "",
-                  "| vllm | patches selected | imports+calls bound | static | last run |", "|---|---|---|---|---|"]
-        for version, patches, checked, verdict, last in release_rows(report):
-            lines.append(f"| {version} | {patches} | {checked} | {verdict if verdict == 'binds' else '**' + verdict + '**'} | {_md(last)} |")
+                  "Static: every vLLM import and call of the files apply writes there, and every transformers "
+                  "and torch import and call against each release of those the vLLM release allows; last run: "
+                  "the release matrix's result (runtime drift is seen only there).", "",
+                  "| vllm | allows | patches selected | imports+calls bound | static | last run |",
+                  "|---|---|---|---|---|---|"]
+        for version, allowed, patches, checked, verdict, last in release_rows(report):
+            lines.append(f"| {version} | {_md(allowed)} | {patches} | {checked} | "
+                         f"{verdict if verdict == 'binds' else '**' + verdict + '**'} | {_md(last)} |")
         lines += ["", _md(never_run(report)) + ".", ""]
     if report.nightlies:
         lines += ["## Nightlies (fabricated metadata, selection only)", "", "| vllm | selected edits |", "|---|---|"]

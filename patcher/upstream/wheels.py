@@ -167,3 +167,39 @@ def extract(wheel: Path, paths: Iterable[str], into: Path) -> dict[str, Path]:
             out[path] = into / path
             write_atomic(out[path], archive.read(path))
     return out
+
+
+def requires_dist(distribution: str, version: str, tags: Sequence[str] = ()) -> list[str]:
+    """The Requires-Dist lines of `distribution==version`'s wheel, as pip reads them.
+
+    `pip install --dry-run --report` takes the metadata the index serves beside the wheel (PEP 658)
+    where it has it, so a 340 MB vLLM wheel is not downloaded for its requirements.
+    """
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="patcher-requires-") as scratch:
+        report = Path(scratch) / "report.json"
+        command = [
+            *pip(), "install", "--dry-run", "--no-deps", "--ignore-installed", "--quiet", "--only-binary=:all:",
+            "--retries", "2", *tags, "--target", str(Path(scratch) / "never-written"),
+            "--report", str(report), f"{distribution}=={version}",
+        ]  # fmt: skip
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise DownloadFailed(f"pip install --dry-run {distribution}=={version}: {error}") from error
+        if done.returncode != 0:
+            if _UNREACHABLE.search(done.stderr or ""):
+                raise IndexUnreachable(
+                    f"cannot reach the package index (pip install --dry-run {distribution}=={version}: "
+                    f"{_first_error(done)}); " + UNREACHABLE_HINT
+                )
+            raise DownloadFailed(
+                f"pip install --dry-run {distribution}=={version} exited {done.returncode}:\n{_tail(done)}"
+            )
+        try:
+            installs = json.loads(report.read_text())["install"]
+            return list(installs[0]["metadata"].get("requires_dist", []))
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as error:
+            raise DownloadFailed(f"pip's report for {distribution}=={version} cannot be read: {error}") from error
