@@ -29,14 +29,14 @@ import json
 import os
 import re
 import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from packaging.specifiers import SpecifierSet
 
 from . import __version__
-from .model import Patch
 from .core import planning as core
+from .model import Patch
 from .planning import condition_names, run_transform, spec_of, specs_of
 from .selection import condition_holds, select_patches
 from .transforms import shared_transforms
@@ -91,7 +91,7 @@ def find_or_download(distribution: str, version: str, progress: Callable[[str], 
     progress(f"downloading {distribution}=={version} from the package index")
     try:
         return download_wheel(distribution, version, _cache_dirs()[0])
-    except Exception as exc:  # DownloadFailed, IndexUnreachable
+    except Exception as exc:  # DownloadFailed, IndexUnreachable  # noqa: BLE001
         raise BundleError(f"cannot get the {distribution} {version} wheel ({exc}); give it with --wheel FILE") from None
 
 

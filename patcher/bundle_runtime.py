@@ -169,7 +169,7 @@ def _core() -> tuple:
     for name in ("errors", "planning"):
         module = type(sys)(f"patcher_core_{name}")
         sys.modules[module.__name__] = module  # dataclasses look their module up there
-        exec(compile(sources[name], f"<patcher-core-{name}>", "exec"), module.__dict__)
+        exec(compile(sources[name], f"<patcher-core-{name}>", "exec"), module.__dict__)  # noqa: S102 - the embedded core
         loaded.append(module)
     return tuple(loaded)
 
@@ -185,7 +185,7 @@ EXIT_CONFLICT, EXIT_PENDING = ERRORS.EXIT_CONFLICT, ERRORS.EXIT_PENDING
 def _agent() -> dict:
     source = _load(AGENT).decode("utf-8")
     ns = {"__name__": "patcher_agent", "AGENT_SOURCE": source}
-    exec(compile(source, "<patcher-agent>", "exec"), ns)
+    exec(compile(source, "<patcher-agent>", "exec"), ns)  # noqa: S102 - the embedded agent
     return ns
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import click
 
@@ -305,7 +306,7 @@ def remote_options(f):
 class _Commands(click.Group):
     """The commands; those in LAZY are imported only when they run (or help lists them)."""
 
-    LAZY = {"demo": "patcher.demo.command:demo", "check-upstream": "patcher.upstream.command:check_upstream"}
+    LAZY: ClassVar[dict[str, str]] = {"demo": "patcher.demo.command:demo", "check-upstream": "patcher.upstream.command:check_upstream"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.LAZY])

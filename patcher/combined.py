@@ -10,7 +10,7 @@ handed. tests/test_real_sources.py checks that for every subset of the patches o
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import libcst as cst
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from .report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
 from .run import RunOptions, run_target
@@ -77,7 +77,7 @@ def batch_size(serial: str | None, total: int) -> int:
     return int(text)
 
 
-def not_started(host: Host, python: str | None, why: str) -> "HostResult":
+def not_started(host: Host, python: str | None, why: str) -> HostResult:
     return HostResult(host, skipped_report(host, python, why), False)
 
 
@@ -115,7 +115,7 @@ def run_fleet(
         prefix = f"{host.name}: "
 
         def step(message: str) -> None:
-            progress.host_step(host, message[len(prefix):] if message.startswith(prefix) else message)
+            progress.host_step(host, message.removeprefix(prefix))
 
         transport = None
         try:
@@ -125,7 +125,7 @@ def run_fleet(
                 if stopping.is_set():
                     transport.interrupt()  # created after the Ctrl-C: it never starts
             report = run_target(transport, patches, dataclasses.replace(options, progress=step))
-        except Exception as exc:  # a bug must not take the other hosts down
+        except Exception as exc:  # a bug must not take the other hosts down  # noqa: BLE001
             report = TargetReport(target=host.name, python=host.python or python)
             report.status, report.exit_code = "failed", EXIT_FAILED
             report.message = f"internal error: {type(exc).__name__}: {exc}"

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from .host_patterns import select
 from .inventory_files import Entry, Inventory, InventoryError, read_files
 from .ssh import Host, HostError, check_address, check_port, check_remote_python, check_user, parse_host
 
-__all__ = ["InventoryError", "load_hosts", "read_inventory", "hosts_from_options"]
+__all__ = ["InventoryError", "hosts_from_options", "load_hosts", "read_inventory"]
 
 RETRY_HEADER = "# patcher retry file: the hosts that did not succeed; rerun with --inventory "
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from . import __version__
-from .model import Patch
 from .core.errors import EXIT_CONFLICT, EXIT_FAILED, EXIT_PENDING, outcome
+from .model import Patch
 from .planning import PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
 from .report import TargetReport
 from .transport import AgentFailure, TransportError
@@ -159,8 +159,8 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     report.notes = plan.notes
     if facts.get("lock") == "busy":
         report.notes = [
-            f"another patcher run held the lock for {options.lock_timeout:g}s: this shows the "
-            "files as that run had left them so far"
+            (f"another patcher run held the lock for {options.lock_timeout:g}s: this shows the "
+            "files as that run had left them so far")
         ] + report.notes
     report.files = [_file_entry(change, plan, options.diff) for change in plan.changes]
     if plan.conflicts:

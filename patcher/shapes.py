@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import libcst as cst
 
@@ -22,12 +23,12 @@ class Shape:
     def fits(self, value: Any) -> bool:
         raise NotImplementedError
 
-    def __or__(self, other: "Shape") -> "Shape":
+    def __or__(self, other: Shape) -> Shape:
         return OneOf(self, other)
 
 
 class NodeShape(Shape):
-    __slots__ = ("node_type", "fields")
+    __slots__ = ("fields", "node_type")
 
     def __init__(self, node_type: type, fields: dict[str, Any]) -> None:
         self.node_type = node_type
@@ -165,7 +166,7 @@ def __getattr__(name: str) -> Callable[..., NodeShape]:
     # shapes.Call, shapes.Name, ...: one factory per libcst node class, made on first use.
     node_type = getattr(cst, name, None)
     if not (isinstance(node_type, type) and issubclass(node_type, cst.CSTNode)):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")  # noqa: TRY004 - a module __getattr__'s contract
     factory = _shape_factory(node_type)
     globals()[name] = factory
     return factory

@@ -177,7 +177,7 @@ def check_ssh_option(option: str) -> str:
     return f"{key}={value.strip()}"
 
 
-def check_settings(settings: "SshSettings") -> None:
+def check_settings(settings: SshSettings) -> None:
     """What ssh would refuse for every host, refused once before any host is started (exit 2):
     a --ssh-config file that is not there, an --ssh-option ssh cannot parse (`ssh -G` reads the
     options and prints the configuration without connecting; it runs only when options are given)."""
@@ -194,7 +194,7 @@ def check_settings(settings: "SshSettings") -> None:
     def refusal(options) -> str | None:
         args = base + [word for option in options for word in ("-o", option)] + ["--", "patcher-check.invalid"]
         try:
-            proc = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+            proc = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False)
         except FileNotFoundError:
             raise HostError(f"no `{settings.ssh}` client on this machine; install OpenSSH") from None
         except subprocess.TimeoutExpired:
@@ -420,7 +420,7 @@ class SshTransport(LocalTransport):
         """The ProxyJump ssh uses for this host (`ssh -G`: the configuration, no connection)."""
         args = [*self.ssh_args(), "-G", "--", self.host.address]
         try:
-            out = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30).stdout
+            out = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False).stdout
         except (OSError, subprocess.TimeoutExpired):
             return None
         for line in out.splitlines():

@@ -126,7 +126,7 @@ class LocalTransport:
     def command(self) -> list[str]:
         return [self.python, "-c", session_bootstrap()]
 
-    def __enter__(self) -> "LocalTransport":
+    def __enter__(self) -> LocalTransport:
         return self
 
     def __exit__(self, *exc) -> None:

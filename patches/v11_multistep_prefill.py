@@ -26,9 +26,9 @@ from __future__ import annotations
 import textwrap
 
 import libcst as cst
-from patcher import shapes as m
 
-from patcher.codemod import SkipFile, PatchCodemod, append_arg, has_keyword, keyword_arg
+from patcher import shapes as m
+from patcher.codemod import PatchCodemod, SkipFile, append_arg, has_keyword, keyword_arg
 from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3

@@ -425,7 +425,7 @@ class Declared:
 def remove_bytecode(path: str) -> list[str]:
     """Delete every cached .pyc of the module at `path`, whatever its invalidation mode."""
     folder, name = os.path.split(path)
-    stem = name[:-3] if name.endswith(".py") else name
+    stem = name.removesuffix(".py")
     cache = os.path.join(folder, "__pycache__")
     removed = []
     try:
@@ -500,7 +500,7 @@ class Distribution:
             first = line.split(",", 1)[0].split("/", 1)[0]
             if not first or first.endswith((".dist-info", ".egg-info", ".data")) or first == "..":
                 continue
-            provided.add(first[:-3] if first.endswith(".py") else first)
+            provided.add(first.removesuffix(".py"))
         return provided
 
 
@@ -596,13 +596,13 @@ def load_state(folder: StateFolder, declared: Declared, raw: bytes | None = None
     try:
         state = json.loads(raw.decode("utf-8"))
         if not isinstance(state, dict) or not isinstance(state.get("files"), dict):
-            raise ValueError("no files table")
+            raise ValueError("no files table")  # noqa: TRY004 - one path to corrupt-state with the JSON errors
     except ValueError as exc:
         raise AgentError(
             "corrupt-state",
             f"the state record {path} is unreadable ({exc}); restore it from a copy or move it "
             "aside and run `patcher forget` to start over (backups stay in backups/)",
-        )
+        ) from None
     version = state.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise AgentError(
@@ -696,7 +696,7 @@ class HeldLock:
                 "not-writable",
                 f"cannot create {state_dir()} ({exc.strerror}); run as a user who can write "
                 f"to {sys.prefix}",
-            )
+            ) from None
         except AgentError:
             self.release()
             raise
@@ -720,7 +720,7 @@ class HeldLock:
                         "locked",
                         f"another patcher run holds {state_dir()}/lock; wait for it to finish "
                         f"(waited {timeout:g}s; --lock-timeout raises the wait)",
-                    )
+                    ) from None
                 time.sleep(0.05)
 
     def release(self) -> None:
@@ -741,7 +741,7 @@ class Lock:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
 
-    def __enter__(self) -> "Lock":
+    def __enter__(self) -> Lock:
         HELD.acquire("exclusive", self.timeout)
         self.folder: StateFolder = HELD.folder  # type: ignore[assignment]
         return self
@@ -800,7 +800,7 @@ def _facts(req: dict, declared: Declared) -> dict:
     return {
         "python": {
             "executable": sys.executable,
-            "version": "%d.%d.%d" % sys.version_info[:3],
+            "version": "{}.{}.{}".format(*sys.version_info[:3]),
             "prefix": sys.prefix,
         },
         "state_dir": state_dir(),
@@ -1108,7 +1108,7 @@ def op_verify_here(req: dict) -> dict:
         name = target["module"]
         try:
             modules[name] = importlib.import_module(name)
-        except BaseException as exc:  # an import may raise anything, SystemExit included
+        except BaseException as exc:  # an import may raise anything, SystemExit included  # noqa: BLE001
             problems.append(f"import {name}: {type(exc).__name__}: {exc}")
     for target in spec.get("files", []):
         module = modules.get(target["module"])
@@ -1127,10 +1127,10 @@ def _imported_names(tree, prefixes: list) -> dict:
 
     names = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if any(node.module == p or node.module.startswith(p + ".") for p in prefixes):
-                for alias in node.names:
-                    names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        if (isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                and any(node.module == p or node.module.startswith(p + ".") for p in prefixes)):
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     return names
 
 
@@ -1313,7 +1313,7 @@ def serve(req: dict) -> None:
     except OSError as exc:
         kind = "not-writable" if exc.errno in (errno.EROFS, errno.EACCES) else "os-error"
         answer = {"ok": False, "error": {"kind": kind, "message": f"{exc.strerror}: {exc.filename}"}}
-    except Exception as exc:  # a bug: said as an answer, not as a session that ends without one
+    except Exception as exc:  # a bug: said as an answer, not as a session that ends without one  # noqa: BLE001
         answer = {"ok": False, "error": {"kind": "internal", "message": f"agent error: {type(exc).__name__}: {exc}"}}
     answer_once(answer)
 

@@ -71,8 +71,8 @@ def test_without_the_request_patch_0_17_fails_on_eos_token_id(index, tmp_path):
     failing = failing_releases(report)
     assert list(failing) == ["0.17.0"], failing
     assert failing["0.17.0"] == [
-        f"{GENERATOR}:284: vllm.v1.request.Request(...): got an unexpected keyword argument 'eos_token_id' "
-        "in vllm 0.17.0"
+        (f"{GENERATOR}:284: vllm.v1.request.Request(...): got an unexpected keyword argument 'eos_token_id' "
+        "in vllm 0.17.0")
     ]
     assert report.exit_code == EXIT_DRIFT
     assert any("eos_token_id" in p and p.startswith("binding (speculators 0.3.0;") for p in report.problems)

@@ -39,7 +39,7 @@ class PatchSpec:
         }  # fmt: skip
 
     @classmethod
-    def from_json(cls, data: dict) -> "PatchSpec":
+    def from_json(cls, data: dict) -> PatchSpec:
         return cls(
             data["id"], data["file"], data["distribution"], data["module"], dict(data["requires"]),
             tuple((name, dict(when)) for name, when in data["edits"]), tuple(data.get("needs", ())),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from packaging.version import Version
 
@@ -168,7 +168,8 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
         files = ReleaseFiles(cache, wheel, version)
         try:
             if dist in targets and (dist, version) in needed:
-                in_window = lambda p, d=dist, v=version: v in window(p, target_releases[d], options.since.get(d))
+                def in_window(p, d=dist, v=version):
+                    return v in window(p, target_releases[d], options.since.get(d))
                 return job, release_cells(patches, dist, version, files, in_window), files.downloaded
             dist_facts = [f for f in facts if f.distribution == dist]
             read = read_release(files, dist, dist_facts, package=dist.replace("-", "_"))

@@ -4,9 +4,9 @@ for that pair of versions: the same selection, the same codemods, the same canon
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from ..model import Patch
 from ..selection import select_patches

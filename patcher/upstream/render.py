@@ -183,7 +183,7 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
         table.add_column("release", no_wrap=True)
         for patch_id in patches:
             table.add_column(_short(patch_id), no_wrap=True)
-        for dist, versions, cells in rows:
+        for _dist, versions, cells in rows:
             shown = []
             for patch_id in patches:
                 cell = cells.get(patch_id)
@@ -280,8 +280,8 @@ def render_markdown(report: CheckReport) -> str:
     lines += [f"{_md(line)}." for line in read_summary(report)] + [""]
     if report.bindings:
         lines += ["## Patched files bound per vLLM release", "",
-                  "Static: every vLLM import and call of the files apply writes there; last run: the release "
-                  "matrix's result (runtime drift is seen only there).", "",
+                  ("Static: every vLLM import and call of the files apply writes there; last run: the release "
+                  "matrix's result (runtime drift is seen only there)."), "",
                   "| vllm | patches selected | imports+calls bound | static | last run |", "|---|---|---|---|---|"]
         for version, patches, checked, verdict, last in release_rows(report):
             lines.append(f"| {version} | {patches} | {checked} | {verdict if verdict == 'binds' else '**' + verdict + '**'} | {_md(last)} |")

@@ -107,7 +107,7 @@ class ReleaseFiles:
                 shutil.rmtree(self._download_dir, ignore_errors=True)
                 self._download_dir = None
 
-    def __enter__(self) -> "ReleaseFiles":
+    def __enter__(self) -> ReleaseFiles:
         return self
 
     def __exit__(self, *exc) -> None:
