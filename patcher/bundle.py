@@ -189,7 +189,7 @@ def _patch_data(patches: Sequence[Patch]) -> list[dict]:
 
 def _facts(versions: dict, present: dict[str, bytes], patches: Sequence[Patch]) -> dict:
     """What the agent would report for an environment holding these pristine files."""
-    files = {}
+    files: dict[str, dict] = {}
     for target in {p.target.path: p.target for p in patches}.values():
         data = present.get(target.path)
         if data is None:
@@ -347,7 +347,7 @@ def _render(data: dict) -> str:
     payload = _blob(json.dumps(data, sort_keys=True).encode("utf-8"))
     agent = _blob(agent_source().encode("utf-8"))
     # The shared core, as text: the bundle runs patcher's own planning, not a copy of it.
-    core_text = {m.__name__.rsplit(".", 1)[-1]: Path(m.__file__).read_text(encoding="utf-8") for m in (core_errors, core)}
+    core_text = {m.__name__.rsplit(".", 1)[-1]: Path(str(m.__file__)).read_text(encoding="utf-8") for m in (core_errors, core)}
     core_blob = _blob(json.dumps(core_text, sort_keys=True).encode("utf-8"))
     for name, value in (("DATA", payload), ("AGENT", agent), ("CORE", core_blob)):
         marker = f"\n{name} = None"

@@ -77,7 +77,7 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
     only = _resolve(kwargs.pop("only", ()), out)
     skip = _resolve(kwargs.pop("skip", ()), out)
     options = RunOptions(command=command, only=only, skip=skip, progress=out.progress, **kwargs)
-    if fleet:
+    if fleet and remote is not None:  # (fleet implies remote)
         _run_fleet(command, python, json_mode, quiet, remote, options, out)
         return
     if remote:
@@ -160,6 +160,7 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
     for option in settings.options:
         if option.lower().replace(" ", "") in ("stricthostkeychecking=no", "stricthostkeychecking=off"):
             out.progress("note: host keys are not checked (--ssh-option StrictHostKeyChecking=no)")
+    progress: LiveProgress | PlainProgress | None
     if quiet:
         progress = None
     elif sys.stderr.isatty() and os.environ.get("TERM", "") != "dumb" and len(hosts) > 1:

@@ -160,8 +160,8 @@ def connection(entry: Entry, where: str) -> Host:
         address = check_address(address) if address is not None else base.address
         user = pick("ansible_user", "ansible_ssh_user")
         user = check_user(user) if user is not None else base.user
-        port = pick("ansible_port", "ansible_ssh_port")
-        port = check_port(port) if port is not None else base.port
+        port_text = pick("ansible_port", "ansible_ssh_port")
+        port = check_port(port_text) if port_text is not None else base.port
         python = pick("ansible_python_interpreter")
         if python is not None and python.startswith("auto"):
             python = None  # Ansible's interpreter discovery: --python decides

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from . import __version__
 from .core.errors import EXIT_CONFLICT, EXIT_FAILED, EXIT_PENDING, outcome
 from .model import Patch
-from .planning import PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
+from .planning import Mode, PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
 from .report import TargetReport
 from .transport import AgentFailure, TransportError
 
@@ -153,7 +153,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
             "with --python PATH",
         )
 
-    mode = "rollback" if options.command == "rollback" else "apply"
+    mode: Mode = "rollback" if options.command == "rollback" else "apply"
     plan = plan_target(facts, patches, mode, options.only, options.skip, options.force)
     report.patches = plan.patches
     report.notes = plan.notes
@@ -255,6 +255,7 @@ def _verify_spec(plan: TargetPlan, facts: dict) -> dict:
 def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptions) -> TargetReport:
     """`patcher verify`: the static check (a fresh interpreter), then with --run the run check."""
     options.progress(f"{transport.label}: binding the patched files' vLLM calls in a fresh interpreter")
+    assert report.facts is not None  # read before any plan
     result = transport.call(
         {"op": "verify", "spec": {**_verify_spec(plan, report.facts), "timeout": options.verify_timeout}},
         timeout=options.verify_timeout + 5,

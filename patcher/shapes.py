@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import libcst as cst
 
@@ -105,12 +105,12 @@ def walk(tree: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         node = stack.pop()
         yield node
-        children = []
+        children: list = []
         for name in _child_fields(type(node)):
             value = getattr(node, name)
-            kind = type(value)
+            kind: type = type(value)
             if kind is list or kind is tuple:
-                children.extend(v for v in value if _is_node(type(v)))
+                children.extend(v for v in value if _is_node(type(v)))  # type: ignore[arg-type]  # a type is hashable
             elif _is_node(kind):
                 children.append(value)
         stack.extend(reversed(children))
@@ -134,7 +134,7 @@ class _Replacer(cst.CSTTransformer):
         self.shape = shape
         self.replacement = replacement
 
-    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):  # type: ignore[override]
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
         # Fitted on the original node, as libcst.matchers.replace does; shapes capture nothing,
         # so the extracted nodes are always {} (libcst's SaveMatchedNode is not part of shapes).
         return self.replacement(updated, {}) if self.shape.fits(original) else updated
@@ -143,7 +143,7 @@ class _Replacer(cst.CSTTransformer):
 def replace(tree: cst.CSTNode, shape: Shape, replacement: Replacement) -> cst.CSTNode:
     """`tree` with every node that fits replaced by `replacement(node, extracted)` (children
     first), as libcst.matchers.replace calls it."""
-    return tree.visit(_Replacer(shape, replacement))
+    return cast(cst.CSTNode, tree.visit(_Replacer(shape, replacement)))  # the root is never removed
 
 
 def _shape_factory(node_type: type) -> Callable[..., NodeShape]:

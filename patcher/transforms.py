@@ -166,16 +166,16 @@ def _transform(
 
     from .combined import apply_together
 
-    steps = [(patch, tuple(edits)) for patch, edits in steps]
+    fixed = [(patch, tuple(edits)) for patch, edits in steps]
     tree = cst.parse_module(source)
     # One traversal for every edit; when some anchor is missing (a patch must then drop out
     # whole, and later patches see the tree without it) the patches run one after another.
-    together = apply_together(tree, steps, filename)
+    together = apply_together(tree, fixed, filename)
     if together is not None:
-        tree, outcomes = together
-        return FileTransform(source, tree.code, outcomes)
+        tree, outcomes_together = together
+        return FileTransform(source, tree.code, outcomes_together)
     outcomes: list[PatchOutcome] = []
-    for patch, edits in steps:
+    for patch, edits in fixed:
         tree, outcome = apply_patch(tree, patch, edits, filename)
         outcomes.append(outcome)
     return FileTransform(source, tree.code, outcomes)

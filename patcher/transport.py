@@ -79,7 +79,8 @@ DEFAULT_CALL_TIMEOUT = 900.0
 
 def _end_of_input(proc: subprocess.Popen) -> None:
     try:
-        proc.stdin.close()
+        if proc.stdin is not None:
+            proc.stdin.close()
     except (OSError, ValueError):
         pass
 
@@ -149,6 +150,8 @@ class LocalTransport:
         except OSError as exc:
             raise self._cannot_start(exc) from None
         proc = self._proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None  # pipes
+        out, err = proc.stdout, proc.stderr
         lines: queue.Queue = queue.Queue()
         stderr: list[bytes] = []
         self._lines, self._stderr = lines, stderr
@@ -156,12 +159,12 @@ class LocalTransport:
         # The pumps hold the process and its pipes, not this object: a transport dropped without
         # close() is collected, and its finalizer ends the session (the agent sees end of input).
         def pump_out() -> None:
-            for line in proc.stdout:
+            for line in out:
                 lines.put(line)
             lines.put(None)
 
         def pump_err() -> None:
-            for line in proc.stderr:
+            for line in err:
                 if len(stderr) < 200:
                     stderr.append(line)
 
@@ -183,8 +186,10 @@ class LocalTransport:
 
     def _send(self, payload: dict) -> None:
         try:
-            self._proc.stdin.write(json.dumps(payload).encode("utf-8") + b"\n")
-            self._proc.stdin.flush()
+            stdin = self._proc.stdin if self._proc is not None else None
+            assert stdin is not None  # sent to after start() only
+            stdin.write(json.dumps(payload).encode("utf-8") + b"\n")
+            stdin.flush()
         except (OSError, ValueError):
             pass  # the agent has ended (or the session was ended): what it said before is read next
 
@@ -258,15 +263,17 @@ class LocalTransport:
 
     def _reap(self, timeout: float) -> int:
         """Wait for the agent to exit (kill it after `timeout`), collect its pipes; its status."""
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None  # after start()
         try:
-            self._proc.wait(timeout=timeout)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self._kill()
         for pump in self._pumps:
             pump.join(timeout=5)  # the process has exited: its pipes reach their end
-        self._proc.stdout.close()
-        self._proc.stderr.close()
-        returncode = self._proc.returncode
+        proc.stdout.close()
+        proc.stderr.close()
+        returncode = proc.returncode
         self._proc = None
         return returncode
 

@@ -29,7 +29,7 @@ NEEDED_IMPORTS = (
 )
 
 
-def self_attribute(name: str) -> m.Attribute:
+def self_attribute(name: str) -> m.Shape:
     return m.Attribute(value=m.Name("self"), attr=m.Name(name))
 
 

@@ -18,11 +18,11 @@ from .targets import GENERATOR, SPECULATORS_0_3
 EXECUTOR = m.Attribute(value=m.Name("self"), attr=m.Name("executor"))
 
 
-def executor_call(method: str) -> m.Call:
+def executor_call(method: str) -> "m.Shape":
     return m.Call(func=m.Attribute(value=EXECUTOR, attr=m.Name(method)))
 
 
-def statement_calling(method: str) -> m.SimpleStatementLine:
+def statement_calling(method: str) -> "m.Shape":
     """`self.executor.<method>(...)` as a statement of its own, bare or assigned."""
     call = executor_call(method)
     return m.SimpleStatementLine(body=[m.Expr(value=call) | m.Assign(value=call)])

@@ -22,7 +22,7 @@ OLD_NAME = "get_input_embeddings"
 NEW_NAME = "embed_input_ids"
 
 
-def self_method_call(name: str) -> m.Call:
+def self_method_call(name: str) -> "m.Shape":
     return m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name(name)))
 
 

@@ -41,6 +41,11 @@ import os
 import sys
 import time
 
+# The type checker's view only (typing itself is not imported: it costs start-up time).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import _thread
+
 SCHEMA_VERSION = 1
 STATE_DIR_PARTS = ("share", "patcher")
 
@@ -311,7 +316,7 @@ class StateFolder:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise self.refusal(name, self.dir_fd(where, False), self.shown(name, where))
-            chunks = []
+            chunks: list = []
             while True:
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
@@ -462,7 +467,7 @@ class Distribution:
     def __init__(self, entry: str, folder: str) -> None:
         self.entry = entry  # the sys.path entry it is installed in
         self.path = os.path.join(entry, folder)
-        self._headers = None
+        self._headers: dict | None = None
 
     def read_text(self, name: str) -> str | None:
         try:
@@ -516,7 +521,7 @@ def _distributions_in(entry: str) -> list:
     ]
 
 
-def find_distributions(names: list, files: list = ()) -> dict:
+def find_distributions(names: list, files: list | tuple = ()) -> dict:
     """For each import name, the first distribution on sys.path that provides it.
 
     Reads package metadata only (no import of the libraries). A distribution that provides
@@ -652,7 +657,7 @@ class HeldLock:
     def __init__(self) -> None:
         self.fd = -1
         self.folder: StateFolder | None = None  # the state folder, opened while the lock is held
-        self.mode = None  # None | "shared" | "exclusive"
+        self.mode: str | None = None  # None | "shared" | "exclusive"
         self.busy = False  # the last wait for a shared lock ran out: another run holds it
 
     def require_exclusive(self, what: str) -> None:
@@ -1112,7 +1117,7 @@ def op_verify_here(req: dict) -> dict:
             problems.append(f"import {name}: {type(exc).__name__}: {exc}")
     for target in spec.get("files", []):
         module = modules.get(target["module"])
-        if module is None:
+        if module is None or module.__file__ is None:  # not imported, or no source file to read
             continue
         with open(module.__file__, "rb") as fh:
             tree = ast.parse(fh.read(), module.__file__)
@@ -1286,7 +1291,7 @@ OPERATIONS = {
 
 
 def serve(req: dict) -> None:
-    op = OPERATIONS.get(req.get("op"))
+    op = OPERATIONS.get(req.get("op") or "")
     FAULT.update(req.get("fault") or {})
     limit = req.get("time_limit")
     if limit is not None and req.get("op") in ("apply", "forget"):
@@ -1297,7 +1302,7 @@ def serve(req: dict) -> None:
     try:
         if op is None:
             raise AgentError("usage", f"unknown operation {req.get('op')!r}")
-        answer = {"ok": True, "result": op(req)}
+        answer: dict = {"ok": True, "result": op(req)}
         if req.get("fault") is not None:
             answer["result"]["checkpoints"] = FAULT_POINTS
     except AgentError as exc:
@@ -1322,7 +1327,7 @@ def serve(req: dict) -> None:
 
 MARK = ""  # the controller's marker for this run: every answer line starts with it
 # Requests read and answered: one answer per request, the request's own or the watchdog's.
-_ANSWER = {"lock": None, "read": 1, "answered": 0}
+_ANSWER: dict = {"lock": None, "read": 1, "answered": 0}
 CHILD: list = []  # the verification process while it runs: ended with the agent
 
 
@@ -1365,7 +1370,7 @@ class Watchdog:
     (`_thread`, built in, rather than `threading`: importing that costs more than a facts request.)"""
 
     def __init__(self) -> None:
-        self.cancel = None
+        self.cancel: _thread.LockType | None = None
 
     def arm(self, seconds, what: str, option: str, after: str = "") -> None:
         """`what` takes too long after `seconds` (None: no limit), set by the controller's
@@ -1423,7 +1428,7 @@ def session() -> None:
 
     lock = _thread.allocate_lock()
     _ANSWER.update(lock=lock, read=0, answered=0)
-    requests = _queue.SimpleQueue()
+    requests: _queue.SimpleQueue = _queue.SimpleQueue()
 
     def read() -> None:
         stdin = sys.stdin.buffer

@@ -215,7 +215,7 @@ class FileChange:
     expected_sha256: str
     original_sha256: str
     current: str
-    new_content: object  # str, or None: restore the original from its backup
+    new_content: str | None  # None: restore the original from its backup
     patches: list
     edits: dict
     outcomes: dict
@@ -295,7 +295,7 @@ class FileWork:
     spec_ids: list  # the patches of this file, in patch order
     target: dict  # {"distribution", "path", "module"}
     info: dict
-    record: object
+    record: dict | None
     cls: FileClass
     pristine: str
     original_sha: str

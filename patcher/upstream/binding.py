@@ -65,13 +65,14 @@ class Target:
 
 def lookup(tree: SourceTree, module: str, name: str, depth: int = 0) -> Target:
     """What `from module import name` gives in this release."""
-    if tree.module(module) is None:
+    source_module = tree.module(module)  # parsed once: the tree keeps it
+    if source_module is None:
         return Target("missing", detail=f"no module {module}")
-    found = last_definition(tree.module(module).body, name)
+    found = last_definition(source_module.body, name)
     if found is not None:
         return Target("def", module, found)
     if depth <= MAX_DEPTH:
-        for node in top_level(tree.module(module).body):
+        for node in top_level(source_module.body):
             if isinstance(node, ast.ImportFrom):
                 for alias in node.names:
                     if alias.name == "*":
@@ -87,7 +88,7 @@ def lookup(tree: SourceTree, module: str, name: str, depth: int = 0) -> Target:
                         return Target("module", alias.name)
     if tree.module(f"{module}.{name}") is not None:
         return Target("module", f"{module}.{name}")
-    body = tree.module(module).body
+    body = source_module.body
     if last_definition(body, "__getattr__") is not None or any(
         isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in top_level(body)
     ):
@@ -205,7 +206,7 @@ def bind(params: Params, positional: int, keywords: list[str]) -> str | None:
 def _call_shape(call: ast.Call) -> tuple[int, list[str]] | None:
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return None  # *args / **kwargs at the call site: arity unknown statically (as the agent)
-    return len(call.args), [k.arg for k in call.keywords]
+    return len(call.args), [k.arg for k in call.keywords if k.arg is not None]
 
 
 # ---------------------------------------------------------------- one file against one release

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import threading
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, cast
 
 from ..model import Fact
 
@@ -56,7 +56,7 @@ class SourceTree:
             source = self.files.read(f"{base}.py")
             if source is None:
                 source = self.files.read(f"{base}/__init__.py")
-            self._modules[dotted] = None if source is None else parse(source)
+            self._modules[dotted] = None if source is None else cast(ast.Module, parse(source))
         return self._modules[dotted]
 
     def is_package(self, dotted: str) -> bool:
@@ -136,7 +136,7 @@ class SourceTree:
                 if target is not None:
                     hit = self.find(target, expr.attr)
             if hit is not None and isinstance(hit[1], ast.ClassDef):
-                out.append(hit)
+                out.append((hit[0], hit[1]))
         return out
 
     def _module_alias(self, module: str, alias_name: str) -> str | None:
@@ -292,7 +292,7 @@ def field_default(node: Definition) -> tuple[bool, ast.expr | None]:
 
 def _same_source(expr: ast.expr, expected: str) -> bool:
     try:
-        return ast.unparse(expr) == ast.unparse(parse(expected, mode="eval").body)
+        return ast.unparse(expr) == ast.unparse(cast(ast.Expression, parse(expected, mode="eval")).body)
     except SyntaxError:
         return False
 
@@ -380,17 +380,17 @@ def evaluate(fact: Fact, tree: SourceTree) -> Verdict:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return Verdict(False, f"{fact.where} is not a function")
         returns = [n for n in ast.walk(node) if isinstance(n, ast.Return)]
-        hits = [n for n in returns if _first_item(n.value)]
+        hits = [n.value for n in returns if n.value is not None and _first_item(n.value)]
         if hits:
-            return Verdict(True, f"return {ast.unparse(hits[0].value)}")
+            return Verdict(True, f"return {ast.unparse(hits[0])}")
         shown = "; ".join(sorted({ast.unparse(n.value) for n in returns if n.value is not None}))
         return Verdict(False, f"returns {shown or 'nothing'}")
 
     if kind == "returns-value":
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return Verdict(False, f"{fact.where} is not a function")
-        returns = [n.value for n in ast.walk(node) if isinstance(n, ast.Return) and n.value is not None]
-        shown = "; ".join(sorted({ast.unparse(v) for v in returns}))
-        return Verdict(any(_same_source(v, fact.value) for v in returns), f"returns {shown or 'nothing'}")
+        values = [n.value for n in ast.walk(node) if isinstance(n, ast.Return) and n.value is not None]
+        shown = "; ".join(sorted({ast.unparse(v) for v in values}))
+        return Verdict(any(_same_source(v, fact.value) for v in values), f"returns {shown or 'nothing'}")
 
     raise ValueError(f"unknown fact kind {kind!r}")
