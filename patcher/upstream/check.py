@@ -102,14 +102,15 @@ def fact_distributions(patches: Sequence[Patch]) -> list[str]:
 
 
 def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
+    """The whole check: ask the index, choose the releases to read, bind the patched files, read
+    the releases (parallel), compare gates and nightlies with what was read, conclude."""
     report = CheckReport()
     cache = options.cache or default_cache()
-    say = options.progress
     started = time.perf_counter()
     targets = sorted({p.target.distribution for p in patches})
     fact_dists = fact_distributions(patches)
     try:
-        say(f"asking the package index for the releases of {', '.join(targets + fact_dists)}")
+        options.progress(f"asking the package index for the releases of {', '.join(targets + fact_dists)}")
         index = options.index or load_index([*targets, *fact_dists], pre=options.pre, workers=options.workers)
     except IndexUnreachable as error:
         report.exit_code = EXIT_UNREACHABLE
@@ -117,8 +118,44 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
         return report
     report.index = index.versions
     report.timings["index"] = time.perf_counter() - started
+    reading = _choose_releases(patches, options, index, targets, fact_dists, report)
+    started = time.perf_counter()
+    patched = _patched_files(patches, options, reading, cache, report) if options.bind else {}
+    if report.exit_code == EXIT_UNREACHABLE:
+        return report
+    report.timings["patched"] = time.perf_counter() - started
+    started = time.perf_counter()
+    unreachable = _read_releases(patches, options, reading, patched, cache, report)
+    report.timings["releases"] = time.perf_counter() - started
+    if unreachable:
+        report.exit_code = EXIT_UNREACHABLE
+        report.message = unreachable[0]
+        return report
+    started = time.perf_counter()
+    _compare(patches, options, reading, cache, report)
+    report.timings["compare"] = time.perf_counter() - started
+    _conclude(options, report)
+    return report
 
-    # What to read: the patched distribution's releases per patch window, the facts' from `since`.
+
+@dataclass
+class _Reading:
+    """What a check reads: the patched distributions' releases (per patch window) and the facts'
+    (from `since`), as download jobs (distribution, version, wheel distribution)."""
+
+    targets: list[str]
+    fact_dists: list[str]
+    target_releases: dict[str, list[str]]
+    fact_releases: dict[str, list[str]]
+    needed: set[tuple[str, str]]
+    jobs: list[tuple[str, str, str]]
+
+
+def _choose_releases(
+    patches: Sequence[Patch], options: CheckOptions, index: Index, targets: list[str], fact_dists: list[str],
+    report: CheckReport,
+) -> _Reading:  # fmt: skip
+    """The releases to read; a release --only names that the index does not serve is a problem."""
     target_releases = {
         d: within(index.releases(d), None, options.only.get(d)) for d in targets
     }
@@ -143,25 +180,41 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
             wheel = index.source_wheel(dist, version)
             if wheel is not None:
                 jobs.append((dist, version, wheel))
+    return _Reading(targets, fact_dists, target_releases, fact_releases, needed, jobs)
 
-    facts = all_facts(patches)
-    started = time.perf_counter()
-    patched: dict[str, list[Variant]] = {}  # vLLM release -> the patched files apply writes there
-    for dist, version in sorted(needed, key=lambda dv: (dv[0], Version(dv[1]))) if options.bind else ():
+
+def _patched_files(
+    patches: Sequence[Patch], options: CheckOptions, reading: _Reading, cache: Path, report: CheckReport
+) -> dict[str, list[Variant]]:
+    """vLLM release -> the patched files apply writes there. An unreachable index sets the
+    report's exit code and message (the check stops there)."""
+    patched: dict[str, list[Variant]] = {}
+    for dist, version in sorted(reading.needed, key=lambda dv: (dv[0], Version(dv[1]))):
         with ReleaseFiles(cache, dist, version) as files:
             try:
-                found = variants(patches, dist, version, files, fact_releases.get("vllm", []), cache / ".transforms")
+                found = variants(
+                    patches, dist, version, files, reading.fact_releases.get("vllm", []), cache / ".transforms"
+                )
             except (DownloadFailed, OSError, SyntaxError, UnicodeDecodeError) as error:
                 report.problems.append(f"{dist} {version}: could not be read: {error}")
                 continue
             except IndexUnreachable as error:
                 report.exit_code, report.message = EXIT_UNREACHABLE, str(error)
-                return report
+                return patched
         for vllm, files_there in found.items():
             patched.setdefault(vllm, []).extend(files_there)
-    report.timings["patched"] = time.perf_counter() - started
-    started = time.perf_counter()
-    say(f"reading {len(jobs)} releases ({options.workers} at a time; cache {cache})")
+    return patched
+
+
+def _read_releases(
+    patches: Sequence[Patch], options: CheckOptions, reading: _Reading, patched: dict[str, list[Variant]],
+    cache: Path, report: CheckReport,
+) -> list[str]:  # fmt: skip
+    """Download and read every release, `options.workers` at a time: matrix cells for the patched
+    distributions, fact verdicts and bindings for the others. The index's errors, if any."""
+    options.progress(f"reading {len(reading.jobs)} releases ({options.workers} at a time; cache {cache})")
+    facts = all_facts(patches)
+    targets, needed = reading.targets, reading.needed
 
     def work(job: tuple[str, str, str]):
         dist, version, wheel = job
@@ -169,7 +222,7 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
         try:
             if dist in targets and (dist, version) in needed:
                 def in_window(p, d=dist, v=version):
-                    return v in window(p, target_releases[d], options.since.get(d))
+                    return v in window(p, reading.target_releases[d], options.since.get(d))
                 return job, release_cells(patches, dist, version, files, in_window), files.downloaded
             dist_facts = [f for f in facts if f.distribution == dist]
             read = read_release(files, dist, dist_facts, package=dist.replace("-", "_"))
@@ -181,7 +234,7 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
 
     unreachable: list[str] = []
     with ThreadPoolExecutor(max_workers=max(1, options.workers)) as pool:
-        futures = [(job, pool.submit(work, job)) for job in jobs]
+        futures = [(job, pool.submit(work, job)) for job in reading.jobs]
         for job, future in futures:
             dist, version, wheel = job
             try:
@@ -192,24 +245,24 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
             except (DownloadFailed, OSError, SyntaxError, UnicodeDecodeError) as error:
                 message = f"{wheel} {version}: could not be read: {error}"
                 report.problems.append(message)
-                if dist in fact_dists and (dist, version) not in needed:
+                if dist in reading.fact_dists and (dist, version) not in needed:
                     report.reads.setdefault(dist, {})[version] = ReleaseRead(dist, version, wheel, error=str(error))
                 continue
             if downloaded:
                 report.downloads.append(f"{wheel}=={version}")
-                say(f"  read {wheel} {version} (downloaded)")
+                options.progress(f"  read {wheel} {version} (downloaded)")
             if isinstance(result, ReleaseRead):
                 report.reads.setdefault(dist, {})[version] = result
                 report.bindings.extend(result.bindings)
             else:
                 report.cells.extend(result)
-    report.timings["releases"] = time.perf_counter() - started
-    if unreachable:
-        report.exit_code = EXIT_UNREACHABLE
-        report.message = unreachable[0]
-        return report
+    return unreachable
 
-    started = time.perf_counter()
+
+def _compare(patches: Sequence[Patch], options: CheckOptions, reading: _Reading, cache: Path,
+             report: CheckReport) -> None:  # fmt: skip
+    """Each edit's gate against the releases read; each nightly's selection."""
+    fact_dists, fact_releases = reading.fact_dists, reading.fact_releases
     for patch in patches:
         for edit in patch.edits:
             dist = edit.fact.distribution if edit.fact else (fact_dists[0] if fact_dists else "vllm")
@@ -219,8 +272,8 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
 
     if options.nightlies:
         others = {}
-        for dist in targets:
-            firsts = [r for r in target_releases[dist] if any(
+        for dist in reading.targets:
+            firsts = [r for r in reading.target_releases[dist] if any(
                 p.target.distribution == dist and condition_holds(p.requires.get(dist, ""), r) for p in patches
             )]
             if firsts:
@@ -234,8 +287,10 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
             )
         for nightly in report.nightlies:
             report.problems.extend(nightly.problems)
-    report.timings["compare"] = time.perf_counter() - started
 
+
+def _conclude(options: CheckOptions, report: CheckReport) -> None:
+    """Drift and calls that do not bind are exit 3, other problems exit 1; the summary line."""
     drift = [c for c in report.cells if c.drift]
     for cell in drift:
         report.problems.append(
@@ -259,7 +314,6 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
         f"({len({b.versions['vllm'] for b in unbound})} with calls that do not bind), "
         f"{sum(len(r) for r in report.reads.values())} upstream releases read, {len(report.nightlies)} nightlies"
     )
-    return report
 
 
 def _short(patch_id: str) -> str:
