@@ -887,8 +887,7 @@ def check_snapshot(expect: dict, declared: Declared, own: StateFolder) -> None:
 
 
 def op_apply(req: dict) -> dict:
-    """Carry out a plan: each item writes new bytes or restores the original, as one transaction:
-    check, back up, record the intent, write, verify (restoring everything if that fails), record."""
+    """Carry out a plan: each item writes new bytes or restores the original, as one transaction."""
     items = req.get("files", [])
     declared = Declared(req.get("declared"))
     with Lock(float(req.get("lock_timeout", 10))) as lock:
@@ -902,9 +901,78 @@ def op_apply(req: dict) -> dict:
             remove_stale_temporaries(os.path.dirname(_installed(declared, item["path"])))
         own.remove_temporaries()
         own.remove_temporaries("backups")
-        previous = _check_plan(items, declared, state)
-        _take_backups(items, previous, own)
-        new_bytes = _record_intent(items, declared, state, own)
+        previous = {}  # rel -> (full path, bytes before, record entry before)
+        # Check everything before touching anything: a plan made on other bytes is refused.
+        for item in items:
+            full = _installed(declared, item["path"])
+            current = sha256_file(full)
+            if current != item["expected_sha256"]:
+                raise AgentError(
+                    "stale-plan",
+                    f"{full} changed since the plan was made (sha256 {current}, expected "
+                    f"{item['expected_sha256']}); run the command again",
+                )
+            if not (os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK)):
+                raise AgentError(
+                    "not-writable",
+                    f"{full} is not writable by this user; run as the environment's owner "
+                    "(or --sudo on a remote host)",
+                )
+            with open(full, "rb") as fh:
+                previous[item["path"]] = (full, fh.read(), state["files"].get(item["path"]))
+        # Pristine backups, taken once and checked.
+        for item in items:
+            full, before, _ = previous[item["path"]]
+            original_sha = item["original_sha256"]
+            backup = backup_name(original_sha)
+            kept = own.read(backup, "backups")
+            if kept is not None and sha256_bytes(kept) == original_sha:
+                continue
+            if sha256_bytes(before) != original_sha:
+                raise AgentError(
+                    "backup-missing",
+                    f"the pristine copy of {full} ({own.shown(backup, 'backups')}) is missing or damaged; "
+                    "reinstall the package (pip install --force-reinstall) and run `patcher forget`",
+                )
+            own.write(backup, before, "backups")
+            checkpoint("backup-written:" + item["path"])
+        # Record the intent, then write: a crash between leaves a file that is either its
+        # old or its new bytes, and the record knows both hashes.
+        new_bytes = {}
+        for item in items:
+            if item.get("restore_original"):
+                data = own.read(backup_name(item["original_sha256"]), "backups")
+                if data is None or sha256_bytes(data) != item["original_sha256"]:
+                    raise AgentError(
+                        "backup-missing",
+                        f"the pristine backup of {item['path']} is missing or damaged; reinstall the "
+                        "package (pip install --force-reinstall) and run `patcher forget`",
+                    )
+            else:
+                data = item["new_content"].encode("utf-8")
+            new_bytes[item["path"]] = data
+            entry = dict(state["files"].get(item["path"]) or {})
+            entry.update(
+                {
+                    "root": declared.root(item["path"]),
+                    "distribution": declared.distribution[item["path"]],
+                    "distribution_version": item["distribution_version"],
+                    "original_sha256": item["original_sha256"],
+                }
+            )
+            entry.setdefault("patched_sha256", None)
+            entry.setdefault("patches", [])
+            entry["pending"] = {
+                "sha256": sha256_bytes(data),
+                "patches": item["patches"],
+                "edits": item.get("edits", {}),
+                "outcomes": item.get("outcomes", {}),
+                "versions": item.get("versions", {}),
+            }
+            state["files"][item["path"]] = entry
+        if items:
+            save_state(own, state)
+            checkpoint("intent-recorded")
         for item in items:
             full = previous[item["path"]][0]
             atomic_write(full, new_bytes[item["path"]], like=full)
@@ -917,132 +985,37 @@ def op_apply(req: dict) -> dict:
             WATCHDOG.arm(req.get("time_limit"), "recording the result", "--write-timeout", WRITES_HINT)
             checkpoint("verified")
             if not verification["ok"]:
-                _restore(items, previous, state, own)
+                for item in items:
+                    full, before, _ = previous[item["path"]]
+                    atomic_write(full, before, like=full)
+                    checkpoint("file-restored:" + item["path"])
+                    remove_bytecode(full)
+                for item in items:
+                    old_entry = previous[item["path"]][2]
+                    if old_entry is None:
+                        state["files"].pop(item["path"], None)
+                    else:
+                        state["files"][item["path"]] = old_entry
+                save_state(own, state)
+                checkpoint("restore-recorded")
                 return {"status": "rolled-back", "verification": verification}
-        _record_result(items, state, own, req.get("written_by", "patcher"))
+        for item in items:
+            entry = state["files"][item["path"]]
+            pending = entry.pop("pending")
+            if item.get("restore_original"):
+                state["files"].pop(item["path"], None)
+                _drop_backup_if_unused(own, state, item["original_sha256"])
+                continue
+            entry["patched_sha256"] = pending["sha256"]
+            entry["patches"] = pending["patches"]
+            entry["edits"] = pending["edits"]
+            entry["outcomes"] = pending["outcomes"]
+            entry["versions"] = pending["versions"]
+            entry["written_by"] = req.get("written_by", "patcher")
+        if items:
+            save_state(own, state)
+            checkpoint("result-recorded")
         return {"status": "changed" if items else "ok", "verification": verification}
-
-
-def _check_plan(items: list, declared: Declared, state: dict) -> dict:
-    """Check everything before touching anything: a plan made on other bytes is refused.
-    Each file's (full path, bytes before, record entry before), by its relative path."""
-    previous = {}
-    for item in items:
-        full = _installed(declared, item["path"])
-        current = sha256_file(full)
-        if current != item["expected_sha256"]:
-            raise AgentError(
-                "stale-plan",
-                f"{full} changed since the plan was made (sha256 {current}, expected "
-                f"{item['expected_sha256']}); run the command again",
-            )
-        if not (os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK)):
-            raise AgentError(
-                "not-writable",
-                f"{full} is not writable by this user; run as the environment's owner "
-                "(or --sudo on a remote host)",
-            )
-        with open(full, "rb") as fh:
-            previous[item["path"]] = (full, fh.read(), state["files"].get(item["path"]))
-    return previous
-
-
-def _take_backups(items: list, previous: dict, own) -> None:
-    """Pristine backups, taken once and checked."""
-    for item in items:
-        full, before, _ = previous[item["path"]]
-        original_sha = item["original_sha256"]
-        backup = backup_name(original_sha)
-        kept = own.read(backup, "backups")
-        if kept is not None and sha256_bytes(kept) == original_sha:
-            continue
-        if sha256_bytes(before) != original_sha:
-            raise AgentError(
-                "backup-missing",
-                f"the pristine copy of {full} ({own.shown(backup, 'backups')}) is missing or damaged; "
-                "reinstall the package (pip install --force-reinstall) and run `patcher forget`",
-            )
-        own.write(backup, before, "backups")
-        checkpoint("backup-written:" + item["path"])
-
-
-def _record_intent(items: list, declared: Declared, state: dict, own) -> dict:
-    """Record the intent before writing: a crash between leaves a file that is either its old or
-    its new bytes, and the record knows both hashes. The new bytes, by relative path."""
-    new_bytes = {}
-    for item in items:
-        if item.get("restore_original"):
-            data = own.read(backup_name(item["original_sha256"]), "backups")
-            if data is None or sha256_bytes(data) != item["original_sha256"]:
-                raise AgentError(
-                    "backup-missing",
-                    f"the pristine backup of {item['path']} is missing or damaged; reinstall the "
-                    "package (pip install --force-reinstall) and run `patcher forget`",
-                )
-        else:
-            data = item["new_content"].encode("utf-8")
-        new_bytes[item["path"]] = data
-        entry = dict(state["files"].get(item["path"]) or {})
-        entry.update(
-            {
-                "root": declared.root(item["path"]),
-                "distribution": declared.distribution[item["path"]],
-                "distribution_version": item["distribution_version"],
-                "original_sha256": item["original_sha256"],
-            }
-        )
-        entry.setdefault("patched_sha256", None)
-        entry.setdefault("patches", [])
-        entry["pending"] = {
-            "sha256": sha256_bytes(data),
-            "patches": item["patches"],
-            "edits": item.get("edits", {}),
-            "outcomes": item.get("outcomes", {}),
-            "versions": item.get("versions", {}),
-        }
-        state["files"][item["path"]] = entry
-    if items:
-        save_state(own, state)
-        checkpoint("intent-recorded")
-    return new_bytes
-
-
-def _restore(items: list, previous: dict, state: dict, own) -> None:
-    """A failed verification: every file back to its bytes before, and the record as it was."""
-    for item in items:
-        full, before, _ = previous[item["path"]]
-        atomic_write(full, before, like=full)
-        checkpoint("file-restored:" + item["path"])
-        remove_bytecode(full)
-    for item in items:
-        old_entry = previous[item["path"]][2]
-        if old_entry is None:
-            state["files"].pop(item["path"], None)
-        else:
-            state["files"][item["path"]] = old_entry
-    save_state(own, state)
-    checkpoint("restore-recorded")
-
-
-def _record_result(items: list, state: dict, own, written_by: str) -> None:
-    """The pending entries become the record; a restored file's entry (and its backup, unless
-    another entry needs it) goes."""
-    for item in items:
-        entry = state["files"][item["path"]]
-        pending = entry.pop("pending")
-        if item.get("restore_original"):
-            state["files"].pop(item["path"], None)
-            _drop_backup_if_unused(own, state, item["original_sha256"])
-            continue
-        entry["patched_sha256"] = pending["sha256"]
-        entry["patches"] = pending["patches"]
-        entry["edits"] = pending["edits"]
-        entry["outcomes"] = pending["outcomes"]
-        entry["versions"] = pending["versions"]
-        entry["written_by"] = written_by
-    if items:
-        save_state(own, state)
-        checkpoint("result-recorded")
 
 
 def _installed(declared: Declared, rel: str) -> str:
