@@ -32,6 +32,7 @@ sys.path.append(str(ROOT))
 sys.path.append(str(ROOT / "bench"))
 
 from fleet import PATCHER, TARGETS, Fleet, sh  # noqa: E402
+
 from tests.support.envs import site_file  # noqa: E402
 from tests.support.sshd import why_no_sshd  # noqa: E402
 
@@ -165,14 +166,14 @@ def main() -> None:
         print(json.dumps(one), file=sys.stderr)
         pyinfra = None if args.no_pyinfra else pyinfra_bin()
         for n in sizes:
-            point = {"hosts": n, "runner_s": median(lambda: time_runner(fleet, n, ["--no-ansible-inventory"]))}
+            point = {"hosts": n, "runner_s": median(lambda n=n: time_runner(fleet, n, ["--no-ansible-inventory"]))}
             fleet.check_patched(n, patched)
-            point["collection_s"] = median(lambda: time_collection(fleet, n, env))
+            point["collection_s"] = median(lambda n=n: time_collection(fleet, n, env))
             fleet.check_patched(n, patched)
-            point["ansible_copy_s"] = median(lambda: time_copy(fleet, n, env, patched))
+            point["ansible_copy_s"] = median(lambda n=n: time_copy(fleet, n, env, patched))
             fleet.check_patched(n, patched)
             if pyinfra:
-                point["pyinfra_s"] = median(lambda: time_pyinfra(fleet, n, pyinfra, patched))
+                point["pyinfra_s"] = median(lambda n=n: time_pyinfra(fleet, n, pyinfra, patched))
                 fleet.check_patched(n, patched)
             results["points"].append(point)
             print(json.dumps(point), file=sys.stderr)

@@ -119,13 +119,13 @@ def run_release(release: str, keep_env: bool) -> dict:
         target = make_overlay(base, Path(tmp) / "target")
         paths = target_paths()
         pristine = target_hashes(target, paths)
-        code, doc, err = patcher_cli("apply", "--python", str(target))
+        code, doc, _err = patcher_cli("apply", "--python", str(target))
         t = doc["targets"][0] if doc else {}
         row["selected"] = [p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")]
         row["apply"] = f"exit {code}, {t.get('status', '?')}" + (f": {t.get('message', '')[:120]}" if code else "")
         row["versions_detected"] = t.get("versions", {})
         row["extract"] = extract_row(target, model) if code == 0 else {"skipped": "apply failed"}
-        code, doc, err = patcher_cli("rollback", "--python", str(target))
+        code, doc, _err = patcher_cli("rollback", "--python", str(target))
         row["rollback_identical"] = code == 0 and target_hashes(target, paths) == pristine
     if not keep_env and release not in KEPT:
         shutil.rmtree(demo_env_dir(vllm=release), ignore_errors=True)
@@ -169,12 +169,12 @@ def run_no_cpu_wheel(release: str) -> dict:
             return row
         paths = target_paths()
         pristine = target_hashes(python, paths)
-        code, doc, err = patcher_cli("apply", "--python", str(python), "--no-verify")
+        code, doc, _err = patcher_cli("apply", "--python", str(python), "--no-verify")
         t = doc["targets"][0] if doc else {}
         row["selected"] = [p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")]
         row["apply"] = f"exit {code}, {t.get('status', '?')} (--no-verify: no CPU build; vLLM cannot import here)"
         row["extract"] = {"skipped": "no CPU build"}
-        code, doc, err = patcher_cli("rollback", "--python", str(python))
+        code, doc, _err = patcher_cli("rollback", "--python", str(python))
         row["rollback_identical"] = code == 0 and target_hashes(python, paths) == pristine
     row["minutes"] = round((time.monotonic() - started) / 60, 1)
     return row
@@ -232,7 +232,7 @@ def main() -> int:
         try:
             recipe_for(release)
             row = run_no_cpu_wheel(release) if release in NO_CPU_WHEEL else run_release(release, args.keep_env)
-        except Exception as error:  # one release's failure is its row, not the end of the matrix
+        except Exception as error:  # one release's failure is its row, not the end of the matrix  # noqa: BLE001
             row = {"release": release, "apply": f"environment failed: {str(error).splitlines()[0][:200]}"}
         cached.write_text(json.dumps(row, indent=1) + "\n")
         rows.append(row)

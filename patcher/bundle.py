@@ -29,14 +29,14 @@ import json
 import os
 import re
 import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from packaging.specifiers import SpecifierSet
 
 from . import __version__
-from .model import Patch
 from .core import planning as core
+from .model import Patch
 from .planning import condition_names, run_transform, spec_of, specs_of
 from .selection import condition_holds, select_patches
 from .transforms import shared_transforms
@@ -91,7 +91,7 @@ def find_or_download(distribution: str, version: str, progress: Callable[[str], 
     progress(f"downloading {distribution}=={version} from the package index")
     try:
         return download_wheel(distribution, version, _cache_dirs()[0])
-    except Exception as exc:  # DownloadFailed, IndexUnreachable
+    except Exception as exc:  # DownloadFailed, IndexUnreachable  # noqa: BLE001
         raise BundleError(f"cannot get the {distribution} {version} wheel ({exc}); give it with --wheel FILE") from None
 
 
@@ -189,7 +189,7 @@ def _patch_data(patches: Sequence[Patch]) -> list[dict]:
 
 def _facts(versions: dict, present: dict[str, bytes], patches: Sequence[Patch]) -> dict:
     """What the agent would report for an environment holding these pristine files."""
-    files = {}
+    files: dict[str, dict] = {}
     for target in {p.target.path: p.target for p in patches}.values():
         data = present.get(target.path)
         if data is None:
@@ -347,7 +347,7 @@ def _render(data: dict) -> str:
     payload = _blob(json.dumps(data, sort_keys=True).encode("utf-8"))
     agent = _blob(agent_source().encode("utf-8"))
     # The shared core, as text: the bundle runs patcher's own planning, not a copy of it.
-    core_text = {m.__name__.rsplit(".", 1)[-1]: Path(m.__file__).read_text(encoding="utf-8") for m in (core_errors, core)}
+    core_text = {m.__name__.rsplit(".", 1)[-1]: Path(str(m.__file__)).read_text(encoding="utf-8") for m in (core_errors, core)}
     core_blob = _blob(json.dumps(core_text, sort_keys=True).encode("utf-8"))
     for name, value in (("DATA", payload), ("AGENT", agent), ("CORE", core_blob)):
         marker = f"\n{name} = None"

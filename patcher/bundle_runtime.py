@@ -54,6 +54,7 @@ def _key(epoch: int, release: tuple, pre, post, dev, local=None) -> tuple:
     trimmed = list(release)
     while len(trimmed) > 1 and trimmed[-1] == 0:
         trimmed.pop()
+    pre_key: tuple
     if pre is None and post is None and dev is not None:
         pre_key = (0,)
     elif pre is None:
@@ -62,6 +63,7 @@ def _key(epoch: int, release: tuple, pre, post, dev, local=None) -> tuple:
         pre_key = (1,) + tuple(pre)
     post_key = (0,) if post is None else (1, post)
     dev_key = (1,) if dev is None else (0, dev)
+    local_key: tuple
     if local is None:
         local_key = (0,)
     else:
@@ -79,7 +81,7 @@ class Version:
         self.release = tuple(int(p) for p in m.group("release").split("."))
         self.pre = (_PRE_ORDER[m.group("pre_l").lower()], int(m.group("pre_n") or 0)) if m.group("pre") else None
         if m.group("post"):
-            self.post = int(m.group("post_n1") or m.group("post_n2") or 0)
+            self.post: int | None = int(m.group("post_n1") or m.group("post_n2") or 0)
         else:
             self.post = None
         self.dev = int(m.group("dev_n") or 0) if m.group("dev") else None
@@ -152,7 +154,9 @@ def condition_holds(spec: str, version: str | None) -> bool:
 # ------------------------------------------------------------------ the shared core
 
 
-def _load(blob: str) -> bytes:
+def _load(blob: str | None) -> bytes:
+    if blob is None:
+        raise RuntimeError("bundle_runtime runs inside a bundle file (patcher bundle writes one)")
     return zlib.decompress(base64.b64decode(blob))
 
 
@@ -169,7 +173,7 @@ def _core() -> tuple:
     for name in ("errors", "planning"):
         module = type(sys)(f"patcher_core_{name}")
         sys.modules[module.__name__] = module  # dataclasses look their module up there
-        exec(compile(sources[name], f"<patcher-core-{name}>", "exec"), module.__dict__)
+        exec(compile(sources[name], f"<patcher-core-{name}>", "exec"), module.__dict__)  # noqa: S102 - the embedded core
         loaded.append(module)
     return tuple(loaded)
 
@@ -185,7 +189,7 @@ EXIT_CONFLICT, EXIT_PENDING = ERRORS.EXIT_CONFLICT, ERRORS.EXIT_PENDING
 def _agent() -> dict:
     source = _load(AGENT).decode("utf-8")
     ns = {"__name__": "patcher_agent", "AGENT_SOURCE": source}
-    exec(compile(source, "<patcher-agent>", "exec"), ns)
+    exec(compile(source, "<patcher-agent>", "exec"), ns)  # noqa: S102 - the embedded agent
     return ns
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import click
 
@@ -76,7 +77,7 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
     only = _resolve(kwargs.pop("only", ()), out)
     skip = _resolve(kwargs.pop("skip", ()), out)
     options = RunOptions(command=command, only=only, skip=skip, progress=out.progress, **kwargs)
-    if fleet:
+    if fleet and remote is not None:  # (fleet implies remote)
         _run_fleet(command, python, json_mode, quiet, remote, options, out)
         return
     if remote:
@@ -120,21 +121,38 @@ def _refuse_remote_only(remote: dict, out: Output) -> None:
 
 
 def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict, options, out: Output) -> None:
-    from .fleet import FleetInterrupted, FleetOptions, batch_size, fleet_document, not_started, run_fleet, succeeded
-    from .fleetview import LiveProgress, PlainProgress, render_summary
-    from .inventory import (
-        InventoryError,
-        check_retry_file,
-        find_ansible_inventory,
-        is_retry_file,
-        load_hosts,
-        write_retry_file,
-    )
+    """--host/--inventory: read and check the hosts and settings, run the fleet, show and exit."""
+    from .fleet import FleetInterrupted, not_started, run_fleet
     from .registry import load_patches
-    from .render import render_reports
     from .report import EXIT_INTERRUPTED, overall_exit
-    from .ssh import HostError, SshSettings, check_remote_python, check_settings, check_ssh_option
     from .transforms import shared_transforms
+
+    hosts, readers, settings, fleet = _fleet_inputs(python, remote, out)
+    for option in settings.options:
+        if option.lower().replace(" ", "") in ("stricthostkeychecking=no", "stricthostkeychecking=off"):
+            out.progress("note: host keys are not checked (--ssh-option StrictHostKeyChecking=no)")
+    progress = _fleet_progress(quiet, out, len(hosts))
+    interrupted = False
+    try:
+        with shared_transforms(persist=_transform_cache()):
+            results = run_fleet(hosts, python, settings, load_patches(), options, fleet, progress)
+    except FleetInterrupted as exc:
+        results, interrupted = exc.results, True
+    except KeyboardInterrupt:  # before any host was started
+        results, interrupted = [not_started(host, python, "not started: interrupted") for host in hosts], True
+    _show_fleet(command, results, interrupted, json_mode, quiet, remote, readers, options)
+    code = 130 if interrupted else overall_exit([r.report for r in results])
+    if remote["retry_file"]:
+        code = _write_retry_file(remote["retry_file"], command, results, code, out)
+    sys.exit(EXIT_INTERRUPTED if interrupted else code)
+
+
+def _fleet_inputs(python, remote: dict, out: Output) -> tuple:
+    """(hosts, inventory readers, ssh settings, fleet options), every one checked before any host
+    is touched; a bad one is exit 2 with its one-line error."""
+    from .fleet import FleetOptions, batch_size
+    from .inventory import InventoryError, check_retry_file, find_ansible_inventory, load_hosts
+    from .ssh import HostError, SshSettings, check_remote_python, check_settings, check_ssh_option
 
     try:
         reader = find_ansible_inventory(remote["ansible_inventory"], remote["no_ansible_inventory"])
@@ -156,28 +174,32 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
     except (HostError, InventoryError, ValueError) as exc:
         out.error(str(exc))
         sys.exit(2)
-    for option in settings.options:
-        if option.lower().replace(" ", "") in ("stricthostkeychecking=no", "stricthostkeychecking=off"):
-            out.progress("note: host keys are not checked (--ssh-option StrictHostKeyChecking=no)")
+    return hosts, loaded.readers, settings, fleet
+
+
+def _fleet_progress(quiet: bool, out: Output, hosts: int):
+    """None (--quiet), a live table (a terminal, several hosts), or plain lines on stderr."""
+    from .fleetview import LiveProgress, PlainProgress
+
     if quiet:
-        progress = None
-    elif sys.stderr.isatty() and os.environ.get("TERM", "") != "dumb" and len(hosts) > 1:
-        progress = LiveProgress()
-    else:
-        progress = PlainProgress(out.progress, announce_done=len(hosts) > 1)
-    interrupted = False
-    try:
-        with shared_transforms(persist=_transform_cache()):
-            results = run_fleet(hosts, python, settings, load_patches(), options, fleet, progress)
-    except FleetInterrupted as exc:
-        results, interrupted = exc.results, True
-    except KeyboardInterrupt:  # before any host was started
-        results, interrupted = [not_started(host, python, "not started: interrupted") for host in hosts], True
+        return None
+    if sys.stderr.isatty() and os.environ.get("TERM", "") != "dumb" and hosts > 1:
+        return LiveProgress()
+    return PlainProgress(out.progress, announce_done=hosts > 1)
+
+
+def _show_fleet(command: str, results, interrupted: bool, json_mode: bool, quiet: bool, remote: dict, readers,
+                options) -> None:  # fmt: skip
+    """The JSON document (--json); one host's report as a local run shows it, or the summary table."""
+    from .fleet import fleet_document, succeeded
+    from .fleetview import render_summary
+    from .render import render_reports
+
     reports = [r.report for r in results]
     if json_mode:
         doc = fleet_document(command, results, interrupted)
         if remote["inventories"]:
-            doc["inventory"] = {"sources": list(remote["inventories"]), "reader": loaded.readers[0]}
+            doc["inventory"] = {"sources": list(remote["inventories"]), "reader": readers[0]}
         click.echo(json.dumps(doc, indent=2))
     if len(results) == 1:
         report = reports[0]
@@ -191,23 +213,28 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
                         sys.stdout.write(f"# {result.host.name}\n" + f["diff"])
         if not quiet or any(not succeeded(r) for r in reports):
             render_summary(command, results)
-    retry = remote["retry_file"]
+
+
+def _write_retry_file(retry: str, command: str, results, code: int, out: Output) -> int:
+    """--retry-file: the hosts that did not succeed, or the old file removed when all did. The
+    exit code, raised to 2 when the file appeared during the run."""
+    from .fleet import succeeded
+    from .inventory import InventoryError, is_retry_file, write_retry_file
+
     failed = [(r.host, f"{r.report.status}: {r.report.message}") for r in results if not succeeded(r.report)]
-    code = 130 if interrupted else overall_exit(reports)
-    if retry:
-        try:
-            if failed:
-                write_retry_file(retry, command, failed)
-                out.progress(f"{len(failed)} host(s) did not succeed; listed in {retry} (use it with --inventory {retry})")
-            elif is_retry_file(retry):
-                os.unlink(retry)
-                out.progress(f"every host succeeded; removed the old {retry}")
-        except InventoryError as exc:  # the file appeared during the run
-            out.error(str(exc))
-            code = max(code, 2)
-        except OSError as exc:
-            out.error(f"cannot write the retry file {retry}: {exc}")
-    sys.exit(EXIT_INTERRUPTED if interrupted else code)
+    try:
+        if failed:
+            write_retry_file(retry, command, failed)
+            out.progress(f"{len(failed)} host(s) did not succeed; listed in {retry} (use it with --inventory {retry})")
+        elif is_retry_file(retry):
+            os.unlink(retry)
+            out.progress(f"every host succeeded; removed the old {retry}")
+    except InventoryError as exc:  # the file appeared during the run
+        out.error(str(exc))
+        code = max(code, 2)
+    except OSError as exc:
+        out.error(f"cannot write the retry file {retry}: {exc}")
+    return code
 
 
 python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP)
@@ -305,7 +332,7 @@ def remote_options(f):
 class _Commands(click.Group):
     """The commands; those in LAZY are imported only when they run (or help lists them)."""
 
-    LAZY = {"demo": "patcher.demo.command:demo", "check-upstream": "patcher.upstream.command:check_upstream"}
+    LAZY: ClassVar[dict[str, str]] = {"demo": "patcher.demo.command:demo", "check-upstream": "patcher.upstream.command:check_upstream"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.LAZY])

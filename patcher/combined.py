@@ -10,13 +10,13 @@ handed. tests/test_real_sources.py checks that for every subset of the patches o
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import libcst as cst
 
 from .codemod import PatchCodemod, SkipFile
 from .model import Edit, Patch
-from .outcomes import PatchOutcome
+from .outcomes import Outcome, PatchOutcome
 
 
 class _Diverged(Exception):
@@ -77,7 +77,7 @@ class _Together(cst.CSTTransformer):
     def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
         pass
 
-    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):  # type: ignore[override]
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
         result = updated
         for i, leave in self._methods(self.leaves, "leave_", type(original)):
             if self.stopped_at[i] is not None and self.stopped_at[i] is not original:
@@ -112,7 +112,7 @@ def apply_together(
     done = iter(codemods)
     for patch, edits in steps:
         states = {edit.name: ("applied" if next(done).rewrites else "satisfied") for edit in edits}
-        outcome = "applied" if "applied" in states.values() else "already-satisfied"
+        outcome: Outcome = "applied" if "applied" in states.values() else "already-satisfied"
         outcomes.append(PatchOutcome(patch.id, outcome, "", states))
     assert isinstance(updated, cst.Module)
     return updated, outcomes

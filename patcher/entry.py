@@ -17,7 +17,7 @@ from .fastexit import run_and_exit
 
 def _screen_width() -> int:
     try:
-        return int(os.environ.get("COLUMNS", "")) or os.get_terminal_size(sys.__stdout__.fileno()).columns
+        return int(os.environ.get("COLUMNS", "")) or os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]  # None: AttributeError, below
     except (ValueError, OSError, AttributeError):
         return 80
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from .report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
 from .run import RunOptions, run_target
@@ -77,7 +77,7 @@ def batch_size(serial: str | None, total: int) -> int:
     return int(text)
 
 
-def not_started(host: Host, python: str | None, why: str) -> "HostResult":
+def not_started(host: Host, python: str | None, why: str) -> HostResult:
     return HostResult(host, skipped_report(host, python, why), False)
 
 
@@ -99,34 +99,107 @@ def run_fleet(
     progress: FleetProgress | None = None,
     transport_factory: Callable[[Host, str | None, SshSettings], SshTransport] = SshTransport,
 ) -> list[HostResult]:
-    """Run `options.command` on every host; results in the hosts' order."""
-    progress = progress or FleetProgress()
-    size = batch_size(fleet.serial, len(hosts))
-    batches = [list(range(i, min(i + size, len(hosts)))) for i in range(0, len(hosts), size)]
-    results: dict[int, HostResult] = {}
-    stop_reason = ""
-    lock = threading.Lock()
-    live: dict[int, SshTransport] = {}  # the hosts in flight, ended through these on Ctrl-C
-    stopping = threading.Event()  # set on Ctrl-C
+    """Run `options.command` on every host, batch after batch; results in the hosts' order.
+    Ctrl-C ends the hosts in flight and raises FleetInterrupted with every host's result."""
+    rollout = _Rollout(hosts, python, settings, patches, options, fleet,
+                       progress or FleetProgress(), transport_factory)  # fmt: skip
+    rollout.progress.start(len(hosts))
+    interrupted = False
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, fleet.forks), thread_name_prefix="patcher-host") as pool:
+            for number, batch in enumerate(rollout.batches, 1):
+                if rollout.stop_reason:
+                    break
+                rollout.run_batch(pool, number, batch)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        rollout.progress.finish()
+    ordered = rollout.in_host_order()
+    if interrupted:
+        raise FleetInterrupted(ordered)
+    return ordered
 
-    def one(index: int) -> HostResult:
-        host = hosts[index]
-        progress.host_started(host)
+
+class _Rollout:
+    """One fleet run's shared state: the results so far, why the rollout stopped (if it did), and
+    the transports in flight (ended through these on Ctrl-C)."""
+
+    def __init__(self, hosts: Sequence[Host], python: str | None, settings: SshSettings, patches,
+                 options: RunOptions, fleet: FleetOptions, progress: FleetProgress,
+                 transport_factory: Callable[[Host, str | None, SshSettings], SshTransport]) -> None:  # fmt: skip
+        self.hosts, self.python, self.settings, self.patches = hosts, python, settings, patches
+        self.options, self.fleet, self.progress = options, fleet, progress
+        self.transport_factory = transport_factory
+        size = batch_size(fleet.serial, len(hosts))
+        self.batches = [list(range(i, min(i + size, len(hosts)))) for i in range(0, len(hosts), size)]
+        self.results: dict[int, HostResult] = {}
+        self.stop_reason = ""
+        self.lock = threading.Lock()
+        self.live: dict[int, SshTransport] = {}  # the hosts in flight
+        self.stopping = threading.Event()  # set on Ctrl-C
+
+    def run_batch(self, pool: ThreadPoolExecutor, number: int, batch: list[int]) -> None:
+        """At most --forks hosts of the batch at a time; past --max-fail, start no more."""
+        waiting = list(batch)
+        running: dict[Future, int] = {}
+        failed = 0
+        try:
+            while waiting or running:
+                while waiting and len(running) < self.fleet.forks and not self.stop_reason:
+                    index = waiting.pop(0)
+                    running[pool.submit(self.run_host, index)] = index
+                if not running:
+                    break
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    index = running.pop(future)
+                    self.results[index] = future.result()
+                    if not succeeded(self.results[index].report):
+                        failed += 1
+                max_fail = self.fleet.max_fail
+                if max_fail is not None and not self.stop_reason and failed * 100 / len(batch) > max_fail:
+                    with self.lock:
+                        self.stop_reason = (
+                            f"not started: the rollout stopped because {failed} of {len(batch)} host(s) "
+                            f"in batch {number} did not succeed (more than --max-fail {max_fail:g}%)"
+                        )
+                    self.progress.stopped(self.stop_reason)
+        except KeyboardInterrupt:
+            self._interrupt(running)
+            raise
+
+    def _interrupt(self, running: dict[Future, int]) -> None:
+        """Ctrl-C: start nothing more, end every session in flight (each agent stops at once) and
+        collect those hosts' reports, which say `interrupted`."""
+        self.stop_reason = "not started: interrupted"
+        with self.lock:
+            self.stopping.set()
+            for transport in self.live.values():
+                transport.interrupt()
+        self.progress.stopped(self.stop_reason)
+        for future, index in running.items():
+            self.results[index] = future.result()
+
+    def run_host(self, index: int) -> HostResult:
+        """One host, start to end, in a worker thread; a bug becomes that host's failure."""
+        host = self.hosts[index]
+        self.progress.host_started(host)
         prefix = f"{host.name}: "
 
         def step(message: str) -> None:
-            progress.host_step(host, message[len(prefix):] if message.startswith(prefix) else message)
+            self.progress.host_step(host, message.removeprefix(prefix))
 
         transport = None
         try:
-            transport = transport_factory(host, python, settings)
-            with lock:
-                live[index] = transport
-                if stopping.is_set():
+            transport = self.transport_factory(host, self.python, self.settings)
+            with self.lock:
+                self.live[index] = transport
+                if self.stopping.is_set():
                     transport.interrupt()  # created after the Ctrl-C: it never starts
-            report = run_target(transport, patches, dataclasses.replace(options, progress=step))
-        except Exception as exc:  # a bug must not take the other hosts down
-            report = TargetReport(target=host.name, python=host.python or python)
+            report = run_target(transport, self.patches, dataclasses.replace(self.options, progress=step))
+        except Exception as exc:  # a bug must not take the other hosts down  # noqa: BLE001
+            report = TargetReport(target=host.name, python=host.python or self.python)
             report.status, report.exit_code = "failed", EXIT_FAILED
             report.message = f"internal error: {type(exc).__name__}: {exc}"
         finally:
@@ -134,69 +207,16 @@ def run_fleet(
                 transport.close()
         report.notes = [*host.notes, *report.notes]
         result = HostResult(host, report, True, getattr(transport, "invocations", 0))
-        progress.host_done(result)
+        self.progress.host_done(result)
         return result
 
-    progress.start(len(hosts))
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, fleet.forks), thread_name_prefix="patcher-host") as pool:
-            for number, batch in enumerate(batches, 1):
-                if stop_reason:
-                    break
-                waiting = list(batch)
-                running: dict[Future, int] = {}
-                failed = 0
-                try:
-                    while waiting or running:
-                        while waiting and len(running) < fleet.forks and not stop_reason:
-                            index = waiting.pop(0)
-                            running[pool.submit(one, index)] = index
-                        if not running:
-                            break
-                        done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                        for future in done:
-                            index = running.pop(future)
-                            results[index] = future.result()
-                            if not succeeded(results[index].report):
-                                failed += 1
-                        if (
-                            fleet.max_fail is not None
-                            and not stop_reason
-                            and failed * 100 / len(batch) > fleet.max_fail
-                        ):
-                            with lock:
-                                stop_reason = (
-                                    f"not started: the rollout stopped because {failed} of {len(batch)} host(s) "
-                                    f"in batch {number} did not succeed (more than --max-fail {fleet.max_fail:g}%)"
-                                )
-                            progress.stopped(stop_reason)
-                except KeyboardInterrupt:
-                    # Ctrl-C: start nothing more, end every session in flight (each agent stops
-                    # at once) and collect those hosts' reports, which say `interrupted`.
-                    stop_reason = "not started: interrupted"
-                    with lock:
-                        stopping.set()
-                        for transport in live.values():
-                            transport.interrupt()
-                    progress.stopped(stop_reason)
-                    for future, index in running.items():
-                        results[index] = future.result()
-                    raise
-    except KeyboardInterrupt:
-        interrupted = True
-    else:
-        interrupted = False
-    finally:
-        progress.finish()
-    ordered = []
-    for index, host in enumerate(hosts):
-        if index in results:
-            ordered.append(results[index])
-        else:
-            ordered.append(HostResult(host, skipped_report(host, python, stop_reason or "not started"), False))
-    if interrupted:
-        raise FleetInterrupted(ordered)
-    return ordered
+    def in_host_order(self) -> list[HostResult]:
+        """Every host's result; a host never started is `skipped`, saying why."""
+        return [
+            self.results[index] if index in self.results
+            else HostResult(host, skipped_report(host, self.python, self.stop_reason or "not started"), False)
+            for index, host in enumerate(self.hosts)
+        ]  # fmt: skip
 
 
 class FleetInterrupted(KeyboardInterrupt):

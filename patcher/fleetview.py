@@ -82,7 +82,7 @@ class LiveProgress(FleetProgress):
                 rows.add_row(f"[bold]{escape(name)}[/]", f"{now - since:4.1f}s", escape(step))
             if len(self.active) > 12:
                 rows.add_row("", "", f"... and {len(self.active) - 12} more")
-            parts = [bar, rows]
+            parts: list = [bar, rows]
             if self.note:
                 parts.append(Text(self.note, style="yellow"))
             return Group(*parts)

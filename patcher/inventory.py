@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from .host_patterns import select
 from .inventory_files import Entry, Inventory, InventoryError, read_files
 from .ssh import Host, HostError, check_address, check_port, check_remote_python, check_user, parse_host
 
-__all__ = ["InventoryError", "load_hosts", "read_inventory", "hosts_from_options"]
+__all__ = ["InventoryError", "hosts_from_options", "load_hosts", "read_inventory"]
 
 RETRY_HEADER = "# patcher retry file: the hosts that did not succeed; rerun with --inventory "
 
@@ -160,8 +160,8 @@ def connection(entry: Entry, where: str) -> Host:
         address = check_address(address) if address is not None else base.address
         user = pick("ansible_user", "ansible_ssh_user")
         user = check_user(user) if user is not None else base.user
-        port = pick("ansible_port", "ansible_ssh_port")
-        port = check_port(port) if port is not None else base.port
+        port_text = pick("ansible_port", "ansible_ssh_port")
+        port = check_port(port_text) if port_text is not None else base.port
         python = pick("ansible_python_interpreter")
         if python is not None and python.startswith("auto"):
             python = None  # Ansible's interpreter discovery: --python decides

@@ -143,7 +143,7 @@ class _Tree:
 
 _RANGE = r"\[(?:[a-z]:[a-z]|[0-9]+:[0-9]+)(?::[0-9]+)?\]"
 _LABEL = rf"(?:[\w]|{_RANGE})(?:[\w_-]|{_RANGE})*(?<![_-])"
-_HOSTNAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$", re.I)
+_HOSTNAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$", re.IGNORECASE)
 _BRACKETED_PORT = re.compile(r"^\[(.+)\]:([0-9]+)$")
 _HOST_PORT = re.compile(r"^((?:[^:\[\]]|\[[^\]]*\])*):([0-9]+)$")
 
@@ -154,7 +154,7 @@ def _is_address(text: str) -> bool:
     if _HOSTNAME.match(text):
         return True
     try:
-        ipaddress.IPv6Address(re.sub(r"\[[0-9a-f]+:[0-9a-f]+(:[0-9]+)?\]", "0", text, flags=re.I))
+        ipaddress.IPv6Address(re.sub(r"\[[0-9a-f]+:[0-9a-f]+(:[0-9]+)?\]", "0", text, flags=re.IGNORECASE))
         return True
     except ValueError:
         return False

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # libcst is imported only where a codemod actually runs
     from .codemod import PatchCodemod
@@ -61,7 +62,7 @@ class Fact:
     name: str = ""  # the parameter, attribute, field or base class
     value: str = ""  # default-value only: the default as Python source, e.g. "True"
     distribution: str = "vllm"  # the name conditions use for the distribution it is about
-    needs: tuple["Fact", ...] = ()
+    needs: tuple[Fact, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in FACT_KINDS:
@@ -96,7 +97,7 @@ class Edit:
     it expected when it finds neither.
     """
 
-    codemod: type["PatchCodemod"]
+    codemod: type[PatchCodemod]
     when: Mapping[str, str] = field(default_factory=dict)  # {"vllm": ">=0.12.0"}
     answers: str = ""  # the upstream API fact this edit answers, in words
     fact: Fact | None = None  # the same fact, statically checkable (patcher check-upstream)
@@ -205,7 +206,7 @@ class Patch:
         for spec in self.conditions().get("vllm", []):
             for item in spec.split(","):
                 item = item.strip()
-                text = item[2:] if item.startswith(">=") else item
+                text = item.removeprefix(">=")
                 if text not in bounds:
                     bounds.append(text)
         return " / ".join(bounds) or "any"
@@ -220,7 +221,7 @@ class Patch:
     def short_id(self) -> str:
         return f"v{self.number}"
 
-    def spec(self) -> "PatchSpec":
+    def spec(self) -> PatchSpec:
         """What the shared planning core needs of this declaration, as plain data."""
         from .core.planning import PatchSpec
 

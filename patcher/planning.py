@@ -5,8 +5,10 @@ and the hash the file must have first; per patch, its state and why)."""
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
+from .core import planning as core
 from .core.planning import (  # noqa: F401  (the plan's types, for the rest of patcher)
     Conflict,
     Draft,
@@ -20,7 +22,6 @@ from .core.planning import (  # noqa: F401  (the plan's types, for the rest of p
     draft,
     finish,
 )
-from .core import planning as core
 from .model import Patch
 from .selection import condition_holds
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from .model import Patch
@@ -15,7 +15,7 @@ class UnknownPatch(ValueError):
     pass
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_patches(package: str = "patcher.patches", *, indexed: bool = True) -> tuple[Patch, ...]:
     """Every patch of `package`. With `indexed`, from the declaration index when it is current
     (codemods imported on first use, see patcher.declarations), else by importing the modules."""
@@ -26,7 +26,7 @@ def load_patches(package: str = "patcher.patches", *, indexed: bool = True) -> t
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return import_patches(package)
-    path = index_path(Path(list(spec.submodule_search_locations)[0]))
+    path = index_path(Path(next(iter(spec.submodule_search_locations))))
     patches = read_index(path)
     if patches is None:
         patches = import_patches(package)

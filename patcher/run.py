@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from . import __version__
-from .model import Patch
 from .core.errors import EXIT_CONFLICT, EXIT_FAILED, EXIT_PENDING, outcome
-from .planning import PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
+from .model import Patch
+from .planning import Mode, PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
 from .report import TargetReport
 from .transport import AgentFailure, TransportError
 
@@ -104,10 +104,41 @@ def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
 
 
 def _run(transport, patches: Sequence[Patch], options: RunOptions, report: TargetReport) -> TargetReport:
-    options.progress(f"{transport.label}: reading installed versions and target files")
+    """One pass over a target: detect, select and plan; then, for a writing command, write,
+    verify and record (the agent does all three in one request). `report` is filled step by step."""
     # Every request declares the patches' target files: the agent reads, writes and records
     # nothing else, whatever the state record on the target says.
     declared = target_files(patches)
+    facts = _detect(transport, patches, options, report, declared)
+    if options.command == "forget":
+        return _forget(transport, options, report, declared)
+    targets = {p.target.distribution for p in patches}
+    if not targets & set(facts["distributions"]):
+        names = ", ".join(sorted(targets))
+        return _fail(
+            report,
+            "usage",
+            f"{names} is not installed in {report.python}; name the environment's interpreter "
+            "with --python PATH",
+        )
+    mode: Mode = "rollback" if options.command == "rollback" else "apply"
+    plan = _plan(facts, patches, mode, options, report)
+    if plan.conflicts:
+        return _conflicted(plan, report)
+    if options.command == "verify":
+        return _verify(transport, plan, report, options)
+    if options.command in ("status", "plan") or options.check:
+        return _planned_only(plan, report, options)
+    if not plan.pending:
+        return _nothing_to_write(transport, plan, facts, declared, report, options)
+    result = _write(transport, plan, facts, declared, mode, options)
+    return _record(transport, plan, result, mode, report, options)
+
+
+def _detect(transport, patches: Sequence[Patch], options: RunOptions, report: TargetReport, declared: list) -> dict:
+    """Detect: the agent's facts (Python, installed distributions, target files, state record),
+    read under the target's lock; the report takes what it shows of them."""
+    options.progress(f"{transport.label}: reading installed versions and target files")
     # A run that may write takes the target's lock before it reads anything and keeps it to the
     # end of its transaction: it plans on exactly what it writes over. status and plan wait
     # for a writer to finish (a shared lock) rather than report its work half done.
@@ -129,7 +160,6 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     report.python = facts["python"]["executable"]
     report.facts = facts
     report.state_dir = facts["state_dir"]
-    targets = {p.target.distribution for p in patches}
     installed = {name: d for name, d in facts["distributions"].items()}
     report.versions = {name: d["version"] for name, d in installed.items()}
     report.distributions = {name: d["name"] for name, d in installed.items()}
@@ -137,52 +167,63 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     if unregistered:
         report.problems.append(unregistered)
         report.notes.append(unregistered)
-    if options.command == "forget":
-        request, limits = options.write_call({"op": "forget", "all": options.forget_all, "declared": declared})
-        result = transport.call(request, **limits)
-        report.files = [{"path": p, "action": "forgotten"} for p in result["forgotten"]]
-        report.status = "changed" if result["forgotten"] else "ok"
-        report.message = f"forgot {len(result['forgotten'])} record(s)"
-        return report
-    if not targets & set(installed):
-        names = ", ".join(sorted(targets))
-        return _fail(
-            report,
-            "usage",
-            f"{names} is not installed in {report.python}; name the environment's interpreter "
-            "with --python PATH",
-        )
+    return facts
 
-    mode = "rollback" if options.command == "rollback" else "apply"
+
+def _forget(transport, options: RunOptions, report: TargetReport, declared: list) -> TargetReport:
+    """`patcher forget`: the agent drops state records (the files stay as they are)."""
+    request, limits = options.write_call({"op": "forget", "all": options.forget_all, "declared": declared})
+    result = transport.call(request, **limits)
+    report.files = [{"path": p, "action": "forgotten"} for p in result["forgotten"]]
+    report.status = "changed" if result["forgotten"] else "ok"
+    report.message = f"forgot {len(result['forgotten'])} record(s)"
+    return report
+
+
+def _plan(facts: dict, patches: Sequence[Patch], mode: Mode, options: RunOptions, report: TargetReport) -> TargetPlan:
+    """Select and plan (patcher.planning): each patch's state and each file's change; the report
+    takes the patch states, notes and file entries."""
     plan = plan_target(facts, patches, mode, options.only, options.skip, options.force)
     report.patches = plan.patches
     report.notes = plan.notes
     if facts.get("lock") == "busy":
         report.notes = [
-            f"another patcher run held the lock for {options.lock_timeout:g}s: this shows the "
-            "files as that run had left them so far"
+            (f"another patcher run held the lock for {options.lock_timeout:g}s: this shows the "
+            "files as that run had left them so far")
         ] + report.notes
     report.files = [_file_entry(change, plan, options.diff) for change in plan.changes]
-    if plan.conflicts:
-        report.status, report.exit_code = "failed", EXIT_CONFLICT
-        report.message = plan.conflicts[0].message
-        report.problems = [c.message for c in plan.conflicts]
-        for conflict in plan.conflicts:
-            if conflict.diff:
-                report.files.append({"path": "", "action": "modified", "diff": conflict.diff})
-        return report
-    if options.command == "verify":
-        return _verify(transport, plan, report, options)
-    if options.command in ("status", "plan") or options.check:
-        if options.command != "status" and plan.pending:
-            report.exit_code = EXIT_PENDING
-            report.message = f"{len(plan.changes)} file(s) would change"
-        else:
-            report.message = "nothing to do" if not plan.pending else f"{len(plan.changes)} file(s) pending"
-        if not any(p.state in ("pending", "applied", "stale") for p in plan.patches) and not plan.pending:
-            report.message = "no patch selected: " + _why_none(plan)
-        return report
-    if not plan.pending and plan.cleanup:
+    return plan
+
+
+def _conflicted(plan: TargetPlan, report: TargetReport) -> TargetReport:
+    """A file patcher does not know (changed by hand, another tool): exit 3, nothing written."""
+    report.status, report.exit_code = "failed", EXIT_CONFLICT
+    report.message = plan.conflicts[0].message
+    report.problems = [c.message for c in plan.conflicts]
+    for conflict in plan.conflicts:
+        if conflict.diff:
+            report.files.append({"path": "", "action": "modified", "diff": conflict.diff})
+    return report
+
+
+def _planned_only(plan: TargetPlan, report: TargetReport, options: RunOptions) -> TargetReport:
+    """status, plan, and apply/rollback in check mode: the plan is the answer (plan exits 2 when
+    something is pending)."""
+    if options.command != "status" and plan.pending:
+        report.exit_code = EXIT_PENDING
+        report.message = f"{len(plan.changes)} file(s) would change"
+    else:
+        report.message = "nothing to do" if not plan.pending else f"{len(plan.changes)} file(s) pending"
+    if not any(p.state in ("pending", "applied", "stale") for p in plan.patches) and not plan.pending:
+        report.message = "no patch selected: " + _why_none(plan)
+    return report
+
+
+def _nothing_to_write(
+    transport, plan: TargetPlan, facts: dict, declared: list, report: TargetReport, options: RunOptions
+) -> TargetReport:
+    """Every selected patch in place: at most the temporary files an interrupted run left go."""
+    if plan.cleanup:
         request, limits = options.write_call(
             {"op": "apply", "files": [], "cleanup": plan.cleanup, "expect": facts.get("snapshot"), "declared": declared}
         )
@@ -190,12 +231,15 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         report.status = "changed"
         report.message = "removed temporary files an interrupted run left; the patches were already in place"
         return report
-    if not plan.pending:
-        report.message = "nothing to do: every selected patch is already in place"
-        if not any(p.state in ("applied", "already-satisfied", "pending") for p in plan.patches):
-            report.message = "nothing to do; no patch selected: " + _why_none(plan)
-        return _then_run_check(transport, report, options)
+    report.message = "nothing to do: every selected patch is already in place"
+    if not any(p.state in ("applied", "already-satisfied", "pending") for p in plan.patches):
+        report.message = "nothing to do; no patch selected: " + _why_none(plan)
+    return _then_run_check(transport, report, options)
 
+
+def _write(transport, plan: TargetPlan, facts: dict, declared: list, mode: Mode, options: RunOptions) -> dict:
+    """Write and verify: one apply request; the agent writes every change atomically, verifies
+    the result in a fresh interpreter (apply) and records it, or restores every file. Its answer."""
     verify = options.verify and mode == "apply" and bool(plan.verify_files)
     options.progress(
         f"{transport.label}: writing {len(plan.changes)} file(s)" + (" and verifying" if verify else "")
@@ -212,7 +256,14 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     fault = os.environ.get("PATCHER_FAULT")  # crash tests only: see remote/agent.py checkpoint()
     if fault:
         request["fault"] = json.loads(fault)
-    result = transport.call(request, **limits)
+    return transport.call(request, **limits)
+
+
+def _record(
+    transport, plan: TargetPlan, result: dict, mode: Mode, report: TargetReport, options: RunOptions
+) -> TargetReport:
+    """Record: the report of what the write did (rolled back on a failed verification, or the
+    patches' states after it), then the run check when asked."""
     report.checkpoints = result.get("checkpoints")
     changed_ids = {pid for change in plan.changes for pid in change.patches}
     if result["status"] == "rolled-back":
@@ -255,6 +306,7 @@ def _verify_spec(plan: TargetPlan, facts: dict) -> dict:
 def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptions) -> TargetReport:
     """`patcher verify`: the static check (a fresh interpreter), then with --run the run check."""
     options.progress(f"{transport.label}: binding the patched files' vLLM calls in a fresh interpreter")
+    assert report.facts is not None  # read before any plan
     result = transport.call(
         {"op": "verify", "spec": {**_verify_spec(plan, report.facts), "timeout": options.verify_timeout}},
         timeout=options.verify_timeout + 5,

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
 import libcst as cst
 
@@ -22,12 +23,12 @@ class Shape:
     def fits(self, value: Any) -> bool:
         raise NotImplementedError
 
-    def __or__(self, other: "Shape") -> "Shape":
+    def __or__(self, other: Shape) -> Shape:
         return OneOf(self, other)
 
 
 class NodeShape(Shape):
-    __slots__ = ("node_type", "fields")
+    __slots__ = ("fields", "node_type")
 
     def __init__(self, node_type: type, fields: dict[str, Any]) -> None:
         self.node_type = node_type
@@ -104,12 +105,12 @@ def walk(tree: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         node = stack.pop()
         yield node
-        children = []
+        children: list = []
         for name in _child_fields(type(node)):
             value = getattr(node, name)
-            kind = type(value)
+            kind: type = type(value)
             if kind is list or kind is tuple:
-                children.extend(v for v in value if _is_node(type(v)))
+                children.extend(v for v in value if _is_node(type(v)))  # type: ignore[arg-type]  # a type is hashable
             elif _is_node(kind):
                 children.append(value)
         stack.extend(reversed(children))
@@ -133,7 +134,7 @@ class _Replacer(cst.CSTTransformer):
         self.shape = shape
         self.replacement = replacement
 
-    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):  # type: ignore[override]
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
         # Fitted on the original node, as libcst.matchers.replace does; shapes capture nothing,
         # so the extracted nodes are always {} (libcst's SaveMatchedNode is not part of shapes).
         return self.replacement(updated, {}) if self.shape.fits(original) else updated
@@ -142,7 +143,7 @@ class _Replacer(cst.CSTTransformer):
 def replace(tree: cst.CSTNode, shape: Shape, replacement: Replacement) -> cst.CSTNode:
     """`tree` with every node that fits replaced by `replacement(node, extracted)` (children
     first), as libcst.matchers.replace calls it."""
-    return tree.visit(_Replacer(shape, replacement))
+    return cast(cst.CSTNode, tree.visit(_Replacer(shape, replacement)))  # the root is never removed
 
 
 def _shape_factory(node_type: type) -> Callable[..., NodeShape]:
@@ -165,7 +166,7 @@ def __getattr__(name: str) -> Callable[..., NodeShape]:
     # shapes.Call, shapes.Name, ...: one factory per libcst node class, made on first use.
     node_type = getattr(cst, name, None)
     if not (isinstance(node_type, type) and issubclass(node_type, cst.CSTNode)):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")  # noqa: TRY004 - a module __getattr__'s contract
     factory = _shape_factory(node_type)
     globals()[name] = factory
     return factory

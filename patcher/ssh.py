@@ -177,7 +177,7 @@ def check_ssh_option(option: str) -> str:
     return f"{key}={value.strip()}"
 
 
-def check_settings(settings: "SshSettings") -> None:
+def check_settings(settings: SshSettings) -> None:
     """What ssh would refuse for every host, refused once before any host is started (exit 2):
     a --ssh-config file that is not there, an --ssh-option ssh cannot parse (`ssh -G` reads the
     options and prints the configuration without connecting; it runs only when options are given)."""
@@ -194,7 +194,7 @@ def check_settings(settings: "SshSettings") -> None:
     def refusal(options) -> str | None:
         args = base + [word for option in options for word in ("-o", option)] + ["--", "patcher-check.invalid"]
         try:
-            proc = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+            proc = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False)
         except FileNotFoundError:
             raise HostError(f"no `{settings.ssh}` client on this machine; install OpenSSH") from None
         except subprocess.TimeoutExpired:
@@ -319,66 +319,10 @@ class SshTransport(LocalTransport):
                 "unreachable", f"connection lost (ssh was killed by signal {-returncode})" + self._outcome_hint()
             )
         if returncode == 255:
-            changed = "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text
-            refused = "Host key verification failed" in text
-            if re.search(r"Bad configuration option|bad configuration options|Can't open user config file|"
-                         r"command-line line \d+:|: line \d+: ", text):  # fmt: skip
-                return TransportError(
-                    "usage", f"ssh refuses its configuration ({last}); fix it (~/.ssh/config, --ssh-config, --ssh-option)"
-                )
-            # The connection never reached this host's own key exchange: it failed on the way,
-            # at a ProxyJump host, whose ssh does not get patcher's -o options (accept-new).
-            via_jump = "kex_exchange_identification" in text or "UNKNOWN port 65535" in text
-            if (changed or refused) and via_jump:
-                return self._jump_host_key(changed)
-            if refused and not changed and re.search(r"No \S+ host key is known", text):
-                return TransportError(
-                    "unreachable",
-                    "host key unknown and strict checking is on: check the key, then add "
-                    "it to known_hosts (ssh-keyscan), or use StrictHostKeyChecking=accept-new",
-                )
-            if changed or refused:
-                return TransportError(
-                    "unreachable",
-                    f"host key changed: check it, then remove the old key with "
-                    f"ssh-keygen -R '{host.known_hosts_name}'",
-                )
-            if "Permission denied" in text or "Too many authentication failures" in text:
-                user = host.user or "the default user"
-                return TransportError(
-                    "unreachable",
-                    f"authentication refused for {user} ({last}); check the key "
-                    "(ssh-agent, IdentityFile) and the user",
-                )
-            if "Connection refused" in text:
-                return TransportError("unreachable", f"connection refused by {where}: is sshd running there?")
-            if "timed out" in text:
-                return TransportError("unreachable", f"connection to {where} timed out")
-            if "No route to host" in text or "Network is unreachable" in text:
-                return TransportError("unreachable", f"no route to {where}")
-            if "Could not resolve hostname" in text or "Name or service not known" in text:
-                return TransportError("unreachable", f"cannot resolve {host.address}")
-            return TransportError(
-                "unreachable", f"connection lost ({last})" + self._outcome_hint()
-            )
-        if self.sudo:
-            if "a password is required" in text or "a terminal is required" in text:
-                return TransportError(
-                    "usage",
-                    f"sudo -n refused: {host.user or 'the login user'} may not run "
-                    f"{self.python} without a password there (sudoers NOPASSWD), or drop {self._sudo_source()}",
-                )
-            if "must have a tty" in text:
-                return TransportError(
-                    "usage", f"sudo refused: `requiretty` is set for {host.user or 'the login user'} there; "
-                    f"allow it without a tty (Defaults !requiretty) or drop {self._sudo_source()}",
-                )
-            if "not in the sudoers" in text or "not allowed to execute" in text or "may not run sudo" in text:
-                return TransportError("usage", f"sudo refused: {last}")
-            if returncode == 127 and re.search(r"\bsudo: (command )?not found|sudo: No such file", text):
-                return TransportError("usage", f"no sudo on {host.address}; drop {self._sudo_source()}")
-            if re.search(r"sudo: .*(command not found|No such file)", text):
-                return self._no_python()
+            return self._connection_failure(text, last, where)
+        refused_by_sudo = self._sudo_refusal(returncode, text, last) if self.sudo else None
+        if refused_by_sudo is not None:
+            return refused_by_sudo
         if returncode == 127:
             return self._no_python()
         if returncode == 126:
@@ -390,6 +334,74 @@ class SshTransport(LocalTransport):
             f"{self.python} did not answer as a Python 3.9+ interpreter ({last}); "
             "name one with --python",
         )
+
+    def _connection_failure(self, text: str, last: str, where: str) -> TransportError:
+        """ssh's own exit status 255: its configuration, the host key, authentication or the network."""
+        host = self.host
+        changed = "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text
+        refused = "Host key verification failed" in text
+        if re.search(r"Bad configuration option|bad configuration options|Can't open user config file|"
+                     r"command-line line \d+:|: line \d+: ", text):  # fmt: skip
+            return TransportError(
+                "usage", f"ssh refuses its configuration ({last}); fix it (~/.ssh/config, --ssh-config, --ssh-option)"
+            )
+        # The connection never reached this host's own key exchange: it failed on the way,
+        # at a ProxyJump host, whose ssh does not get patcher's -o options (accept-new).
+        via_jump = "kex_exchange_identification" in text or "UNKNOWN port 65535" in text
+        if (changed or refused) and via_jump:
+            return self._jump_host_key(changed)
+        if refused and not changed and re.search(r"No \S+ host key is known", text):
+            return TransportError(
+                "unreachable",
+                "host key unknown and strict checking is on: check the key, then add "
+                "it to known_hosts (ssh-keyscan), or use StrictHostKeyChecking=accept-new",
+            )
+        if changed or refused:
+            return TransportError(
+                "unreachable",
+                f"host key changed: check it, then remove the old key with "
+                f"ssh-keygen -R '{host.known_hosts_name}'",
+            )
+        if "Permission denied" in text or "Too many authentication failures" in text:
+            user = host.user or "the default user"
+            return TransportError(
+                "unreachable",
+                f"authentication refused for {user} ({last}); check the key "
+                "(ssh-agent, IdentityFile) and the user",
+            )
+        if "Connection refused" in text:
+            return TransportError("unreachable", f"connection refused by {where}: is sshd running there?")
+        if "timed out" in text:
+            return TransportError("unreachable", f"connection to {where} timed out")
+        if "No route to host" in text or "Network is unreachable" in text:
+            return TransportError("unreachable", f"no route to {where}")
+        if "Could not resolve hostname" in text or "Name or service not known" in text:
+            return TransportError("unreachable", f"cannot resolve {host.address}")
+        return TransportError(
+            "unreachable", f"connection lost ({last})" + self._outcome_hint()
+        )
+
+    def _sudo_refusal(self, returncode: int, text: str, last: str) -> TransportError | None:
+        """--sudo: what sudo -n refused, if it did."""
+        host = self.host
+        if "a password is required" in text or "a terminal is required" in text:
+            return TransportError(
+                "usage",
+                f"sudo -n refused: {host.user or 'the login user'} may not run "
+                f"{self.python} without a password there (sudoers NOPASSWD), or drop {self._sudo_source()}",
+            )
+        if "must have a tty" in text:
+            return TransportError(
+                "usage", f"sudo refused: `requiretty` is set for {host.user or 'the login user'} there; "
+                f"allow it without a tty (Defaults !requiretty) or drop {self._sudo_source()}",
+            )
+        if "not in the sudoers" in text or "not allowed to execute" in text or "may not run sudo" in text:
+            return TransportError("usage", f"sudo refused: {last}")
+        if returncode == 127 and re.search(r"\bsudo: (command )?not found|sudo: No such file", text):
+            return TransportError("usage", f"no sudo on {host.address}; drop {self._sudo_source()}")
+        if re.search(r"sudo: .*(command not found|No such file)", text):
+            return self._no_python()
+        return None
 
     def _jump_host_key(self, changed: bool) -> TransportError:
         jump = self._proxy_jump() or "the jump host"
@@ -420,7 +432,7 @@ class SshTransport(LocalTransport):
         """The ProxyJump ssh uses for this host (`ssh -G`: the configuration, no connection)."""
         args = [*self.ssh_args(), "-G", "--", self.host.address]
         try:
-            out = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30).stdout
+            out = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False).stdout
         except (OSError, subprocess.TimeoutExpired):
             return None
         for line in out.splitlines():

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 from .model import Edit, Patch
 from .outcomes import FileTransform, Outcome, PatchOutcome  # noqa: F401  (the results' types, here for callers)
@@ -76,7 +76,7 @@ def code_fingerprint() -> str:
     digest = hashlib.sha256()
     spec = importlib.util.find_spec("patcher.patches")
     assert spec is not None and spec.submodule_search_locations
-    patches_dir = Path(list(spec.submodule_search_locations)[0])
+    patches_dir = Path(next(iter(spec.submodule_search_locations)))
     here = Path(__file__).parent
     engine = ("transforms.py", "combined.py", "codemod.py", "shapes.py", "model.py", "outcomes.py")
     for path in [*sorted(patches_dir.rglob("*.py")), *(here / name for name in engine)]:
@@ -93,7 +93,7 @@ def _libcst_release() -> str:
     spec = importlib.util.find_spec("libcst")
     if spec is None or not spec.submodule_search_locations:
         return "libcst missing"
-    site = Path(list(spec.submodule_search_locations)[0]).parent
+    site = Path(next(iter(spec.submodule_search_locations))).parent
     found = sorted(path.name for path in site.glob("libcst-*.dist-info"))
     return found[-1] if found else "libcst without metadata"
 
@@ -166,16 +166,16 @@ def _transform(
 
     from .combined import apply_together
 
-    steps = [(patch, tuple(edits)) for patch, edits in steps]
+    fixed = [(patch, tuple(edits)) for patch, edits in steps]
     tree = cst.parse_module(source)
     # One traversal for every edit; when some anchor is missing (a patch must then drop out
     # whole, and later patches see the tree without it) the patches run one after another.
-    together = apply_together(tree, steps, filename)
+    together = apply_together(tree, fixed, filename)
     if together is not None:
-        tree, outcomes = together
-        return FileTransform(source, tree.code, outcomes)
+        tree, outcomes_together = together
+        return FileTransform(source, tree.code, outcomes_together)
     outcomes: list[PatchOutcome] = []
-    for patch, edits in steps:
+    for patch, edits in fixed:
         tree, outcome = apply_patch(tree, patch, edits, filename)
         outcomes.append(outcome)
     return FileTransform(source, tree.code, outcomes)

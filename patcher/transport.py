@@ -79,7 +79,8 @@ DEFAULT_CALL_TIMEOUT = 900.0
 
 def _end_of_input(proc: subprocess.Popen) -> None:
     try:
-        proc.stdin.close()
+        if proc.stdin is not None:
+            proc.stdin.close()
     except (OSError, ValueError):
         pass
 
@@ -126,7 +127,7 @@ class LocalTransport:
     def command(self) -> list[str]:
         return [self.python, "-c", session_bootstrap()]
 
-    def __enter__(self) -> "LocalTransport":
+    def __enter__(self) -> LocalTransport:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -149,6 +150,8 @@ class LocalTransport:
         except OSError as exc:
             raise self._cannot_start(exc) from None
         proc = self._proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None  # pipes
+        out, err = proc.stdout, proc.stderr
         lines: queue.Queue = queue.Queue()
         stderr: list[bytes] = []
         self._lines, self._stderr = lines, stderr
@@ -156,12 +159,12 @@ class LocalTransport:
         # The pumps hold the process and its pipes, not this object: a transport dropped without
         # close() is collected, and its finalizer ends the session (the agent sees end of input).
         def pump_out() -> None:
-            for line in proc.stdout:
+            for line in out:
                 lines.put(line)
             lines.put(None)
 
         def pump_err() -> None:
-            for line in proc.stderr:
+            for line in err:
                 if len(stderr) < 200:
                     stderr.append(line)
 
@@ -172,11 +175,14 @@ class LocalTransport:
         # flush of closing stdin. The caller only ever waits on answers, with its deadline.
         outbox: queue.Queue = queue.Queue()
 
+        stdin = proc.stdin
+        assert stdin is not None  # Popen(stdin=PIPE)
+
         def pump_in() -> None:
             while (data := outbox.get()) is not None:
                 try:
-                    proc.stdin.write(data)
-                    proc.stdin.flush()
+                    stdin.write(data)
+                    stdin.flush()
                 except (OSError, ValueError):
                     break  # the agent has ended, or was ended: what it said is read by the caller
             _end_of_input(proc)
@@ -274,15 +280,17 @@ class LocalTransport:
 
     def _reap(self, timeout: float) -> int:
         """Wait for the agent to exit (kill it after `timeout`), collect its pipes; its status."""
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None  # after start()
         try:
-            self._proc.wait(timeout=timeout)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self._kill()
         for pump in self._pumps:
             pump.join(timeout=5)  # the process has exited: its pipes reach their end
-        self._proc.stdout.close()
-        self._proc.stderr.close()
-        returncode = self._proc.returncode
+        proc.stdout.close()
+        proc.stderr.close()
+        returncode = proc.returncode
         self._proc = None
         return returncode
 

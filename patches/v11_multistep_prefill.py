@@ -26,9 +26,9 @@ from __future__ import annotations
 import textwrap
 
 import libcst as cst
-from patcher import shapes as m
 
-from patcher.codemod import SkipFile, PatchCodemod, append_arg, has_keyword, keyword_arg
+from patcher import shapes as m
+from patcher.codemod import PatchCodemod, SkipFile, append_arg, has_keyword, keyword_arg
 from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
@@ -38,7 +38,7 @@ SELF_SCHEDULER = m.Attribute(value=m.Name("self"), attr=m.Name("scheduler"))
 SELF_EXECUTOR = m.Attribute(value=m.Name("self"), attr=m.Name("executor"))
 
 
-def call_statement(call: m.Call) -> m.SimpleStatementLine:
+def call_statement(call: m.Shape) -> m.Shape:
     return m.SimpleStatementLine(body=[m.Expr(value=call) | m.Assign(value=call)])
 
 
@@ -49,7 +49,7 @@ EXECUTE_MODEL = call_statement(m.Call(func=m.Attribute(value=SELF_EXECUTOR, attr
 COLLECTIVE_RPC = m.Attribute(value=SELF_EXECUTOR, attr=m.Name("collective_rpc"))
 
 
-def rpc_named(name: str) -> m.Call:
+def rpc_named(name: str) -> m.Shape:
     return m.Call(func=COLLECTIVE_RPC, args=[m.Arg(value=m.SimpleString(f'"{name}"') | m.SimpleString(f"'{name}'")), m.ZeroOrMore()])
 
 

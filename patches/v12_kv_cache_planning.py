@@ -9,9 +9,9 @@ and init_none_hash (v1) stay in kv_cache_utils.
 from __future__ import annotations
 
 import libcst as cst
-from patcher import shapes as m
 from libcst.helpers import get_full_name_for_node
 
+from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, Patch
 

@@ -227,10 +227,10 @@ PATCH = Patch(
     ),
     satisfied=(
         AFTER,
-        "from vllm.v1.attention.backends.utils import resolve_kv_cache_layout\n"
+        ("from vllm.v1.attention.backends.utils import resolve_kv_cache_layout\n"
         "def build(self):\n"
         "    layout = resolve_kv_cache_layout(self.vllm_config, [['NHD']])\n"
-        "    kv_cache_config = get_kv_cache_config_from_groups(self.vllm_config, groups, memory)\n",
+        "    kv_cache_config = get_kv_cache_config_from_groups(self.vllm_config, groups, memory)\n"),
     ),
     attribute_calls=(
         AttributeCall(

@@ -11,8 +11,6 @@ and 0 elsewhere, shape (batch, 1, query length, past + query length).
 
 from __future__ import annotations
 
-import textwrap
-
 import libcst as cst
 
 from patcher import shapes as m

@@ -35,8 +35,8 @@ speculators 0.4.0 does not fix it: it replaced the decorator with one that asks
 from __future__ import annotations
 
 import libcst as cst
-from patcher import shapes as m
 
+from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, Patch
 

@@ -12,9 +12,9 @@ import bisect
 import textwrap
 
 import libcst as cst
-from patcher import shapes as m
 from libcst.helpers import get_full_name_for_node
 
+from patcher import shapes as m
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
 from patcher.model import Edit, Example, Fact, Patch
 
@@ -29,7 +29,7 @@ NEEDED_IMPORTS = (
 )
 
 
-def self_attribute(name: str) -> m.Attribute:
+def self_attribute(name: str) -> m.Shape:
     return m.Attribute(value=m.Name("self"), attr=m.Name(name))
 
 
@@ -391,7 +391,7 @@ PATCH = Patch(
     satisfied=(
         AFTER,
         # speculators 0.4.0's shape: the hasher after initialize_from_config, not after Scheduler
-        "from vllm.utils.hashing import get_hash_fn_by_name\n"
+        ("from vllm.utils.hashing import get_hash_fn_by_name\n"
         "from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash\n"
         "\n"
         "\n"
@@ -404,7 +404,7 @@ PATCH = Patch(
         "        self.block_hasher = get_request_block_hasher(16, caching_hash_fn)\n"
         "\n"
         "    def add(self):\n"
-        "        return Request(request_id=\"r\", block_hasher=self.block_hasher)\n",
+        "        return Request(request_id=\"r\", block_hasher=self.block_hasher)\n"),
     ),
     upstream="vLLM 0.12.0: vllm/config/cache.py (enable_prefix_caching defaults to True), "
     "vllm/v1/request.py (block_hasher); https://github.com/vllm-project/vllm/pull/27151 "

@@ -6,8 +6,8 @@ Upstream fix: https://github.com/vllm-project/speculators/pull/225
 """
 
 import libcst as cst
-from patcher import shapes as m
 
+from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, Patch
 

@@ -8,8 +8,8 @@ Upstream fix: https://github.com/vllm-project/speculators/pull/225
 """
 
 import libcst as cst
-from patcher import shapes as m
 
+from patcher import shapes as m
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg, remove_keyword
 from patcher.model import Edit, Example, Fact, Patch
 
@@ -185,18 +185,18 @@ PATCH = Patch(
     ),
     satisfied=(
         # speculators 0.4.0's shape
-        "VLLM_BLOCK_SIZE = 16\n"
+        ("VLLM_BLOCK_SIZE = 16\n"
         "cfg = get_kv_cache_config_from_groups(\n"
         "    vllm_config=c, kv_cache_groups=g, available_memory=m\n"
         ")\n"
         "sched = Scheduler(vllm_config=c, kv_cache_config=cfg, structured_output_manager=o, "
         "block_size=VLLM_BLOCK_SIZE)\n"
-        "sc = SchedulerConfig(max_num_seqs=1, is_encoder_decoder=False)\n",
+        "sc = SchedulerConfig(max_num_seqs=1, is_encoder_decoder=False)\n"),
         # block_size passed positionally counts as given
-        "VLLM_BLOCK_SIZE = 16\n"
+        ("VLLM_BLOCK_SIZE = 16\n"
         "cfg = get_kv_cache_config_from_groups(c, g, m)\n"
         "sched = Scheduler(c, cfg, o, 16)\n"
-        "sc = SchedulerConfig(is_encoder_decoder=False)\n",
+        "sc = SchedulerConfig(is_encoder_decoder=False)\n"),
     ),
     upstream="vLLM 0.11.1: vllm/v1/core/sched/scheduler.py (Scheduler block_size); vLLM 0.12.0: "
     "vllm/config/scheduler.py (is_encoder_decoder), vllm/v1/core/kv_cache_utils.py "

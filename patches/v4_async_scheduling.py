@@ -6,8 +6,8 @@ contract whatever this flag says (v5 answers that). Kept because the seeds' host
 """
 
 import libcst as cst
-from patcher import shapes as m
 
+from patcher import shapes as m
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
 from patcher.model import Edit, Example, Fact, Patch
 

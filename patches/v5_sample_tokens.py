@@ -5,11 +5,11 @@ From then on the model runner's execute_model() returns None and keeps its state
 sample_tokens(grammar_output) collects it; a second execute_model() before that raises.
 """
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import libcst as cst
-from patcher import shapes as m
 
+from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import AttributeCall, Edit, Example, Fact, Patch
 
@@ -18,11 +18,11 @@ from .targets import GENERATOR, SPECULATORS_0_3
 EXECUTOR = m.Attribute(value=m.Name("self"), attr=m.Name("executor"))
 
 
-def executor_call(method: str) -> m.Call:
+def executor_call(method: str) -> "m.Shape":
     return m.Call(func=m.Attribute(value=EXECUTOR, attr=m.Name(method)))
 
 
-def statement_calling(method: str) -> m.SimpleStatementLine:
+def statement_calling(method: str) -> "m.Shape":
     """`self.executor.<method>(...)` as a statement of its own, bare or assigned."""
     call = executor_call(method)
     return m.SimpleStatementLine(body=[m.Expr(value=call) | m.Assign(value=call)])
@@ -126,15 +126,15 @@ PATCH = Patch(
     ),
     satisfied=(
         # speculators 0.4.0's shape
-        "def generate(self):\n"
+        ("def generate(self):\n"
         "    while self.scheduler.has_requests():\n"
         "        model_output = self.executor.execute_model(scheduler_output)\n"
-        "        self.executor.sample_tokens(model_output)\n",
+        "        self.executor.sample_tokens(model_output)\n"),
         # vLLM's engine core shape
-        "def step(self):\n"
+        ("def step(self):\n"
         "    model_output = self.executor.execute_model(scheduler_output)\n"
         "    if model_output is None:\n"
-        "        model_output = self.executor.sample_tokens(grammar_output)\n",
+        "        model_output = self.executor.sample_tokens(grammar_output)\n"),
     ),
     upstream="https://github.com/vllm-project/vllm/pull/26866 (vLLM 0.11.1: "
     "vllm/v1/executor/abstract.py, vllm/v1/worker/gpu_model_runner.py)",

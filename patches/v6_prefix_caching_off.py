@@ -10,8 +10,8 @@ https://github.com/vllm-project/speculators/pull/225
 """
 
 import libcst as cst
-from patcher import shapes as m
 
+from patcher import shapes as m
 from patcher.codemod import PatchCodemod, append_arg, keyword_arg
 from patcher.model import Edit, Example, Fact, Patch
 
@@ -89,12 +89,12 @@ PATCH = Patch(
     ),
     satisfied=(
         # speculators 0.4.0's shape
-        "cache_config = CacheConfig(\n"
+        ("cache_config = CacheConfig(\n"
         "    block_size=VLLM_BLOCK_SIZE,\n"
         "    gpu_memory_utilization=gpu_memory_utilization,\n"
         "    # disable to prevent cache state leakage\n"
         "    enable_prefix_caching=False,\n"
-        ")\n",
+        ")\n"),
     ),
     upstream="vLLM 0.12.0: vllm/config/cache.py (enable_prefix_caching defaults to True); "
     "speculators fix https://github.com/vllm-project/speculators/pull/225",

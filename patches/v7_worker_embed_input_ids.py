@@ -10,8 +10,8 @@ https://github.com/vllm-project/speculators/pull/225
 """
 
 import libcst as cst
-from patcher import shapes as m
 
+from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, Patch
 
@@ -22,7 +22,7 @@ OLD_NAME = "get_input_embeddings"
 NEW_NAME = "embed_input_ids"
 
 
-def self_method_call(name: str) -> m.Call:
+def self_method_call(name: str) -> "m.Shape":
     return m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name(name)))
 
 
@@ -207,7 +207,7 @@ PATCH = Patch(
     ),
     satisfied=(
         # speculators 0.4.0's shape
-        "def _patched_forward(\n"
+        ("def _patched_forward(\n"
         "    self,\n"
         "    input_ids,\n"
         "    positions,\n"
@@ -218,7 +218,7 @@ PATCH = Patch(
         "    hidden_states = (\n"
         "        inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)\n"
         "    )\n"
-        "    return hidden_states\n",
+        "    return hidden_states\n"),
     ),
     upstream="vLLM 0.11.1: models' get_input_embeddings() renamed embed_input_ids() "
     "(vllm/model_executor/models/interfaces.py); speculators fix "

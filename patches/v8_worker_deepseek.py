@@ -35,8 +35,8 @@ from __future__ import annotations
 import textwrap
 
 import libcst as cst
-from patcher import shapes as m
 
+from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, Patch
 

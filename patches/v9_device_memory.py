@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 import libcst as cst
-from patcher import shapes as m
 
+from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, Patch
 
@@ -63,7 +63,7 @@ def _device_empty_cache() -> None:
 '''
 
 
-def torch_cuda_call(name: str) -> m.Call:
+def torch_cuda_call(name: str) -> m.Shape:
     return m.Call(
         func=m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name("cuda")), attr=m.Name(name)),
         args=[],

@@ -41,6 +41,11 @@ import os
 import sys
 import time
 
+# The type checker's view only (typing itself is not imported: it costs start-up time).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import _thread
+
 SCHEMA_VERSION = 1
 STATE_DIR_PARTS = ("share", "patcher")
 
@@ -311,7 +316,7 @@ class StateFolder:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise self.refusal(name, self.dir_fd(where, False), self.shown(name, where))
-            chunks = []
+            chunks: list = []
             while True:
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
@@ -425,7 +430,7 @@ class Declared:
 def remove_bytecode(path: str) -> list[str]:
     """Delete every cached .pyc of the module at `path`, whatever its invalidation mode."""
     folder, name = os.path.split(path)
-    stem = name[:-3] if name.endswith(".py") else name
+    stem = name.removesuffix(".py")
     cache = os.path.join(folder, "__pycache__")
     removed = []
     try:
@@ -462,7 +467,7 @@ class Distribution:
     def __init__(self, entry: str, folder: str) -> None:
         self.entry = entry  # the sys.path entry it is installed in
         self.path = os.path.join(entry, folder)
-        self._headers = None
+        self._headers: dict | None = None
 
     def read_text(self, name: str) -> str | None:
         try:
@@ -500,7 +505,7 @@ class Distribution:
             first = line.split(",", 1)[0].split("/", 1)[0]
             if not first or first.endswith((".dist-info", ".egg-info", ".data")) or first == "..":
                 continue
-            provided.add(first[:-3] if first.endswith(".py") else first)
+            provided.add(first.removesuffix(".py"))
         return provided
 
 
@@ -516,7 +521,7 @@ def _distributions_in(entry: str) -> list:
     ]
 
 
-def find_distributions(names: list, files: list = ()) -> dict:
+def find_distributions(names: list, files: list | tuple = ()) -> dict:
     """For each import name, the first distribution on sys.path that provides it.
 
     Reads package metadata only (no import of the libraries). A distribution that provides
@@ -596,13 +601,13 @@ def load_state(folder: StateFolder, declared: Declared, raw: bytes | None = None
     try:
         state = json.loads(raw.decode("utf-8"))
         if not isinstance(state, dict) or not isinstance(state.get("files"), dict):
-            raise ValueError("no files table")
+            raise ValueError("no files table")  # noqa: TRY004 - one path to corrupt-state with the JSON errors
     except ValueError as exc:
         raise AgentError(
             "corrupt-state",
             f"the state record {path} is unreadable ({exc}); restore it from a copy or move it "
             "aside and run `patcher forget` to start over (backups stay in backups/)",
-        )
+        ) from None
     version = state.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise AgentError(
@@ -652,7 +657,7 @@ class HeldLock:
     def __init__(self) -> None:
         self.fd = -1
         self.folder: StateFolder | None = None  # the state folder, opened while the lock is held
-        self.mode = None  # None | "shared" | "exclusive"
+        self.mode: str | None = None  # None | "shared" | "exclusive"
         self.busy = False  # the last wait for a shared lock ran out: another run holds it
 
     def require_exclusive(self, what: str) -> None:
@@ -696,7 +701,7 @@ class HeldLock:
                 "not-writable",
                 f"cannot create {state_dir()} ({exc.strerror}); run as a user who can write "
                 f"to {sys.prefix}",
-            )
+            ) from None
         except AgentError:
             self.release()
             raise
@@ -720,7 +725,7 @@ class HeldLock:
                         "locked",
                         f"another patcher run holds {state_dir()}/lock; wait for it to finish "
                         f"(waited {timeout:g}s; --lock-timeout raises the wait)",
-                    )
+                    ) from None
                 time.sleep(0.05)
 
     def release(self) -> None:
@@ -741,7 +746,7 @@ class Lock:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
 
-    def __enter__(self) -> "Lock":
+    def __enter__(self) -> Lock:
         HELD.acquire("exclusive", self.timeout)
         self.folder: StateFolder = HELD.folder  # type: ignore[assignment]
         return self
@@ -800,7 +805,7 @@ def _facts(req: dict, declared: Declared) -> dict:
     return {
         "python": {
             "executable": sys.executable,
-            "version": "%d.%d.%d" % sys.version_info[:3],
+            "version": "{}.{}.{}".format(*sys.version_info[:3]),
             "prefix": sys.prefix,
         },
         "state_dir": state_dir(),
@@ -1108,11 +1113,11 @@ def op_verify_here(req: dict) -> dict:
         name = target["module"]
         try:
             modules[name] = importlib.import_module(name)
-        except BaseException as exc:  # an import may raise anything, SystemExit included
+        except BaseException as exc:  # an import may raise anything, SystemExit included  # noqa: BLE001
             problems.append(f"import {name}: {type(exc).__name__}: {exc}")
     for target in spec.get("files", []):
         module = modules.get(target["module"])
-        if module is None:
+        if module is None or module.__file__ is None:  # not imported, or no source file to read
             continue
         with open(module.__file__, "rb") as fh:
             tree = ast.parse(fh.read(), module.__file__)
@@ -1127,10 +1132,10 @@ def _imported_names(tree, prefixes: list) -> dict:
 
     names = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if any(node.module == p or node.module.startswith(p + ".") for p in prefixes):
-                for alias in node.names:
-                    names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        if (isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                and any(node.module == p or node.module.startswith(p + ".") for p in prefixes)):
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     return names
 
 
@@ -1286,7 +1291,7 @@ OPERATIONS = {
 
 
 def serve(req: dict) -> None:
-    op = OPERATIONS.get(req.get("op"))
+    op = OPERATIONS.get(req.get("op") or "")
     FAULT.update(req.get("fault") or {})
     limit = req.get("time_limit")
     if limit is not None and req.get("op") in ("apply", "forget"):
@@ -1297,7 +1302,7 @@ def serve(req: dict) -> None:
     try:
         if op is None:
             raise AgentError("usage", f"unknown operation {req.get('op')!r}")
-        answer = {"ok": True, "result": op(req)}
+        answer: dict = {"ok": True, "result": op(req)}
         if req.get("fault") is not None:
             answer["result"]["checkpoints"] = FAULT_POINTS
     except AgentError as exc:
@@ -1313,7 +1318,7 @@ def serve(req: dict) -> None:
     except OSError as exc:
         kind = "not-writable" if exc.errno in (errno.EROFS, errno.EACCES) else "os-error"
         answer = {"ok": False, "error": {"kind": kind, "message": f"{exc.strerror}: {exc.filename}"}}
-    except Exception as exc:  # a bug: said as an answer, not as a session that ends without one
+    except Exception as exc:  # a bug: said as an answer, not as a session that ends without one  # noqa: BLE001
         answer = {"ok": False, "error": {"kind": "internal", "message": f"agent error: {type(exc).__name__}: {exc}"}}
     answer_once(answer)
 
@@ -1322,7 +1327,7 @@ def serve(req: dict) -> None:
 
 MARK = ""  # the controller's marker for this run: every answer line starts with it
 # Requests read and answered: one answer per request, the request's own or the watchdog's.
-_ANSWER = {"lock": None, "read": 1, "answered": 0}
+_ANSWER: dict = {"lock": None, "read": 1, "answered": 0}
 CHILD: list = []  # the verification process while it runs: ended with the agent
 
 
@@ -1365,7 +1370,7 @@ class Watchdog:
     (`_thread`, built in, rather than `threading`: importing that costs more than a facts request.)"""
 
     def __init__(self) -> None:
-        self.cancel = None
+        self.cancel: _thread.LockType | None = None
 
     def arm(self, seconds, what: str, option: str, after: str = "") -> None:
         """`what` takes too long after `seconds` (None: no limit), set by the controller's
@@ -1423,7 +1428,7 @@ def session() -> None:
 
     lock = _thread.allocate_lock()
     _ANSWER.update(lock=lock, read=0, answered=0)
-    requests = _queue.SimpleQueue()
+    requests: _queue.SimpleQueue = _queue.SimpleQueue()
 
     def read() -> None:
         stdin = sys.stdin.buffer

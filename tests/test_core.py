@@ -137,10 +137,15 @@ def test_specs_carry_every_declaration_and_round_trip_as_json():
 def test_core_is_standard_library_only_and_imports_nothing_of_patcher():
     for module in (core, errors):
         tree = ast.parse(Path(module.__file__).read_text())
+        # What runs: an `if TYPE_CHECKING:` block is the type checker's only (TYPE_CHECKING is False there).
+        for block in [n for n in ast.walk(tree) if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"]:
+            block.body = []
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
         assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), module.__name__
         assert imported <= {"__future__", "dataclasses", "json", "difflib"}, (module.__name__, imported)
+        flags = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "TYPE_CHECKING"]
+        assert all(isinstance(v, ast.Constant) and v.value is False for v in flags), module.__name__
 
 
 def test_agent_error_kinds_agree_with_the_table():

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from patcher.registry import load_patches
-from tests.support.envs import light_env, site_file
-from tests.support.sshd import why_no_sshd
 from tests.support.cli import patcher
+from tests.support.envs import light_env, site_file
 from tests.support.files import GENERATOR, WORKER
-from tests.support.sshd import spec
+from tests.support.sshd import spec, why_no_sshd
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 

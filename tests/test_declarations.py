@@ -47,11 +47,11 @@ def test_needs_name_known_patches_declared_before():
 
 
 def _declare(**changes) -> Patch:
-    fields = dict(
-        id="v99-example", title="t", target=GENERATOR, requires=SPECULATORS_0_3,
-        edits=(Edit(codemod=object, when={"vllm": ">=0.12.0"}),), examples=(Example("a\\n", "b\\n"),),
-        satisfied=(), upstream="u", without_it="w",
-    )  # fmt: skip
+    fields = {
+        "id": "v99-example", "title": "t", "target": GENERATOR, "requires": SPECULATORS_0_3,
+        "edits": (Edit(codemod=object, when={"vllm": ">=0.12.0"}),), "examples": (Example("a\\n", "b\\n"),),
+        "satisfied": (), "upstream": "u", "without_it": "w",
+    }  # fmt: skip
     fields.update(changes)
     return Patch(**fields)
 

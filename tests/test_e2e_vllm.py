@@ -179,7 +179,7 @@ def test_without_multistep_prefill_the_split_prompt_is_cut(target: Path, model: 
 
 
 def test_rollback_brings_the_original_failure_back(target: Path, model: Path):
-    code, doc, err = patcher("rollback", "--python", str(target), "--json")
+    code, _doc, err = patcher("rollback", "--python", str(target), "--json")
     assert code == 0, err
     assert pristine(target)
     report = extract(target, model, "1", "after rollback")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.envs import overlay_env
 from tests.support.cli import patcher
-from tests.support.e2e import assert_all_correct, error_of, extract, patch_as, pristine, summary
+from tests.support.e2e import error_of, extract, patch_as, pristine, summary
+from tests.support.envs import overlay_env
 
 pytestmark = pytest.mark.vllm
 
@@ -47,7 +47,7 @@ def target(tmp_path_factory, demo_python: Path):
 
 
 def test_every_patch_it_needs_is_selected_and_one_batch_is_correct(target: Path, model: Path):
-    code, doc, err = patcher("status", "--python", str(target), "--json")
+    _code, doc, _err = patcher("status", "--python", str(target), "--json")
     versions = doc["targets"][0]["versions"]
     assert versions["vllm"].startswith(VLLM) and versions["transformers"] == "5.19.0", versions
     assert versions["torch"].startswith("2.13.0"), versions
@@ -106,6 +106,6 @@ def test_without_v16_speculators_does_not_import(target: Path, model: Path):
 
 
 def test_rollback_restores_the_pristine_files(target: Path):
-    code, doc, err = patcher("rollback", "--python", str(target))
+    code, _doc, err = patcher("rollback", "--python", str(target))
     assert code == 0, err
     assert pristine(target)

@@ -275,12 +275,12 @@ def test_corrupt_state_record_is_refused(env: Path):
     patched = target_file_hashes(env)
     state = env.parent.parent / "share" / "patcher" / "state.json"
     state.write_text(state.read_text()[:40])
-    code, doc, err = patcher("rollback", "--python", str(env), "--json")
+    code, doc, _err = patcher("rollback", "--python", str(env), "--json")
     assert code == 3
     assert "state record" in doc["targets"][0]["message"]
     assert target_file_hashes(env) == patched
     state.write_text(json.dumps({"schema_version": 99, "files": {}}))
-    code, doc, err = patcher("apply", "--python", str(env), "--no-verify", "--json")
+    code, doc, _err = patcher("apply", "--python", str(env), "--no-verify", "--json")
     assert code == 3 and "upgrade patcher" in doc["targets"][0]["message"]
 
 
@@ -291,14 +291,14 @@ def test_locked_environment_exits_5(env: Path):
     lock_dir.mkdir(parents=True)
     with open(lock_dir / "lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
-        code, doc, err = patcher("apply", "--python", str(env), "--no-verify", "--lock-timeout", "0.3", "--json")
+        code, doc, _err = patcher("apply", "--python", str(env), "--no-verify", "--lock-timeout", "0.3", "--json")
     assert code == 5
     assert "another patcher run" in doc["targets"][0]["message"]
     assert sha(site_file(env, GENERATOR)) == PRISTINE_GENERATOR
 
 
 def test_json_contract(env: Path):
-    code, doc, _ = patcher("status", "--python", str(env), "--json")
+    _code, doc, _ = patcher("status", "--python", str(env), "--json")
     assert doc["schema_version"] == 1
     target = doc["targets"][0]
     assert set(target) >= {"target", "python", "versions", "distributions", "status", "patches"}

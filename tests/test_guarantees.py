@@ -3,10 +3,8 @@ and random sequences of operations, each with real processes and real files."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from patcher.registry import load_patches
-from tests.support.envs import PYTHON_FOR_TARGETS, light_env, site_file
-from tests.support.releases import cache_dir, download_wheel
 from tests.support.cli import patcher, sha, states
+from tests.support.envs import PYTHON_FOR_TARGETS, light_env, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
+from tests.support.releases import cache_dir, download_wheel
 
 PATCHES = load_patches()
 TARGETS = sorted({p.target.path for p in PATCHES})

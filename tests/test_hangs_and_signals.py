@@ -19,8 +19,7 @@ import pytest
 
 from patcher.registry import load_patches
 from tests.support.envs import light_env, site_file
-from tests.support.sshd import SshServer, why_no_sshd
-from tests.support.sshd import next_address, spec
+from tests.support.sshd import SshServer, next_address, spec, why_no_sshd
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 GENERATOR = next(t for t in TARGETS if t.endswith("vllm_hidden_states_generator.py"))
@@ -333,7 +332,7 @@ def test_no_remote_agent_survives_its_session(tmp_path: Path, client, servers, h
 
     # 1. the agent's own limit
     env = host_env()
-    code, doc, err, elapsed = patcher("apply", "--no-verify", *via, "--python", str(env), "--write-timeout", "2",
+    code, doc, err, _elapsed = patcher("apply", "--no-verify", *via, "--python", str(env), "--write-timeout", "2",
                                       "--json", PATCHER_FAULT=paused_at(GENERATOR))  # fmt: skip
     assert code == 4, err
     assert doc["targets"][0]["status"] == "timed-out"
@@ -348,7 +347,7 @@ def test_no_remote_agent_survives_its_session(tmp_path: Path, client, servers, h
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                                 env=environment(PATCHER_FAULT=paused_at(GENERATOR)))  # fmt: skip
         try:
-            wait_until(lambda: files(env)[GENERATOR] == patched[GENERATOR] or proc.poll() is not None, 120,
+            wait_until(lambda env=env, proc=proc: files(env)[GENERATOR] == patched[GENERATOR] or proc.poll() is not None, 120,
                        "the remote agent to write the first file")  # fmt: skip
             assert proc.poll() is None, proc.communicate()
             assert processes_of(env), "the agent is not running"
@@ -364,7 +363,7 @@ def test_no_remote_agent_survives_its_session(tmp_path: Path, client, servers, h
             assert json.loads(out)["targets"][0]["message"].startswith("connection lost")
         none_left(env)
         for pid in ssh:
-            wait_until(lambda: not Path(f"/proc/{pid}").exists() or comm(pid) == "", 10, "ssh to exit")
+            wait_until(lambda pid=pid: not Path(f"/proc/{pid}").exists() or comm(pid) == "", 10, "ssh to exit")
         consistent(env, pristine, patched, via)
 
 
@@ -442,10 +441,10 @@ def test_ssh_usage_errors_are_refused_before_any_connection(tmp_path: Path):
     path = {"PATH": f"{fake_bin}:{os.environ['PATH']}"}
     cases = [
         (["--ssh-config", str(tmp_path / "nonexistent")],
-         f"error: --ssh-config {tmp_path / 'nonexistent'}: no such file; name an ssh client configuration file "
-         "(as for ssh -F)"),
-        (["--ssh-option", "Port=x"], "error: --ssh-option Port=x: ssh refuses it (command-line line 0: Bad port 'x'); "
-                                     "fix or drop it"),
+         (f"error: --ssh-config {tmp_path / 'nonexistent'}: no such file; name an ssh client configuration file "
+         "(as for ssh -F)")),
+        (["--ssh-option", "Port=x"], ("error: --ssh-option Port=x: ssh refuses it (command-line line 0: Bad port 'x'); "
+                                     "fix or drop it")),
         (["--serial", "50%%"], "error: --serial 50%%: expected a number of hosts (1 or more) or a percentage like 25%"),
         (["--serial", "half"], "error: --serial half: expected a number of hosts (1 or more) or a percentage like 25%"),
     ]  # fmt: skip

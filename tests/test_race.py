@@ -15,14 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from patcher.planning import plan_target, target_files
-from patcher.planning import condition_names
+from patcher.planning import condition_names, plan_target, target_files
 from patcher.registry import load_patches
 from patcher.transport import AgentFailure, LocalTransport
 from tests.support.envs import light_env, site_file
-from tests.support.sshd import why_no_sshd
-from tests.support.sshd import spec
-from tests.support.sshd import ensure_user
+from tests.support.sshd import ensure_user, spec, why_no_sshd
 
 PATCHES = load_patches()
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"

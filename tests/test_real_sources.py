@@ -15,7 +15,6 @@ import pytest
 from patcher.patches.targets import EAGLE3_CORE, GENERATOR, WORKER
 from patcher.registry import load_patches
 from patcher.transforms import transform_source
-
 from tests.support.releases import DownloadFailed, release_files
 
 # From /work/shared/design/api-drift.md: the pristine speculators 0.3.0 target files.

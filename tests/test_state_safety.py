@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from patcher.inventory import RETRY_HEADER
 from patcher.planning import condition_names, target_files
 from patcher.registry import load_patches
 from patcher.transport import LocalTransport
 from tests.support.envs import light_env, site_file
-from patcher.inventory import RETRY_HEADER
-from tests.support.sshd import SshClient, free_port, why_no_sshd
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
-
+from tests.support.sshd import SshClient, free_port, why_no_sshd
 
 PATCHES = load_patches()
 TARGETS = sorted({p.target.path for p in PATCHES})
@@ -372,12 +371,12 @@ def unreachable(tmp_path: Path):
 
 def test_retry_file_is_written_new_or_over_a_retry_file_only(tmp_path: Path, unreachable):
     host, ssh = unreachable
-    code, out, err = run("status", "--host", host, *ssh, "--retry-file", "failed.retry", cwd=tmp_path)
+    code, _out, err = run("status", "--host", host, *ssh, "--retry-file", "failed.retry", cwd=tmp_path)
     assert code == 4, err
     retry = tmp_path / "failed.retry"
     first = retry.read_text()
     assert first.startswith(RETRY_HEADER) and host.split("@")[1].split(":")[0] in first
-    code, out, err = run("status", "--host", host, *ssh, "--retry-file", "failed.retry", cwd=tmp_path)
+    code, _out, err = run("status", "--host", host, *ssh, "--retry-file", "failed.retry", cwd=tmp_path)
     assert code == 4, err  # patcher's own retry file: rewritten
     assert retry.read_text().startswith(RETRY_HEADER)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".failed")] == []  # no temporary left
@@ -397,7 +396,7 @@ def test_retry_file_refuses_what_patcher_did_not_write(tmp_path: Path, unreachab
     elif kind == "link":
         victim.symlink_to(inventory)
     before = snapshot(tmp_path)
-    code, out, err = run("apply", "-i", str(inventory), *ssh, "--retry-file", str(victim), cwd=tmp_path)
+    code, _out, err = run("apply", "-i", str(inventory), *ssh, "--retry-file", str(victim), cwd=tmp_path)
     assert snapshot(tmp_path) == before  # nothing written: not the file, not a temporary
     assert code == 2, err
     errors = [line for line in err.splitlines() if line.strip()]
@@ -411,7 +410,7 @@ def test_retry_file_temporary_is_never_written_through_a_planted_link(tmp_path: 
     victim.write_text("precious\n")
     for name in (".patcher.retry.tmp", ".patcher.retry.new"):
         (tmp_path / name).symlink_to(victim)
-    code, out, err = run("status", "--host", host, *ssh, cwd=tmp_path)
+    code, _out, err = run("status", "--host", host, *ssh, cwd=tmp_path)
     assert code == 4, err
     assert victim.read_text() == "precious\n"
     assert (tmp_path / "patcher.retry").read_text().startswith(RETRY_HEADER)
@@ -424,6 +423,6 @@ def test_retry_file_that_is_the_limited_inventory_is_not_cut_down(tmp_path: Path
     assert code == 4, err
     retry = tmp_path / "patcher.retry"
     listed = retry.read_text()
-    code, out, err = run("status", "-i", "patcher.retry", "--limit", "root@127.0.0.1:1,", *ssh, cwd=tmp_path)
+    code, _out, err = run("status", "-i", "patcher.retry", "--limit", "root@127.0.0.1:1,", *ssh, cwd=tmp_path)
     assert retry.read_text() == listed
     assert code == 2 and "--limit" in err and "--no-retry-file" in err, err

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.envs import light_env, site_file
 from tests.support.cli import patcher, sha, states
+from tests.support.envs import light_env, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
 
 PYENV = Path.home() / ".pyenv" / "versions"

@@ -100,8 +100,8 @@ def test_without_v17_only_the_vllm_releases_allowing_transformers_5_24_fail(inde
     failing = failing_releases(check(index, tmp_path, without=("v17",)))
     assert failing == {
         "0.11.0": [
-            f"{EAGLE}:24: from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask: "
-            "no module transformers.modeling_attn_mask_utils in transformers 5.24.0"
+            (f"{EAGLE}:24: from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask: "
+            "no module transformers.modeling_attn_mask_utils in transformers 5.24.0")
         ]
     }, failing
 
@@ -111,8 +111,8 @@ def test_without_the_request_patch_0_17_fails_on_eos_token_id(index, tmp_path):
     failing = failing_releases(report)
     assert list(failing) == ["0.17.0"], failing
     assert failing["0.17.0"] == [
-        f"{GENERATOR}:284: vllm.v1.request.Request(...): got an unexpected keyword argument 'eos_token_id' "
-        "in vllm 0.17.0"
+        (f"{GENERATOR}:284: vllm.v1.request.Request(...): got an unexpected keyword argument 'eos_token_id' "
+        "in vllm 0.17.0")
     ]
     assert report.exit_code == EXIT_DRIFT
     assert any("eos_token_id" in p and p.startswith("binding (speculators 0.3.0;") for p in report.problems)
@@ -300,8 +300,8 @@ def test_planted_removed_transformers_module_is_caught_where_v17_is_not_applied(
     pristine, patched, _, transformers, _ = eagle_files
     gone = Synthetic(transformers, {"transformers/modeling_attn_mask_utils.py": None})
     assert bind_to(pristine, EAGLE, gone, "transformers") == [
-        f"{EAGLE}:24: from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask: "
-        "no module transformers.modeling_attn_mask_utils in synthetic"
+        (f"{EAGLE}:24: from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask: "
+        "no module transformers.modeling_attn_mask_utils in synthetic")
     ]
     # v17's file: the import is guarded, and the call binds to the file's own fallback instead
     assert bind_to(patched, EAGLE, gone, "transformers") == []

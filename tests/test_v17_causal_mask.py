@@ -5,7 +5,6 @@ padded batches, a KV cache offset and a sliding window."""
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 

@@ -48,6 +48,6 @@ AGENT_KINDS = (
 )  # fmt: skip
 
 
-def outcome(kind):
+def outcome(kind: str) -> tuple[str, int]:
     """(status, exit code) a target ends with for an error of this kind."""
     return ERROR_KINDS.get(kind, ("failed", EXIT_FAILED))

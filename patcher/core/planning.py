@@ -14,6 +14,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+# The type checker's view only: typing is not imported where this text runs.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Protocol
+
+    Holds = Callable[[str, str], bool]  # holds(spec, version): PEP 440 matching, from the caller
+
+    class Conditioned(Protocol):  # a PatchSpec, or patcher's Patch
+        def conditions(self) -> dict: ...
+
 # --------------------------------------------------------------------------- declarations as data
 
 
@@ -39,7 +50,7 @@ class PatchSpec:
         }  # fmt: skip
 
     @classmethod
-    def from_json(cls, data: dict) -> "PatchSpec":
+    def from_json(cls, data: dict) -> PatchSpec:
         return cls(
             data["id"], data["file"], data["distribution"], data["module"], dict(data["requires"]),
             tuple((name, dict(when)) for name, when in data["edits"]), tuple(data.get("needs", ())),
@@ -57,7 +68,7 @@ class PatchSpec:
         return out
 
 
-def condition_names(specs) -> list:
+def condition_names(specs: Iterable[Conditioned]) -> list:
     """The distributions the conditions of these patches name, in first-use order."""
     names: list = []
     for spec in specs:
@@ -67,7 +78,7 @@ def condition_names(specs) -> list:
     return names
 
 
-def target_files(specs) -> list:
+def target_files(specs: Iterable[PatchSpec]) -> list:
     """The files these patches rewrite, as the agent's facts request names them."""
     seen: dict = {}
     for spec in specs:
@@ -75,7 +86,7 @@ def target_files(specs) -> list:
     return list(seen.values())
 
 
-def versions_of(facts: dict, names) -> dict:
+def versions_of(facts: dict, names: Iterable[str]) -> dict:
     """name -> the installed version (None: not installed), for each name conditions use."""
     dists = facts["distributions"]
     return {name: (dists[name]["version"] if name in dists else None) for name in names}
@@ -93,7 +104,7 @@ class Selection:
     edits: list = field(default_factory=list)
 
 
-def failed_conditions(conditions: dict, versions: dict, holds) -> list:
+def failed_conditions(conditions: dict, versions: dict, holds: Holds) -> list:
     out = []
     for name, spec in conditions.items():
         have = versions.get(name)
@@ -113,7 +124,7 @@ def describe(spec: PatchSpec, versions: dict) -> str:
     return ", ".join(parts)
 
 
-def select_one(spec: PatchSpec, versions: dict, holds) -> Selection:
+def select_one(spec: PatchSpec, versions: dict, holds: Holds) -> Selection:
     failed = failed_conditions(spec.requires, versions, holds)
     if failed:
         return Selection(False, "; ".join(failed))
@@ -124,13 +135,13 @@ def select_one(spec: PatchSpec, versions: dict, holds) -> Selection:
     return Selection(True, "selected: " + describe(spec, versions), edits)
 
 
-def select(specs, versions: dict, holds) -> dict:
+def select(specs: Iterable[PatchSpec], versions: dict, holds: Holds) -> dict:
     """patch id -> Selection, by version conditions alone (`needs` is planning's business:
     see drop_unmet_needs)."""
     return {spec.id: select_one(spec, versions, holds) for spec in specs}
 
 
-def drop_unmet_needs(ids, needs_of: dict) -> tuple:
+def drop_unmet_needs(ids: Iterable[str], needs_of: dict) -> tuple[list, dict]:
     """(the ids whose `needs` are all in the set too, {dropped id: the needs it misses}),
     repeated until stable (v12 may need v11 which needs v10). Order is kept."""
     keep = list(ids)
@@ -147,7 +158,7 @@ def drop_unmet_needs(ids, needs_of: dict) -> tuple:
     return keep, dropped
 
 
-def selected_with_needs(specs, selection: dict) -> list:
+def selected_with_needs(specs: Sequence[PatchSpec], selection: dict) -> list:
     """The ids a run on a fresh target would apply: selected, with everything they need."""
     chosen = [s.id for s in specs if selection[s.id].selected]
     return drop_unmet_needs(chosen, {s.id: s.needs for s in specs})[0]
@@ -167,7 +178,7 @@ class FileClass:
     interrupted: bool = False
 
 
-def classify(info: dict, record) -> FileClass:
+def classify(info: dict, record: dict | None) -> FileClass:
     current = info["sha256"]
     if record:
         if current == record.get("patched_sha256"):
@@ -215,14 +226,14 @@ class FileChange:
     expected_sha256: str
     original_sha256: str
     current: str
-    new_content: object  # str, or None: restore the original from its backup
+    new_content: str | None  # None: restore the original from its backup
     patches: list
     edits: dict
     outcomes: dict
     versions: dict
     module: str
 
-    def diff(self, original=None) -> str:
+    def diff(self, original: str | None = None) -> str:
         import difflib  # only where a diff is shown
 
         new = self.new_content if self.new_content is not None else (original or "")
@@ -295,7 +306,7 @@ class FileWork:
     spec_ids: list  # the patches of this file, in patch order
     target: dict  # {"distribution", "path", "module"}
     info: dict
-    record: object
+    record: dict | None
     cls: FileClass
     pristine: str
     original_sha: str
@@ -329,7 +340,10 @@ class Draft:
 # --------------------------------------------------------------------------- draft
 
 
-def draft(facts: dict, specs, holds, mode: str = "apply", only=(), skip=(), force: bool = False) -> Draft:
+def draft(
+    facts: dict, specs: Iterable[PatchSpec], holds: Holds, mode: str = "apply", only: Sequence[str] = (),
+    skip: Sequence[str] = (), force: bool = False,
+) -> Draft:
     """Classify every target file, choose what each should carry, and name the transforms."""
     specs = list(specs)
     versions = versions_of(facts, condition_names(specs))
@@ -347,7 +361,7 @@ def draft(facts: dict, specs, holds, mode: str = "apply", only=(), skip=(), forc
     return d
 
 
-def _file_work(d: Draft, target: dict, force: bool):
+def _file_work(d: Draft, target: dict, force: bool) -> FileWork | None:
     """The file's FileWork, or None (with its patches' states set) when this run leaves it."""
     rel = target["path"]
     ids = [pid for pid, s in d.specs.items() if s.file == rel]
@@ -403,7 +417,7 @@ def _note_class(d: Draft, rel: str, target: dict, cls: FileClass) -> None:
         )
 
 
-def _modified_conflict(rel: str, info: dict, record) -> Conflict:
+def _modified_conflict(rel: str, info: dict, record: dict | None) -> Conflict:
     base = info.get("original") if record else None
     return Conflict(
         "modified",
@@ -414,7 +428,7 @@ def _modified_conflict(rel: str, info: dict, record) -> Conflict:
     )
 
 
-def _desired(d: Draft, work: FileWork, only, skip) -> list:
+def _desired(d: Draft, work: FileWork, only: Sequence[str], skip: Sequence[str]) -> list:
     """What the file should carry after this run, before `needs` are checked. apply: the
     selected patches asked for, plus those it carries that are still selected; rollback: what
     it carries, less those --only names (all of them without --only)."""
@@ -503,7 +517,7 @@ def _anchor_missing(d: Draft, work: FileWork, result: TransformResult) -> None:
             d.states[pid] = _idle_state(d, pid, work.cls.applied, rel, "apply")
 
 
-def _new_content(work: FileWork, result):
+def _new_content(work: FileWork, result: TransformResult | None) -> tuple[str | None, dict]:
     """(new text or None for "restore the original", outcomes per patch)."""
     if work.request is not None:
         if result is None:
@@ -550,7 +564,7 @@ def _attribute_calls(d: Draft, desired: list) -> list:
     return [dict(c) for pid in desired for c in d.specs[pid].attribute_calls]
 
 
-def _change(d: Draft, work: FileWork, new_content, outcomes: dict):
+def _change(d: Draft, work: FileWork, new_content: str | None, outcomes: dict) -> FileChange | None:
     """The FileChange for this file, or None when its bytes stay (and nothing is adopted)."""
     info, cls = work.info, work.cls
     same = new_content is not None and new_content == info["content"]

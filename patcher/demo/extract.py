@@ -214,7 +214,7 @@ def summarize(report: dict) -> None:
 
 
 def error_record(exc: BaseException, phase: str) -> dict:
-    chain = []
+    chain: list = []
     cur: BaseException | None = exc
     while cur is not None and len(chain) < 5:
         chain.append({"type": type(cur).__name__, "message": str(cur)[:3000]})
@@ -301,7 +301,7 @@ def run(args) -> dict:
         for number, prompts, results in zip(numbers, batches, outputs):
             report["calls"].append({"call": number, "prompts": check_call(reference, prompts, results)})
         report["timings"]["reference_s"] = round(time.monotonic() - t0, 2)
-    except Exception as exc:  # the symptom is the result: report it
+    except Exception as exc:  # the symptom is the result: report it  # noqa: BLE001
         report["error"] = error_record(exc, phase)
         traceback.print_exc(file=sys.stderr)
     report.setdefault("planned_calls", 0)
@@ -341,7 +341,7 @@ def main() -> int:
     if generator is not None:
         try:
             generator.executor.shutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - a failed shutdown must not hide the report
             pass
     sys.stderr.flush()
     sys.stdout.flush()

@@ -23,8 +23,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 PARAMS: dict = {
     "recipe": 1,  # bump when build() changes what it writes
@@ -73,7 +73,7 @@ def ensure_tiny_model(
             [str(python), str(Path(__file__).resolve()), str(tmp)],
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=600, check=False,
         )
         if proc.returncode != 0:
             raise RuntimeError(

@@ -135,7 +135,7 @@ def class_params(tree: SourceTree, module: str, cls: ast.ClassDef) -> Params | s
                 return f"class {cls.name}'s metaclass {ast.unparse(keyword.value)} may change its constructor at run time"
     # The nearest class in the chain that writes __init__ decides: its own def, or @dataclass's
     # generated one (a dataclass subclass of a class with __init__ gets the dataclass's).
-    for index, (owner_module, c) in enumerate(chain):
+    for index, (_owner_module, c) in enumerate(chain):
         own = last_definition(c.body, "__init__")
         if isinstance(own, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return function_params(own, drop_first=True)
@@ -189,7 +189,7 @@ def bind(params: Params, positional: int, keywords: list[str]) -> str | None:
 def _call_shape(call: ast.Call) -> tuple[int, list[str]] | None:
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return None  # *args / **kwargs at the call site: arity unknown statically (as the agent)
-    return len(call.args), [k.arg for k in call.keywords]
+    return len(call.args), [k.arg for k in call.keywords if k.arg is not None]
 
 
 # ---------------------------------------------------------------- one file against one release
@@ -242,7 +242,7 @@ def bind_file(
         if isinstance(node.func, ast.Name) and node.func.id in imported:
             module, name, target = imported[node.func.id]
         elif isinstance(node.func, ast.Attribute) and (dotted_name(node.func) or "").split(".")[0] in modules:
-            dotted = dotted_name(node.func)
+            dotted = dotted_name(node.func) or ""
             local, _, rest = dotted.partition(".")
             module, name, target = attribute_target(tree, f"{modules[local]}.{rest}")
             if target.kind == "missing":
@@ -311,9 +311,7 @@ BINDINGS_FILE = ".bindings.json"
 
 
 def _binder_key() -> str:
-    from . import facts
-
-    from . import names
+    from . import facts, names
 
     digest = hashlib.sha256(Path(__file__).read_bytes())
     digest.update(Path(facts.__file__).read_bytes())
@@ -325,7 +323,6 @@ def bind_cached(files, version: str, variants, package: str = "vllm") -> list[Bi
     """bind_file for each patched file (patched.Variant) on the release of `package` that `files`
     reads, cached beside its files: a release never changes, so a binding is computed again only
     when the patched code or this binder changes."""
-    from .facts import SourceTree
     from .wheels import write_atomic
 
     cache_file = files.root / BINDINGS_FILE

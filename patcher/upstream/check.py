@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from packaging.version import Version
 
@@ -111,7 +111,7 @@ def declared_targets(patches: Sequence[Patch]) -> list[TargetFile]:
     as it is (pristine) on the releases the patch set is meant for."""
     found = {p.target for p in patches}
     try:
-        from ..patches import targets as declared
+        from ..patches import targets as declared  # type: ignore[import-not-found]  # mapped by pyproject
     except ImportError:
         declared = None
     found |= {v for v in vars(declared).values() if isinstance(v, TargetFile)} if declared else set()
@@ -207,7 +207,9 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
         files = ReleaseFiles(cache, wheel, version)
         try:
             if dist in targets and (dist, version) in needed:
-                in_window = lambda p, d=dist, v=version: v in window(p, target_releases[d], options.since.get(d))
+                def in_window(p, d=dist, v=version):
+                    return v in window(p, target_releases[d], options.since.get(d))
+
                 return job, release_cells(patches, dist, version, files, in_window), files.downloaded
             dist_facts = [f for f in facts if f.distribution == dist]
             read = read_release(files, dist, dist_facts, package=dist.replace("-", "_"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import threading
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, cast
 
 from ..model import Fact
 
@@ -56,7 +56,7 @@ class SourceTree:
             source = self.files.read(f"{base}.py")
             if source is None:
                 source = self.files.read(f"{base}/__init__.py")
-            self._modules[dotted] = None if source is None else parse(source)
+            self._modules[dotted] = None if source is None else cast(ast.Module, parse(source))
         return self._modules[dotted]
 
     def is_package(self, dotted: str) -> bool:
@@ -136,7 +136,7 @@ class SourceTree:
                 if target is not None:
                     hit = self.find(target, expr.attr)
             if hit is not None and isinstance(hit[1], ast.ClassDef):
-                out.append(hit)
+                out.append((hit[0], hit[1]))
         return out
 
     def _module_alias(self, module: str, alias_name: str) -> str | None:
@@ -292,7 +292,7 @@ def field_default(node: Definition) -> tuple[bool, ast.expr | None]:
 
 def _same_source(expr: ast.expr, expected: str) -> bool:
     try:
-        return ast.unparse(expr) == ast.unparse(parse(expected, mode="eval").body)
+        return ast.unparse(expr) == ast.unparse(cast(ast.Expression, parse(expected, mode="eval")).body)
     except SyntaxError:
         return False
 
@@ -339,58 +339,71 @@ def evaluate(fact: Fact, tree: SourceTree) -> Verdict:
     if target is None:
         return Verdict(False, f"no {fact.where}")
     module, node = target
-
     if kind in ("has-param", "lacks-param", "required-param") or (
         kind == "default-value" and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
     ):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return Verdict(False, f"{fact.where} is not a function")
-        params = {p.name: p for p in parameters(node)}
-        param = params.get(fact.name)
-        found = _describe_param(param) if param else f"no parameter {fact.name}"
-        if kind == "has-param":
-            return Verdict(param is not None, found)
-        if kind == "lacks-param":
-            return Verdict(param is None, found)
-        if kind == "required-param":
-            return Verdict(param is not None and not param.has_default, found)
-        same = param is not None and param.default is not None and _same_source(param.default, fact.value)
-        return Verdict(same, found)
-
+        return _about_parameter(fact, node)
     if kind in ("field-required", "default-value"):
-        if not isinstance(node, ast.ClassDef):
-            return Verdict(False, f"{fact.where} is not a class")
-        hit = tree.member(module, node, fact.name)
-        if hit is None or not isinstance(hit[1], (ast.AnnAssign, ast.Assign)):
-            return Verdict(False, f"no field {fact.name}")
-        has_default, default = field_default(hit[1])
-        found = ast.unparse(hit[1]).splitlines()[0]
-        if kind == "field-required":
-            return Verdict(not has_default, found)
-        return Verdict(default is not None and _same_source(default, fact.value), found)
-
+        return _about_field(fact, tree, module, node)
     if kind in ("has-base", "lacks-base"):
-        if not isinstance(node, ast.ClassDef):
-            return Verdict(False, f"{fact.where} is not a class")
-        derives = fact.name in tree.base_names(module, node)
-        shown = ", ".join(ast.unparse(b) for b in node.bases)
-        return Verdict(derives == (kind == "has-base"), f"class {node.name}({shown})")
+        return _about_bases(fact, tree, module, node)
+    if kind in ("returns-first-item", "returns-value"):
+        return _about_returns(fact, node)
+    raise ValueError(f"unknown fact kind {kind!r}")
 
-    if kind == "returns-first-item":
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return Verdict(False, f"{fact.where} is not a function")
+
+def _about_parameter(fact: Fact, node: ast.AST) -> Verdict:
+    """has-param, lacks-param, required-param, and default-value on a function."""
+    kind = fact.kind
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return Verdict(False, f"{fact.where} is not a function")
+    params = {p.name: p for p in parameters(node)}
+    param = params.get(fact.name)
+    found = _describe_param(param) if param else f"no parameter {fact.name}"
+    if kind == "has-param":
+        return Verdict(param is not None, found)
+    if kind == "lacks-param":
+        return Verdict(param is None, found)
+    if kind == "required-param":
+        return Verdict(param is not None and not param.has_default, found)
+    same = param is not None and param.default is not None and _same_source(param.default, fact.value)
+    return Verdict(same, found)
+
+
+def _about_field(fact: Fact, tree: SourceTree, module: str, node: ast.AST) -> Verdict:
+    """field-required, and default-value on a class field."""
+    if not isinstance(node, ast.ClassDef):
+        return Verdict(False, f"{fact.where} is not a class")
+    hit = tree.member(module, node, fact.name)
+    if hit is None or not isinstance(hit[1], (ast.AnnAssign, ast.Assign)):
+        return Verdict(False, f"no field {fact.name}")
+    has_default, default = field_default(hit[1])
+    found = ast.unparse(hit[1]).splitlines()[0]
+    if fact.kind == "field-required":
+        return Verdict(not has_default, found)
+    return Verdict(default is not None and _same_source(default, fact.value), found)
+
+
+def _about_bases(fact: Fact, tree: SourceTree, module: str, node: ast.AST) -> Verdict:
+    """has-base, lacks-base."""
+    if not isinstance(node, ast.ClassDef):
+        return Verdict(False, f"{fact.where} is not a class")
+    derives = fact.name in tree.base_names(module, node)
+    shown = ", ".join(ast.unparse(b) for b in node.bases)
+    return Verdict(derives == (fact.kind == "has-base"), f"class {node.name}({shown})")
+
+
+def _about_returns(fact: Fact, node: ast.AST) -> Verdict:
+    """returns-first-item, returns-value."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return Verdict(False, f"{fact.where} is not a function")
+    if fact.kind == "returns-first-item":
         returns = [n for n in ast.walk(node) if isinstance(n, ast.Return)]
-        hits = [n for n in returns if _first_item(n.value)]
+        hits = [n.value for n in returns if n.value is not None and _first_item(n.value)]
         if hits:
-            return Verdict(True, f"return {ast.unparse(hits[0].value)}")
+            return Verdict(True, f"return {ast.unparse(hits[0])}")
         shown = "; ".join(sorted({ast.unparse(n.value) for n in returns if n.value is not None}))
         return Verdict(False, f"returns {shown or 'nothing'}")
-
-    if kind == "returns-value":
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return Verdict(False, f"{fact.where} is not a function")
-        returns = [n.value for n in ast.walk(node) if isinstance(n, ast.Return) and n.value is not None]
-        shown = "; ".join(sorted({ast.unparse(v) for v in returns}))
-        return Verdict(any(_same_source(v, fact.value) for v in returns), f"returns {shown or 'nothing'}")
-
-    raise ValueError(f"unknown fact kind {kind!r}")
+    values = [n.value for n in ast.walk(node) if isinstance(n, ast.Return) and n.value is not None]
+    shown = "; ".join(sorted({ast.unparse(v) for v in values}))
+    return Verdict(any(_same_source(v, fact.value) for v in values), f"returns {shown or 'nothing'}")

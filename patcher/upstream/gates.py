@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from packaging.version import Version
 
@@ -135,7 +135,7 @@ class GateCheck:
 
 
 def fact_json(fact: Fact) -> dict:
-    out = {
+    out: dict[str, object] = {
         "kind": fact.kind,
         "distribution": fact.distribution,
         "module": fact.module if isinstance(fact.module, str) else list(fact.module),
@@ -226,10 +226,10 @@ def check_gate(
 
     for needed in fact.needs:
         verdicts = {r: reads[r].verdicts.get(needed) for r in order}
-        check.needs_first[needed.describe()] = next((r for r in order if verdicts[r] and verdicts[r].holds), None)
-        missing = [r for r in order if selected[r] and not (verdicts[r] and verdicts[r].holds)]
+        check.needs_first[needed.describe()] = next((r for r in order if (v := verdicts[r]) and v.holds), None)
+        missing = [r for r in order if selected[r] and not ((v := verdicts[r]) and v.holds)]
         if missing:
-            detail = verdicts[missing[0]].detail if verdicts[missing[0]] else "not read"
+            detail = v.detail if (v := verdicts[missing[0]]) else "not read"
             check.problems.append(
                 f"{name} selects {_ranges(missing)}, but the edit also needs: {needed.describe()}, "
                 f"which does not hold there (found in {missing[0]}: {detail})"

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from typing import cast
 
 from .facts import MAX_DEPTH, SourceTree, _is_overload, last_definition, parse, top_level
 
@@ -29,7 +30,7 @@ class StubTree(SourceTree):
                 source = self.files.read(f"{base}.pyi")
                 if source is None:
                     source = self.files.read(f"{base}/__init__.pyi")  # torch._C
-                self._modules[dotted] = None if source is None else parse(source)
+                self._modules[dotted] = None if source is None else cast(ast.Module, parse(source))
         return self._modules[dotted]
 
 
@@ -49,19 +50,20 @@ class Target:
 def lookup(tree: SourceTree, module: str, name: str, depth: int = 0, budget: list[int] | None = None) -> Target:
     """What `from module import name` gives in this release."""
     budget = [STAR_BUDGET] if budget is None else budget
-    if tree.module(module) is None:
+    source_module = tree.module(module)
+    if source_module is None:
         return Target("missing", detail=f"no module {module}")
-    found = last_definition(tree.module(module).body, name)
+    found = last_definition(source_module.body, name)
     if found is not None:
         return Target("def", module, found)
     overloads = tuple(
-        n for n in tree.module(module).body
+        n for n in source_module.body
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name and _is_overload(n)
     )  # fmt: skip
     if overloads:  # only @overload stubs: a .pyi
         return Target("def", module, overloads[0], overloads=overloads)
     if depth <= MAX_DEPTH:
-        for node in top_level(tree.module(module).body):
+        for node in top_level(source_module.body):
             if isinstance(node, ast.ImportFrom):
                 for alias in node.names:
                     if alias.name == "*":
@@ -77,13 +79,13 @@ def lookup(tree: SourceTree, module: str, name: str, depth: int = 0, budget: lis
                         return Target("module", alias.name)
     if tree.module(f"{module}.{name}") is not None:
         return Target("module", f"{module}.{name}")
-    body = tree.module(module).body
+    body = source_module.body
     if depth <= MAX_DEPTH:
         for node in top_level(body):
             if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
-                found = _through_star(tree, tree.absolute(module, node.level, node.module), name, depth, budget)
-                if found is not None:
-                    return found
+                star = _through_star(tree, tree.absolute(module, node.level, node.module), name, depth, budget)
+                if star is not None:
+                    return star
     if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in top_level(body)) or any(
         isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in top_level(body)
     ):
@@ -132,11 +134,11 @@ def dotted_name(node: ast.AST) -> str | None:
     return None
 
 
-def guarded_imports(module: ast.Module) -> dict[int, dict[str, ast.FunctionDef]]:
+def guarded_imports(module: ast.AST) -> dict[int, dict[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     """id of each `from ... import` inside a `try:` that catches ImportError -> the functions its
     handlers define (the fallback that is called when the import fails)."""
     catches = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
-    out: dict[int, dict[str, ast.FunctionDef]] = {}
+    out: dict[int, dict[str, ast.FunctionDef | ast.AsyncFunctionDef]] = {}
     for node in ast.walk(module):
         if not isinstance(node, ast.Try):
             continue

@@ -13,9 +13,9 @@ it does not hold yet, is wrong.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from packaging.version import Version
 

@@ -8,10 +8,10 @@ torch releases it is written for (`where`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from ..model import Patch, TargetFile
 from ..selection import condition_holds, select_patches

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from packaging.version import Version
 
-from .check import CheckReport
+from .check import Cell, CheckReport
 from .gates import GateCheck
 
 CELL_TEXT = {
@@ -46,10 +46,10 @@ def matrix_rows(report: CheckReport):
     """Patches (by number) and rows: (distribution, [versions], {patch: cell}); consecutive
     releases whose cells all read the same are one row."""
     patches = sorted({c.patch_id for c in report.cells}, key=_number)
-    by_release: dict[tuple[str, str], dict[str, object]] = defaultdict(dict)
+    by_release: dict[tuple[str, str], dict[str, Cell]] = defaultdict(dict)
     for cell in report.cells:
         by_release[(cell.distribution, cell.version)][cell.patch_id] = cell
-    rows: list[tuple[str, list[str], dict[str, object]]] = []
+    rows: list[tuple[str, list[str], dict[str, Cell]]] = []
     for dist, version in sorted(by_release, key=lambda dv: (dv[0], Version(dv[1]))):
         cells = by_release[(dist, version)]
         shape = {p: (cell_text(c), c.reason.removeprefix(f"{dist} {version} ")) for p, c in cells.items()}
@@ -97,6 +97,7 @@ def not_selected_reasons(report: CheckReport) -> list[str]:
 def short_fact(check: GateCheck) -> str:
     """The fact without its module path (the JSON and Markdown carry it)."""
     fact = check.fact
+    assert fact is not None  # a gate without its fact has no row
     return fact.describe().replace(fact.module_text + ".", "", 1) if fact.qualname else fact.describe()
 
 
@@ -197,7 +198,7 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
         table.add_column("release", no_wrap=True)
         for patch_id in patches:
             table.add_column(_short(patch_id), no_wrap=True)
-        for dist, versions, cells in rows:
+        for _dist, versions, cells in rows:
             shown = []
             for patch_id in patches:
                 cell = cells.get(patch_id)
@@ -239,9 +240,9 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
             nightly = Table(title="nightlies (fabricated metadata, selection only)")
             nightly.add_column("vllm")
             nightly.add_column("selected edits")
-            for check in report.nightlies:
-                chosen = ", ".join(f"{_short(p)}: {len(e)}" for p, e in check.selected.items() if e) or "none"
-                nightly.add_row(check.version, chosen)
+            for nightly_check in report.nightlies:
+                chosen = ", ".join(f"{_short(p)}: {len(e)}" for p, e in nightly_check.selected.items() if e) or "none"
+                nightly.add_row(nightly_check.version, chosen)
             console.print(nightly)
     for problem in report.problems:
         console.print(f"[bold red]error:[/] {problem}", soft_wrap=True)
@@ -295,9 +296,9 @@ def render_markdown(report: CheckReport) -> str:
     lines += [f"{_md(line)}." for line in read_summary(report)] + [""]
     if report.bindings:
         lines += ["## Patched files bound per vLLM release", "",
-                  "Static: every vLLM import and call of the files apply writes there, and every transformers "
+                  ("Static: every vLLM import and call of the files apply writes there, and every transformers "
                   "and torch import and call against each release of those the vLLM release allows; last run: "
-                  "the release matrix's result (runtime drift is seen only there).", "",
+                  "the release matrix's result (runtime drift is seen only there)."), "",
                   "| vllm | allows | patches selected | imports+calls bound | static | last run |",
                   "|---|---|---|---|---|---|"]
         for version, allowed, patches, checked, verdict, last in release_rows(report):
@@ -306,8 +307,8 @@ def render_markdown(report: CheckReport) -> str:
         lines += ["", _md(never_run(report)) + ".", ""]
     if report.nightlies:
         lines += ["## Nightlies (fabricated metadata, selection only)", "", "| vllm | selected edits |", "|---|---|"]
-        for check in report.nightlies:
-            chosen = ", ".join(f"{_short(p)}: {', '.join(e)}" for p, e in check.selected.items() if e) or "none"
-            lines.append(f"| `{check.version}` | {_md(chosen)} |")
+        for nightly_check in report.nightlies:
+            chosen = ", ".join(f"{_short(p)}: {', '.join(e)}" for p, e in nightly_check.selected.items() if e) or "none"
+            lines.append(f"| `{nightly_check.version}` | {_md(chosen)} |")
         lines.append("")
     return "\n".join(lines)

@@ -71,12 +71,13 @@ class ReleaseFiles:
                 return file.read_bytes()
             except FileNotFoundError:
                 pass
-            if path in self._load_absent():
+            absent = self._load_absent()
+            if path in absent:
                 return None
             archive = self._open()
             if path not in self._names:
-                self._absent.add(path)
-                write_atomic(self._absent_file, json.dumps(sorted(self._absent), indent=0).encode())
+                absent.add(path)
+                write_atomic(self._absent_file, json.dumps(sorted(absent), indent=0).encode())
                 return None
             data = archive.read(path)
             write_atomic(file, data)
@@ -107,7 +108,7 @@ class ReleaseFiles:
                 shutil.rmtree(self._download_dir, ignore_errors=True)
                 self._download_dir = None
 
-    def __enter__(self) -> "ReleaseFiles":
+    def __enter__(self) -> ReleaseFiles:
         return self
 
     def __exit__(self, *exc) -> None:

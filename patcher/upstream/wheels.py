@@ -11,8 +11,8 @@ import re
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from packaging.version import InvalidVersion, Version
 
@@ -61,7 +61,7 @@ def index_versions(distribution: str, pre: bool = False) -> list[str]:
     if pre:
         command.append("--pre")
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=INDEX_TIMEOUT)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=INDEX_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
         raise IndexUnreachable(f"`pip index versions {distribution}` got no answer within {INDEX_TIMEOUT}s") from None
     except OSError as error:
@@ -132,7 +132,7 @@ def download_wheel(
         "-d", str(directory), f"{distribution}=={version}",
     ]  # fmt: skip
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
         raise DownloadFailed(f"pip download {distribution}=={version}: {error}") from error
     if done.returncode != 0:
@@ -186,7 +186,7 @@ def requires_dist(distribution: str, version: str, tags: Sequence[str] = ()) -> 
             "--report", str(report), f"{distribution}=={version}",
         ]  # fmt: skip
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT, check=False)
         except (OSError, subprocess.TimeoutExpired) as error:
             raise DownloadFailed(f"pip install --dry-run {distribution}=={version}: {error}") from error
         if done.returncode != 0:

@@ -10,8 +10,8 @@ patcher/upstream/wheels.py (check-upstream uses it at run time).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from patcher.upstream.wheels import DownloadFailed, download_wheel, extract
 

@@ -100,14 +100,13 @@ class SshServer:
     def spec(self) -> str:
         return f"{self.address}:{self.port}"
 
-    def start(self, timeout: float = 10) -> "SshServer":
+    def start(self, timeout: float = 10) -> SshServer:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
-        log = open(self.dir / "sshd.log", "ab")
-        self.proc = subprocess.Popen(
-            [SSHD, "-D", "-e", "-f", str(self.config)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        )  # fmt: skip
-        log.close()
+        with open(self.dir / "sshd.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(self.config)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
