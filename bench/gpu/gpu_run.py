@@ -181,6 +181,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu-out")))
     parser.add_argument("--tp", default="1,2", help="tensor parallel sizes to check (default 1,2; those over the GPU count are skipped)")
     parser.add_argument("--leave-out", default="", help="then check with this patch left out (e.g. v18), and roll back again")
+    parser.add_argument("--run-check", action="store_true", help="also `patcher verify --run` once applied (the run check, on CUDA)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     run = Run(args.out)
@@ -234,6 +235,15 @@ def main() -> int:
                 run.summary["steps"][f"e2e-tp{tp}"] = {"skipped": f"{gpus} GPU(s)"}
                 continue
             results[tp] = extract(run, f"tp{tp}", tp).get("ok")
+
+    if args.run_check and code == 0:
+        # patcher's own run check (remote/runcheck.py) in this CUDA target: its verdict and figures.
+        checked, verified = patcher_json(run, "verify-run", "verify", "--run")
+        check = (verified or {}).get("targets", [{}])[0].get("run_check") or {}
+        run.summary["run_check"] = {"exit": checked, **{k: check.get(k) for k in (
+            "ok", "device", "max_rel_diff", "whole_and_in_order", "prompts", "prompts_ok", "problems",
+            "cannot_run", "timings", "peak_rss_mib")}}  # fmt: skip
+        run.say(f"run check: exit {checked}, {run.summary['run_check']}")
 
     code_back, _ = patcher_json(run, "rollback", "rollback")
     after = {path: sha256(SITE / path) for path in pristine}
