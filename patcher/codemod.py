@@ -94,3 +94,32 @@ def remove_keyword(call: cst.Call, name: str) -> cst.Call:
         # The removed argument was last: its comma (trailing or absent) moves to the new last.
         args[-1] = args[-1].with_changes(comma=removed.comma)
     return call.with_changes(args=args)
+
+
+def _is_import_line(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], (cst.Import, cst.ImportFrom))
+    )
+
+
+def with_import_first(module: cst.Module, name: str) -> cst.Module | None:
+    """`module` with `import NAME` (a top-level name) added as its first import, taking over the
+    blank lines above the imports; None when the module already has that very line."""
+    body = list(module.body)
+    for statement in body:
+        if not (isinstance(statement, cst.SimpleStatementLine) and _is_import_line(statement)):
+            continue
+        imp = statement.body[0]
+        if isinstance(imp, cst.Import) and len(imp.names) == 1:
+            alias = imp.names[0]
+            if alias.asname is None and isinstance(alias.name, cst.Name) and alias.name.value == name:
+                return None
+    imports = [i for i, s in enumerate(body) if _is_import_line(s)]
+    at = imports[0] if imports else 0
+    line = cst.parse_statement(f"import {name}\n")
+    if imports:
+        line = line.with_changes(leading_lines=body[at].leading_lines)
+        body[at] = body[at].with_changes(leading_lines=())
+    return module.with_changes(body=[*body[:at], line, *body[at:]])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import libcst as cst
 
 from patcher import shapes as m
-from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
+from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg, with_import_first
 from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import PYDANTIC_UTILS, SPECULATORS_0_3
@@ -44,18 +44,7 @@ class ModelRebuildWithTorch(PatchCodemod):
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         if not self.rewrites:
             return updated
-        body = list(updated.body)
-        imports_torch = m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("torch"), asname=None)])])
-        if any(m.matches(s, imports_torch) for s in body):
-            return updated
-        imports = [i for i, s in enumerate(body) if m.matches(s, m.SimpleStatementLine(body=[m.ImportFrom() | m.Import()]))]
-        at = imports[0] if imports else 0
-        statement = cst.parse_statement("import torch\n")
-        if imports:  # first of the imports: it takes over the blank lines above them
-            statement = statement.with_changes(leading_lines=body[at].leading_lines)
-            body[at] = body[at].with_changes(leading_lines=())
-        return updated.with_changes(body=[*body[:at], statement, *body[at:]])
-
+        return with_import_first(updated, "torch") or updated
 
 BEFORE = '''\
 from abc import ABC, abstractmethod

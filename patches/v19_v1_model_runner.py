@@ -22,7 +22,7 @@ from __future__ import annotations
 import libcst as cst
 
 from patcher import shapes as m
-from patcher.codemod import PatchCodemod
+from patcher.codemod import PatchCodemod, with_import_first
 from patcher.model import Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
@@ -38,8 +38,6 @@ WHY = (
 # vLLM 0.22.0: the first release whose VllmConfig chooses V2 by default for some models.
 V2_RUNNER_BY_DEFAULT_SINCE = {"vllm": ">=0.22.0"}
 
-IMPORTS_OS = m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("os"), asname=None)])])
-ANY_IMPORT = m.SimpleStatementLine(body=[m.ImportFrom() | m.Import()])
 DOCSTRING = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString())])
 
 
@@ -89,18 +87,11 @@ class SelectV1ModelRunner(PatchCodemod):
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         if not (self.rewrites or self.patched_seen):
             return updated
-        body = list(updated.body)
-        if any(m.matches(s, IMPORTS_OS) for s in body):
+        imported = with_import_first(updated, "os")
+        if imported is None:
             return updated
         self.rewrote()
-        imports = [i for i, s in enumerate(body) if m.matches(s, ANY_IMPORT)]
-        at = imports[0] if imports else 0
-        statement = cst.parse_statement("import os\n")
-        if imports:  # first of the imports: it takes over the blank lines above them
-            statement = statement.with_changes(leading_lines=body[at].leading_lines)
-            body[at] = body[at].with_changes(leading_lines=())
-        return updated.with_changes(body=[*body[:at], statement, *body[at:]])
-
+        return imported
 
 BEFORE = '''\
 """Extract hidden states from intermediate layers during prefill using vLLM."""
