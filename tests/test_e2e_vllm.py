@@ -78,9 +78,9 @@ def test_pristine_0_3_0_fails_at_scheduler_config(target: Path, model: Path):
 
 def test_all_patches_extract_correct_hidden_states(target: Path, model: Path):
     states = patch_as(target)
-    # Every patch selected on vLLM 0.16 is applied; v12-v15 answer later vLLM releases, v16-v17
-    # transformers 5 (this environment has 4.57.6).
-    for later in ("v12", "v13", "v14", "v15", "v16", "v17"):
+    # Every patch selected on vLLM 0.16 is applied; v12-v15 and v19 answer later vLLM releases,
+    # v16-v17 transformers 5 (this environment has 4.57.6).
+    for later in ("v12", "v13", "v14", "v15", "v16", "v17", "v19"):
         assert states.pop(later) == "not-selected", states
     assert all(state == "applied" for state in states.values()), states
     report = extract(target, model, "all", "all patches")
