@@ -10,20 +10,20 @@ its recipe (patcher/demo/releases.json; ~7 GB, one at a time, deleted after use 
 one step's token budget included), compare with transformers, `patcher rollback`, and compare
 every target file's bytes with the pristine ones.
 
-vLLM 0.33.0 has no CPU wheel: its row is apply + the agent's binding check... where possible: the
-`vllm` wheel's files installed without dependencies in a light target (selection on its real
-metadata, every patch's codemod on the real files); the binding check needs vLLM to import, which
-needs CUDA torch here, so the row says so.
+vLLM 0.33.0 has no CPU wheel: its recipe names the `vllm` (CUDA) wheel with the torch it pins, from
+the index (the CUDA build, which imports without a GPU); its row is `patcher apply` with
+verification (the patched modules imported, every call bound to the installed vLLM) and rollback,
+without the extraction, which needs a GPU there.
 
-Resumable: each row is cached in $PATCHER_CACHE/releases/<release>-<patch-set hash>.json (the hash
-covers every patch module and the recipe file), so a rerun only does what changed. --readme writes
+Resumable: each row is cached in $PATCHER_CACHE/releases/<release>-<hash>.json (the hash covers
+every patch module and that release's recipe: patcher.upstream.runs.patch_set_hash), so a rerun
+only does what changed. --readme writes
 the table between the `releases:start`/`releases:end` markers of README.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -36,10 +36,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from patcher.demo.environment import FREEZE, build_demo_env, demo_env_dir, resolve_cache  # noqa: E402
+from patcher.demo.environment import build_demo_env, demo_env_dir, resolve_cache  # noqa: E402
 from patcher.demo.overlay import make_overlay  # noqa: E402
-from patcher.demo.recipes import RELEASES, recipe_for  # noqa: E402
+from patcher.demo.recipes import recipe_for  # noqa: E402
 from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
+from patcher.upstream.runs import patch_set_hash  # noqa: E402
 
 EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
 FIRST_LINE, LAST_LINE = (0, 11), (0, 32)
@@ -51,14 +52,6 @@ MARK_START, MARK_END = "<!-- releases:start -->", "<!-- releases:end -->"
 
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def patch_set_hash() -> str:
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "patches").glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    digest.update(RELEASES.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def newest_per_line() -> list[str]:
@@ -98,23 +91,27 @@ def target_paths() -> list[str]:
     return sorted({p.target.path for p in load_patches()})
 
 
-def frozen_versions(env_python: Path) -> dict[str, str]:
-    freeze = env_python.parent.parent / FREEZE
-    versions = {}
-    if freeze.is_file():
-        for line in freeze.read_text().splitlines():
-            name, _, version = line.partition("==")
-            versions[name.lower()] = version
-    return versions
+def installed_versions(env_python: Path, names=("torch", "transformers")) -> dict[str, str]:
+    """What the environment has installed, from its metadata (the 0.16 environment predates the
+    freeze file the builds write now)."""
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return '?'\n"
+        "print(json.dumps({n: v(n) for n in sys.argv[1:]}))"
+    )
+    done = subprocess.run([str(env_python), "-c", code, *names], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
 
 
 def run_release(release: str, keep_env: bool) -> dict:
     started = time.monotonic()
     row: dict = {"release": release}
+    cpu_build = recipe_for(release).cpu_build
     base = build_demo_env(progress=lambda m: say(f"  {m}"), vllm=release)
-    versions = frozen_versions(base)
+    versions = installed_versions(base)
     row["torch"], row["transformers"] = versions.get("torch", "?"), versions.get("transformers", "?")
-    model = ensure_tiny_model(build_demo_env(progress=lambda m: None), progress=lambda m: say(f"  {m}"))
+    if cpu_build:
+        model = ensure_tiny_model(build_demo_env(progress=lambda m: None), progress=lambda m: say(f"  {m}"))
     with tempfile.TemporaryDirectory(prefix="patcher-release-") as tmp:
         target = make_overlay(base, Path(tmp) / "target")
         paths = target_paths()
@@ -124,7 +121,10 @@ def run_release(release: str, keep_env: bool) -> dict:
         row["selected"] = [p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")]
         row["apply"] = f"exit {code}, {t.get('status', '?')}" + (f": {t.get('message', '')[:120]}" if code else "")
         row["versions_detected"] = t.get("versions", {})
-        row["extract"] = extract_row(target, model) if code == 0 else {"skipped": "apply failed"}
+        if not cpu_build:
+            row["extract"] = {"skipped": "no CPU build: apply and verification only"}
+        else:
+            row["extract"] = extract_row(target, model) if code == 0 else {"skipped": "apply failed"}
         code, doc, err = patcher_cli("rollback", "--python", str(target))
         row["rollback_identical"] = code == 0 and target_hashes(target, paths) == pristine
     if not keep_env and release not in KEPT:
@@ -151,33 +151,6 @@ def extract_row(target: Path, model: Path) -> dict:
         "rows_whole_in_order": all(p["status"] == "ok" for p in prompts) and len(report["calls"]) == report["planned_calls"],
         "prompts": len(prompts),
     }
-
-
-def run_no_cpu_wheel(release: str) -> dict:
-    """vllm `release` (no CPU build): its files in a light target, apply --no-verify (selection on
-    its real metadata, the codemods on the real speculators files), rollback byte-identical."""
-    started = time.monotonic()
-    row: dict = {"release": release, "torch": "-", "transformers": "-"}
-    with tempfile.TemporaryDirectory(prefix="patcher-release-") as tmp:
-        env = Path(tmp) / "env"
-        subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-        python = env / "bin" / "python"
-        pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", f"vllm=={release}", "speculators==0.3.0"]
-        done = subprocess.run(pip, capture_output=True, text=True)
-        if done.returncode != 0:
-            row["apply"] = f"could not install vllm {release}: {done.stderr.strip()[-160:]}"
-            return row
-        paths = target_paths()
-        pristine = target_hashes(python, paths)
-        code, doc, err = patcher_cli("apply", "--python", str(python), "--no-verify")
-        t = doc["targets"][0] if doc else {}
-        row["selected"] = [p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")]
-        row["apply"] = f"exit {code}, {t.get('status', '?')} (--no-verify: no CPU build; vLLM cannot import here)"
-        row["extract"] = {"skipped": "no CPU build"}
-        code, doc, err = patcher_cli("rollback", "--python", str(python))
-        row["rollback_identical"] = code == 0 and target_hashes(python, paths) == pristine
-    row["minutes"] = round((time.monotonic() - started) / 60, 1)
-    return row
 
 
 def cell(row: dict) -> list[str]:
@@ -220,18 +193,16 @@ def main() -> int:
         return 0
     results = resolve_cache() / "releases"
     results.mkdir(parents=True, exist_ok=True)
-    digest = patch_set_hash()
     rows = []
     for release in releases:
-        cached = results / f"{release}-{digest}.json"
+        cached = results / f"{release}-{patch_set_hash(release)}.json"
         if cached.is_file():
             say(f"{release}: cached ({cached.name})")
             rows.append(json.loads(cached.read_text()))
             continue
         say(f"{release}: running")
         try:
-            recipe_for(release)
-            row = run_no_cpu_wheel(release) if release in NO_CPU_WHEEL else run_release(release, args.keep_env)
+            row = run_release(release, args.keep_env)
         except Exception as error:  # one release's failure is its row, not the end of the matrix
             row = {"release": release, "apply": f"environment failed: {str(error).splitlines()[0][:200]}"}
         cached.write_text(json.dumps(row, indent=1) + "\n")
