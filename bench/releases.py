@@ -120,6 +120,7 @@ def run_release(release: str, keep_env: bool) -> dict:
         t = doc["targets"][0] if doc else {}
         row["selected"] = [p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")]
         row["apply"] = f"exit {code}, {t.get('status', '?')}" + (f": {t.get('message', '')[:120]}" if code else "")
+        row["apply_message"] = t.get("message", "")  # "N file(s) written, verified": verification ran
         row["versions_detected"] = t.get("versions", {})
         if not cpu_build:
             row["extract"] = {"skipped": "no CPU build: apply and verification only"}
