@@ -145,8 +145,8 @@ def extract_row(target: Path, model: Path) -> dict:
     if report.get("error"):
         e = report["error"]
         # the root cause of a worker's failure is only in its log (0.11.2: "WorkerProc
-        # initialization failed ... See stack trace for root cause"): keep the log's last lines
-        tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-40:]
+        # initialization failed ... See stack trace for root cause"): keep the log's last 200 lines
+        tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-200:]  # 40 missed the worker's trace
         return {"error": f"{e['type']} in {e['phase']}: {e['message'][:160]}", "log_tail": tail}
     prompts = [p for c in report["calls"] for p in c["prompts"]]
     return {
