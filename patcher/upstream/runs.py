@@ -12,7 +12,7 @@ the run check there, and writes one file per run:
 bench/releases.py's own rows (`<release>-<patch-set hash>.json`: "release", "apply", "extract",
 "rollback_identical", ...) are read too: ok when apply exited 0, the extraction was ok with every
 row whole and in order, and rollback was byte-identical; finished is the file's time. A row whose
-patch-set hash is not that of the patches here is marked stale (it ran other patches).
+hash is not that of the patches and the release's recipe here is marked stale (it ran other ones).
 The newest `finished` per release wins; a file that reads as neither is skipped.
 """
 
@@ -44,22 +44,27 @@ class RunResult:
         }  # fmt: skip
 
 
-def patch_set_hash() -> str | None:
-    """bench/releases.py's key for the patches (every patch module and the recipes file), or
+def patch_set_hash(release: str) -> str | None:
+    """bench/releases.py's key for `release`'s row: every patch module and that release's recipe
+    (what its environment is built from: another line's recipe does not make the row stale), or
     None where this installation has no recipes file."""
+    from patcher.demo.recipes import RecipeError, recipe_for
+
     root = Path(__file__).resolve().parent.parent.parent
-    recipes = root / "patcher" / "demo" / "releases.json"
     patches = root / "patches"
-    if not recipes.is_file() or not patches.is_dir():
+    if not (root / "patcher" / "demo" / "releases.json").is_file() or not patches.is_dir():
         return None
     digest = hashlib.sha256()
     for path in sorted(patches.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    digest.update(recipes.read_bytes())
+    try:
+        digest.update(b"\0recipe\0" + recipe_for(release).fingerprint().encode())
+    except RecipeError:
+        return None
     return digest.hexdigest()[:12]
 
 
-def _from_bench_row(data: dict, file: Path, current: str | None) -> RunResult:
+def _from_bench_row(data: dict, file: Path) -> RunResult:
     extract = data.get("extract") or {}
     apply = str(data.get("apply", ""))
     ok = apply.startswith("exit 0") and bool(extract.get("ok")) and bool(extract.get("rows_whole_in_order")) and bool(
@@ -71,6 +76,7 @@ def _from_bench_row(data: dict, file: Path, current: str | None) -> RunResult:
         summary += f"; largest relative error {extract['max_rel_diff']:.3f}"
     finished = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(file.stat().st_mtime))
     match = re.search(r"-([0-9a-f]{12})\.json$", file.name)
+    current = patch_set_hash(str(data["release"]))
     stale = bool(match and current and match.group(1) != current)
     return RunResult(str(data["release"]), ok, finished, summary, "", str(file), stale)
 
@@ -87,12 +93,11 @@ def load_runs(folder: Path | None = None) -> dict[str, RunResult]:
         files = sorted(folder.glob("*.json"))
     except OSError:
         return out
-    current = patch_set_hash()
     for file in files:
         try:
             data = json.loads(file.read_text())
             if "release" in data and "vllm" not in data:
-                result = _from_bench_row(data, file, current)
+                result = _from_bench_row(data, file)
             else:
                 result = RunResult(
                     str(data["vllm"]), bool(data["ok"]), str(data["finished"]), str(data.get("summary", "")),

