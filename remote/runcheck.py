@@ -148,7 +148,7 @@ def platform_problem(answer: dict) -> str | None:
         [sys.executable, "-c", ("import json,vllm\nfrom importlib import metadata\n"
          "try:\n from vllm.platforms import vllm_version_matches_substr as m\nexcept ImportError:\n m=None\n"
          "try:\n v=('cpu' if m('cpu') else 'not cpu') if m else metadata.version('vllm')\n"
-         "except metadata.PackageNotFoundError:\n v=None\nprint(json.dumps(v))")],
+         "except Exception:\n v=None\nprint(json.dumps(v))")],  # a broken alias: no version at all
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     try:
