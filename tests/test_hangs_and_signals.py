@@ -225,6 +225,15 @@ def test_banner_lines_on_stdout_are_not_taken_for_answers(tmp_path: Path):
 # ------------------------------------------------------------------ Ctrl-C (local)
 
 
+def sigint_as_at_a_terminal() -> None:
+    """In the child before it runs: SIGINT handled by default, as for a command at a terminal. A
+    suite started in the background by a shell without job control (`.ci/run &`) runs with SIGINT
+    ignored, which every child inherits, and Python then keeps ignoring it: patcher would rightly
+    never see the Ctrl-C (the thread dump of a fresh-clone run showed it waiting on, unaware).
+    Only signal.signal runs between fork and exec (no lock is taken there: PLW1509 does not apply)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_when(proc: subprocess.Popen, condition, what: str) -> tuple[dict, str, float]:
     """SIGINT to `proc` once `condition()` holds; its JSON, stderr and how long it took to exit."""
     try:
@@ -251,7 +260,8 @@ def test_ctrl_c_during_a_local_apply(tmp_path: Path, patched_bytes):
     pristine, patched = patched_bytes["pristine"], patched_bytes["patched"]
     proc = subprocess.Popen(command("apply", "--no-verify", "--python", str(python), "--json"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=environment(PATCHER_FAULT=paused_at(GENERATOR)))  # fmt: skip
+                            env=environment(PATCHER_FAULT=paused_at(GENERATOR)),
+                            preexec_fn=sigint_as_at_a_terminal)  # noqa: PLW1509  # fmt: skip
     doc, err, took = interrupt_when(
         proc, lambda: files(python)[GENERATOR] == patched[GENERATOR], "the agent to write the first file"
     )
@@ -400,7 +410,8 @@ def test_ctrl_c_during_a_fleet_apply(tmp_path: Path, client, servers, host_env, 
     inventory.write_text("".join(f"{spec(s)} ansible_python_interpreter={e}\n" for s, e in zip(hosts, envs)))
     proc = subprocess.Popen(command("apply", "--no-verify", "-i", str(inventory), "--forks", "2", *client.args(),
                                     "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, env=environment(PATCHER_FAULT=paused_at(GENERATOR)))  # fmt: skip
+                            cwd=tmp_path, env=environment(PATCHER_FAULT=paused_at(GENERATOR)),
+                            preexec_fn=sigint_as_at_a_terminal)  # noqa: PLW1509  # fmt: skip
     doc, err, took = interrupt_when(
         proc, lambda: all(files(e)[GENERATOR] == patched[GENERATOR] for e in envs[:2]), "both agents to pause"
     )
