@@ -131,21 +131,25 @@ def download_wheel(
         *tags, *(["--no-cache-dir"] if quiet_cache else []),
         "-d", str(directory), f"{distribution}=={version}",
     ]  # fmt: skip
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT, check=False)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise DownloadFailed(f"pip download {distribution}=={version}: {error}") from error
-    if done.returncode != 0:
-        if _UNREACHABLE.search(done.stderr or ""):
-            raise IndexUnreachable(
-                f"cannot reach the package index (pip download {distribution}=={version}: {_first_error(done)}); "
-                + UNREACHABLE_HINT
-            )
-        raise DownloadFailed(f"pip download {distribution}=={version} exited {done.returncode}:\n{_tail(done)}")
+    _run_pip(command, f"pip download {distribution}=={version}")
     wheel = find_wheel(directory, distribution, version)
     if wheel is None:
         raise DownloadFailed(f"pip reported success but no {wheel_prefix(distribution, version)}*.whl in {directory}")
     return wheel
+
+
+def _run_pip(command: list[str], what: str) -> subprocess.CompletedProcess:
+    """Run pip (`what` names the call in messages): IndexUnreachable when the index cannot be
+    reached, DownloadFailed on any other failure."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise DownloadFailed(f"{what}: {error}") from error
+    if done.returncode != 0:
+        if _UNREACHABLE.search(done.stderr or ""):
+            raise IndexUnreachable(f"cannot reach the package index ({what}: {_first_error(done)}); " + UNREACHABLE_HINT)
+        raise DownloadFailed(f"{what} exited {done.returncode}:\n{_tail(done)}")
+    return done
 
 
 def write_atomic(file: Path, data: bytes) -> None:
@@ -185,19 +189,7 @@ def requires_dist(distribution: str, version: str, tags: Sequence[str] = ()) -> 
             "--retries", "2", *tags, "--target", str(Path(scratch) / "never-written"),
             "--report", str(report), f"{distribution}=={version}",
         ]  # fmt: skip
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT, check=False)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            raise DownloadFailed(f"pip install --dry-run {distribution}=={version}: {error}") from error
-        if done.returncode != 0:
-            if _UNREACHABLE.search(done.stderr or ""):
-                raise IndexUnreachable(
-                    f"cannot reach the package index (pip install --dry-run {distribution}=={version}: "
-                    f"{_first_error(done)}); " + UNREACHABLE_HINT
-                )
-            raise DownloadFailed(
-                f"pip install --dry-run {distribution}=={version} exited {done.returncode}:\n{_tail(done)}"
-            )
+        _run_pip(command, f"pip install --dry-run {distribution}=={version}")
         try:
             installs = json.loads(report.read_text())["install"]
             return list(installs[0]["metadata"].get("requires_dist", []))
