@@ -173,6 +173,17 @@ def extract(run: Run, label: str, tp: int, calls: str = "all", timeout: int = 42
     return report
 
 
+def run_check(run: Run, key: str, step: str) -> None:
+    """patcher's own run check (remote/runcheck.py) in this CUDA target: its verdict and figures."""
+    checked, verified = patcher_json(run, step, "verify", "--run")
+    target = (verified or {}).get("targets", [{}])[0]
+    check = target.get("run_check") or {}
+    run.summary[key] = {"exit": checked, "message": target.get("message"), **{k: check.get(k) for k in (
+        "ok", "device", "max_rel_diff", "whole_and_in_order", "prompts", "prompts_ok", "problems",
+        "cannot_run", "timings", "peak_rss_mib")}}  # fmt: skip
+    run.say(f"{key}: exit {checked}, {run.summary[key]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", type=Path, required=True, help="folder holding manifest.json and the staged folders")
@@ -237,13 +248,7 @@ def main() -> int:
             results[tp] = extract(run, f"tp{tp}", tp).get("ok")
 
     if args.run_check and code == 0:
-        # patcher's own run check (remote/runcheck.py) in this CUDA target: its verdict and figures.
-        checked, verified = patcher_json(run, "verify-run", "verify", "--run")
-        check = (verified or {}).get("targets", [{}])[0].get("run_check") or {}
-        run.summary["run_check"] = {"exit": checked, **{k: check.get(k) for k in (
-            "ok", "device", "max_rel_diff", "whole_and_in_order", "prompts", "prompts_ok", "problems",
-            "cannot_run", "timings", "peak_rss_mib")}}  # fmt: skip
-        run.say(f"run check: exit {checked}, {run.summary['run_check']}")
+        run_check(run, "run_check", "verify-run")
 
     code_back, _ = patcher_json(run, "rollback", "rollback")
     after = {path: sha256(SITE / path) for path in pristine}
@@ -253,14 +258,20 @@ def main() -> int:
     if args.leave_out and code == 0:
         # The symptom the left-out patch answers, on this machine; then back to pristine again.
         left, _ = patcher_json(run, f"apply-without-{args.leave_out}", "apply", "--skip", args.leave_out)
-        if left == 0:
+        if left == 0 and args.run_check:
+            # the run check must catch the half-patched state on CUDA too
+            run_check(run, f"run_check_without_{args.leave_out}", f"verify-run-without-{args.leave_out}")
+        elif left == 0:
             extract(run, f"without-{args.leave_out}", 1, calls="1", timeout=300)
         again, _ = patcher_json(run, "rollback-again", "rollback")
         identical = again == 0 and {path: sha256(SITE / path) for path in pristine} == pristine
         run.summary["rollback_identical"] = run.summary["rollback_identical"] and identical
 
     run.summary["results"] = results
-    run.summary["ok"] = bool(run.summary["apply_ok"] and results and all(results.values()) and run.summary["rollback_identical"])
+    checked = run.summary.get("run_check", {}).get("ok") if args.run_check else None
+    ran = bool(results) or checked is not None  # `--tp ""` with --run-check: the run check alone
+    run.summary["ok"] = bool(run.summary["apply_ok"] and ran and all(results.values()) and checked is not False
+                             and run.summary["rollback_identical"])  # fmt: skip
     run.summary["minutes"] = round((time.monotonic() - started) / 60, 2)
     run.save()
 
