@@ -77,7 +77,7 @@ def test_run_check_over_ssh_without_v11_fails_on_the_split_prompt(tmp_path: Path
         started = time.monotonic()
         code, doc, err = patcher(
             "verify", "--run", "--host", f"root@{server.spec}", "--python", str(target), *client.args(), "--json",
-            timeout=900,
+            timeout=900, cwd=tmp_path,  # its retry file (the host fails) is written there, not in the checkout
         )
         TIMINGS["verify --run over ssh, without v11"] = time.monotonic() - started
     finally:
