@@ -154,7 +154,6 @@ class Patch:
     upstream: str  # the upstream change this patch answers (link or release)
     fixed_in: str | None = None  # the speculators release that fixed it upstream
     attribute_calls: tuple[AttributeCall, ...] = ()
-    note: str = ""  # the former name of `without_it`, still accepted
     # ids of other PATCHES this one relies on: it is never applied without them (unlike
     # Fact.needs, which names upstream facts an edit relies on)
     needs: tuple[str, ...] = ()
@@ -177,11 +176,6 @@ class Patch:
             raise ValueError(f"{where} declares no edits")
         if not self.examples:
             raise ValueError(f"{where} declares no before/after example")
-        if self.note and self.without_it and self.note != self.without_it:
-            raise ValueError(f"{where} declares both note= and without_it=; keep without_it= only")
-        if self.note and not self.without_it:
-            object.__setattr__(self, "without_it", self.note)
-        object.__setattr__(self, "note", self.without_it)
         if self.on_fixed_in and self.on_fixed_in not in FIXED_IN_OUTCOMES:
             raise ValueError(f"{where}: on_fixed_in={self.on_fixed_in!r}; one of {', '.join(FIXED_IN_OUTCOMES)}")
         if self.on_fixed_in and not self.fixed_in:

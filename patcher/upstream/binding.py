@@ -204,86 +204,118 @@ def bind_file(
     imported name (and each declared attribute call) must bind to its parameters there."""
     result = Binding(path, release)
     module_ast = parse(code)  # under the lock: bindings run in threads (facts.parse says why)
-    guarded = guarded_imports(module_ast)
-    ours = lambda module: any(module == p or module.startswith(p + ".") for p in prefixes)  # noqa: E731
-    imported: dict[str, tuple[str, str, Target]] = {}  # local name -> (module, name, target)
-    modules: dict[str, str] = {}  # local name -> module, from `import torch` / `import torch.nn as nn`
-    for node in ast.walk(module_ast):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if ours(alias.name):
-                    modules[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if not ours(node.module):
-                continue
-            for alias in node.names:
-                target = lookup(tree, node.module, alias.name)
-                if target.kind == "external":  # neither found nor known to be missing
-                    result.unchecked.append(f"from {node.module} import {alias.name}: {target.detail}")
-                else:
-                    result.checked += 1
-                if target.kind == "missing" and id(node) in guarded:
-                    # `try: from X import f / except ImportError: def f(...)`: the file's own f is called there
-                    fallback = guarded[id(node)].get(alias.asname or alias.name)
-                    result.unchecked.append(
-                        f"{node.module}.{alias.name}: {target.detail} in {release}, guarded by except ImportError"
-                        + (" (the file's own definition is bound)" if fallback is not None else "")
-                    )
-                    if fallback is not None:
-                        target = Target("def", path, fallback)
-                elif target.kind == "missing":
-                    result.problems.append(
-                        f"{path}:{node.lineno}: from {node.module} import {alias.name}: {target.detail} in {release}"
-                    )
-                imported[alias.asname or alias.name] = (node.module, alias.name, target)
-    for node in ast.walk(module_ast):
-        if not isinstance(node, ast.Call):
-            continue
-        if isinstance(node.func, ast.Name) and node.func.id in imported:
-            module, name, target = imported[node.func.id]
-        elif isinstance(node.func, ast.Attribute) and (dotted_name(node.func) or "").split(".")[0] in modules:
-            dotted = dotted_name(node.func) or ""
-            local, _, rest = dotted.partition(".")
-            module, name, target = attribute_target(tree, f"{modules[local]}.{rest}")
-            if target.kind == "missing":
-                result.checked += 1
-                result.problems.append(f"{path}:{node.lineno}: {dotted}(...): {target.detail} in {release}")
-                continue
+    binder = _FileBinder(result, tree, module_ast, prefixes)
+    binder.bind_imports()
+    binder.bind_calls()
+    for call in attribute_calls:
+        binder.bind_attribute_call(call)
+    result.unchecked = list(dict.fromkeys(result.unchecked))
+    return result
+
+
+class _FileBinder:
+    """bind_file's steps over one parsed file, adding to one Binding."""
+
+    def __init__(self, result: Binding, tree: SourceTree, module_ast: ast.AST, prefixes: tuple[str, ...]) -> None:
+        self.result = result
+        self.tree = tree
+        self.module_ast = module_ast
+        self.prefixes = prefixes
+        self.path, self.release = result.file, result.release
+        self.imported: dict[str, tuple[str, str, Target]] = {}  # local name -> (module, name, target)
+        self.modules: dict[str, str] = {}  # local name -> module, from `import torch` / `import torch.nn as nn`
+
+    def _ours(self, module: str) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in self.prefixes)
+
+    def bind_imports(self) -> None:
+        guarded = guarded_imports(self.module_ast)
+        for node in ast.walk(self.module_ast):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if self._ours(alias.name):
+                        top = alias.name.split(".")[0]
+                        self.modules[alias.asname or top] = alias.name if alias.asname else top
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and self._ours(node.module):
+                for alias in node.names:
+                    target = self._import_target(node, node.module, alias, guarded)
+                    self.imported[alias.asname or alias.name] = (node.module, alias.name, target)
+
+    def _import_target(self, node: ast.ImportFrom, module: str, alias: ast.alias, guarded: dict) -> Target:
+        """`from module import alias`: checked, unchecked or a problem; the target its calls bind to."""
+        result, release = self.result, self.release
+        target = lookup(self.tree, module, alias.name)
+        if target.kind == "external":  # neither found nor known to be missing
+            result.unchecked.append(f"from {module} import {alias.name}: {target.detail}")
         else:
-            continue
+            result.checked += 1
+        if target.kind == "missing" and id(node) in guarded:
+            # `try: from X import f / except ImportError: def f(...)`: the file's own f is called there
+            fallback = guarded[id(node)].get(alias.asname or alias.name)
+            result.unchecked.append(
+                f"{module}.{alias.name}: {target.detail} in {release}, guarded by except ImportError"
+                + (" (the file's own definition is bound)" if fallback is not None else "")
+            )
+            if fallback is not None:
+                target = Target("def", self.path, fallback)
+        elif target.kind == "missing":
+            result.problems.append(f"{self.path}:{node.lineno}: from {module} import {alias.name}: {target.detail} in {release}")
+        return target
+
+    def bind_calls(self) -> None:
+        for node in ast.walk(self.module_ast):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Name) and node.func.id in self.imported:
+                module, name, target = self.imported[node.func.id]
+            elif isinstance(node.func, ast.Attribute) and (dotted_name(node.func) or "").split(".")[0] in self.modules:
+                dotted = dotted_name(node.func) or ""
+                local, _, rest = dotted.partition(".")
+                module, name, target = attribute_target(self.tree, f"{self.modules[local]}.{rest}")
+                if target.kind == "missing":
+                    self.result.checked += 1
+                    self.result.problems.append(f"{self.path}:{node.lineno}: {dotted}(...): {target.detail} in {self.release}")
+                    continue
+            else:
+                continue
+            self._bind_call(node, module, name, target)
+
+    def _bind_call(self, node: ast.Call, module: str, name: str, target: Target) -> None:
+        result = self.result
         shape = _call_shape(node)
         if target.kind != "def" or shape is None:
             if target.kind == "external":
                 result.unchecked.append(f"{module}.{name}: {target.detail}")
-            continue
+            return
         if target.overloads:  # a stub's overloads: one of them must take the call
             errors = [bind(function_params(o, drop_first=False), *shape) for o in target.overloads]
             result.checked += 1
             error = None if None in errors else f"no overload of {len(errors)} takes it ({errors[0]})"
-            if error:
-                result.problems.append(f"{path}:{node.lineno}: {module}.{name}(...): {error} in {release}")
-            continue
-        params = _params_of(tree, target)
-        if isinstance(params, str):
-            result.unchecked.append(f"{module}.{name}: {params}")
-            continue
-        result.checked += 1
-        error = bind(params, *shape)
+        else:
+            params = _params_of(self.tree, target)
+            if isinstance(params, str):
+                result.unchecked.append(f"{module}.{name}: {params}")
+                return
+            result.checked += 1
+            error = bind(params, *shape)
         if error:
-            result.problems.append(f"{path}:{node.lineno}: {module}.{name}(...): {error} in {release}")
-    for call in attribute_calls:
+            result.problems.append(f"{self.path}:{node.lineno}: {module}.{name}(...): {error} in {self.release}")
+
+    def bind_attribute_call(self, call: dict) -> None:
+        """A declared AttributeCall: every `receiver.method(...)` in the file against its implementation."""
+        result = self.result
         module, _, qual = call["implementation"].partition(":")
         label = f"{call['receiver']}.{call['method']}"
-        hit = tree.resolve(module, qual)
+        hit = self.tree.resolve(module, qual)
         calls = [
-            n for n in ast.walk(module_ast)
+            n for n in ast.walk(self.module_ast)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == call["method"]
             and dotted_name(n.func.value) == call["receiver"]
         ]  # fmt: skip
         if hit is None or not isinstance(hit[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
             if calls:
-                result.problems.append(f"{path}: {label}: {call['implementation']} does not exist in {release}")
-            continue
+                result.problems.append(f"{self.path}: {label}: {call['implementation']} does not exist in {self.release}")
+            return
         params = function_params(hit[1], drop_first="staticmethod" not in _decorator_names(hit[1]))
         for n in calls:
             shape = _call_shape(n)
@@ -292,10 +324,7 @@ def bind_file(
             result.checked += 1
             error = bind(params, *shape)
             if error:
-                result.problems.append(f"{path}:{n.lineno}: {label}(...): {error} in {release}")
-    result.unchecked = list(dict.fromkeys(result.unchecked))
-    return result
-
+                result.problems.append(f"{self.path}:{n.lineno}: {label}(...): {error} in {self.release}")
 
 
 def _params_of(tree: SourceTree, target: Target) -> Params | str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,202 +120,280 @@ def declared_targets(patches: Sequence[Patch]) -> list[TargetFile]:
 
 
 def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
-    report = CheckReport()
-    cache = options.cache or default_cache()
-    say = options.progress
-    started = time.perf_counter()
-    targets = sorted({p.target.distribution for p in patches})
-    fact_dists = fact_distributions(patches)
-    bound = [d for d in BOUND if options.bind and d not in targets]
+    """Read the index, the releases each patch and fact needs, bind the patched files there, then
+    compare: matrix cells, gates, nightlies. An unreachable index ends the check with exit 4 and
+    what was gathered until then."""
+    check = _Check(patches, options)
     try:
-        say(f"asking the package index for the releases of {', '.join(sorted({*targets, *fact_dists, *bound}))}")
-        index = options.index or load_index([*targets, *fact_dists, *bound], pre=options.pre, workers=options.workers)
-        lacking = [d for d in bound if d not in index.versions]
-        if lacking:  # an index answer made for fewer distributions (tests, several checks in a row)
-            index = Index({**index.versions, **load_index(lacking, pre=options.pre).versions}, index.pre)
-    except IndexUnreachable as error:
-        report.exit_code = EXIT_UNREACHABLE
-        report.message = str(error)
-        return report
-    report.index = index.versions
-    report.timings["index"] = time.perf_counter() - started
+        check.run()
+    except _Unreachable as stop:
+        check.report.exit_code, check.report.message = EXIT_UNREACHABLE, stop.message
+    return check.report
 
-    # What to read: the patched distribution's releases per patch window, the facts' from `since`.
-    target_releases = {
-        d: within(index.releases(d), None, options.only.get(d)) for d in targets
-    }
-    needed: set[tuple[str, str]] = set()
-    for patch in patches:
-        dist = patch.target.distribution
-        needed.update((dist, v) for v in window(patch, target_releases[dist], options.since.get(dist)))
-    fact_releases = {
-        d: within(index.releases(d), options.since.get(d, DEFAULT_SINCE.get(d)), options.only.get(d))
-        for d in fact_dists
-    }
-    for dist, wanted in options.only.items():
-        served = set(index.releases(dist))
-        for version in wanted:
-            if version not in served:
-                report.problems.append(f"{dist} {version} is not served by the package index")
-    jobs: list[tuple[str, str, str]] = []  # (distribution, version, wheel distribution)
-    for dist, version in sorted(needed, key=lambda dv: (dv[0], Version(dv[1]))):
-        jobs.append((dist, version, dist))
-    for dist, versions in fact_releases.items():
-        for version in versions:
-            wheel = index.source_wheel(dist, version)
-            if wheel is not None:
-                jobs.append((dist, version, wheel))
 
-    facts = all_facts(patches)
-    started = time.perf_counter()
-    if options.bind and fact_releases.get("vllm"):
-        say(f"reading what {len(fact_releases['vllm'])} vLLM releases require of {' and '.join(bound)}")
-        wheels = {v: index.source_wheel("vllm", v) for v in fact_releases["vllm"]}
-        choices = {d: within(index.releases(d), None, options.only.get(d)) for d in bound}
+class _Unreachable(Exception):
+    """The package index could not be reached at a step that cannot go on without it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+_Job = tuple[str, str, str]  # (distribution, version, wheel distribution)
+
+
+class _Check:
+    """One check-upstream run: the steps of run_check, sharing what each step learnt."""
+
+    def __init__(self, patches: Sequence[Patch], options: CheckOptions) -> None:
+        self.patches = patches
+        self.options = options
+        self.report = CheckReport()
+        self.cache = options.cache or default_cache()
+        self.say = options.progress
+        self.targets = sorted({p.target.distribution for p in patches})
+        self.fact_dists = fact_distributions(patches)
+        self.bound = [d for d in BOUND if options.bind and d not in self.targets]
+        self.facts = all_facts(patches)
+        self.target_releases: dict[str, list[str]] = {}
+        self.fact_releases: dict[str, list[str]] = {}
+        self.needed: set[tuple[str, str]] = set()
+        self.patched: dict[str, list[Variant]] = {}  # vLLM release -> the patched files apply writes there
+
+    @contextmanager
+    def _timed(self, step: str) -> Iterator[None]:
+        """Record the step's duration when it completes (a step cut short by _Unreachable records none)."""
+        started = time.perf_counter()
+        yield
+        self.report.timings[step] = time.perf_counter() - started
+
+    def run(self) -> None:
+        with self._timed("index"):
+            index = self._ask_index()
+        jobs = self._plan_reads(index)
+        with self._timed("requirements"):
+            self._read_requirements(index)
+        with self._timed("patched"):
+            self._patch_files()
+        with self._timed("releases"):
+            unreachable = self._read_releases(jobs)
+        with self._timed("dependencies"):
+            if self.patched and not unreachable:
+                self._bind_dependencies(unreachable)
+        if unreachable:
+            raise _Unreachable(unreachable[0])
+        with self._timed("compare"):
+            self._check_gates()
+            if self.options.nightlies:
+                self._check_nightlies()
+        self._conclude()
+
+    def _ask_index(self) -> Index:
+        options, bound = self.options, self.bound
+        wanted = [*self.targets, *self.fact_dists, *bound]
         try:
-            report.requirements = read_requirements(
-                cache, {v: w for v, w in wheels.items() if w}, choices, options.workers
+            self.say(f"asking the package index for the releases of {', '.join(sorted(set(wanted)))}")
+            index = options.index or load_index(wanted, pre=options.pre, workers=options.workers)
+            lacking = [d for d in bound if d not in index.versions]
+            if lacking:  # an index answer made for fewer distributions (tests, several checks in a row)
+                index = Index({**index.versions, **load_index(lacking, pre=options.pre).versions}, index.pre)
+        except IndexUnreachable as error:
+            raise _Unreachable(str(error)) from None
+        self.report.index = index.versions
+        return index
+
+    def _plan_reads(self, index: Index) -> list[_Job]:
+        """What to read: the patched distribution's releases per patch window, the facts' from `since`."""
+        options = self.options
+        self.target_releases = {d: within(index.releases(d), None, options.only.get(d)) for d in self.targets}
+        for patch in self.patches:
+            dist = patch.target.distribution
+            self.needed.update((dist, v) for v in window(patch, self.target_releases[dist], options.since.get(dist)))
+        self.fact_releases = {
+            d: within(index.releases(d), options.since.get(d, DEFAULT_SINCE.get(d)), options.only.get(d))
+            for d in self.fact_dists
+        }
+        for dist, wanted in options.only.items():
+            served = set(index.releases(dist))
+            for version in wanted:
+                if version not in served:
+                    self.report.problems.append(f"{dist} {version} is not served by the package index")
+        jobs: list[_Job] = [(dist, version, dist) for dist, version in self._needed_in_order()]
+        for dist, versions in self.fact_releases.items():
+            for version in versions:
+                wheel = index.source_wheel(dist, version)
+                if wheel is not None:
+                    jobs.append((dist, version, wheel))
+        return jobs
+
+    def _needed_in_order(self) -> list[tuple[str, str]]:
+        return sorted(self.needed, key=lambda dv: (dv[0], Version(dv[1])))
+
+    def _read_requirements(self, index: Index) -> None:
+        """What each vLLM release read requires of the bound distributions (transformers, torch)."""
+        options, vllm_releases = self.options, self.fact_releases.get("vllm")
+        if not (options.bind and vllm_releases):
+            return
+        self.say(f"reading what {len(vllm_releases)} vLLM releases require of {' and '.join(self.bound)}")
+        wheels = {v: index.source_wheel("vllm", v) for v in vllm_releases}
+        choices = {d: within(index.releases(d), None, options.only.get(d)) for d in self.bound}
+        try:
+            self.report.requirements = read_requirements(
+                self.cache, {v: w for v, w in wheels.items() if w}, choices, options.workers
             )
         except IndexUnreachable as error:
-            report.exit_code, report.message = EXIT_UNREACHABLE, str(error)
-            return report
-        report.problems.extend(report.requirements.problems)
-    report.timings["requirements"] = time.perf_counter() - started
-    started = time.perf_counter()
-    bound_files = declared_targets(patches) if options.targets is None else list(options.targets)
-    patched: dict[str, list[Variant]] = {}  # vLLM release -> the patched files apply writes there
-    for dist, version in sorted(needed, key=lambda dv: (dv[0], Version(dv[1]))) if options.bind else ():
-        with ReleaseFiles(cache, dist, version) as files:
-            try:
-                found = variants(
-                    patches, dist, version, files, fact_releases.get("vllm", []), cache / ".transforms",
-                    report.requirements.allowed, bound_files,
-                )
-            except (DownloadFailed, OSError, SyntaxError, UnicodeDecodeError) as error:
-                report.problems.append(f"{dist} {version}: could not be read: {error}")
-                continue
-            except IndexUnreachable as error:
-                report.exit_code, report.message = EXIT_UNREACHABLE, str(error)
-                return report
-        for vllm, files_there in found.items():
-            patched.setdefault(vllm, []).extend(files_there)
-    report.timings["patched"] = time.perf_counter() - started
-    started = time.perf_counter()
-    say(f"reading {len(jobs)} releases ({options.workers} at a time; cache {cache})")
+            raise _Unreachable(str(error)) from None
+        self.report.problems.extend(self.report.requirements.problems)
 
-    def work(job: tuple[str, str, str]):
+    def _patch_files(self) -> None:
+        """The files apply writes on each vLLM release, from every patched release read."""
+        if not self.options.bind:
+            return
+        bound_files = declared_targets(self.patches) if self.options.targets is None else list(self.options.targets)
+        for dist, version in self._needed_in_order():
+            with ReleaseFiles(self.cache, dist, version) as files:
+                try:
+                    found = variants(
+                        self.patches, dist, version, files, self.fact_releases.get("vllm", []),
+                        self.cache / ".transforms", self.report.requirements.allowed, bound_files,
+                    )
+                except (DownloadFailed, OSError, SyntaxError, UnicodeDecodeError) as error:
+                    self.report.problems.append(f"{dist} {version}: could not be read: {error}")
+                    continue
+                except IndexUnreachable as error:
+                    raise _Unreachable(str(error)) from None
+            for vllm, files_there in found.items():
+                self.patched.setdefault(vllm, []).extend(files_there)
+
+    def _read_one(self, job: _Job) -> tuple[_Job, list[Cell] | ReleaseRead, bool]:
+        """One release: its matrix cells (a patched release) or its facts and bindings (vLLM, transformers...)."""
         dist, version, wheel = job
-        files = ReleaseFiles(cache, wheel, version)
+        files = ReleaseFiles(self.cache, wheel, version)
         try:
-            if dist in targets and (dist, version) in needed:
+            if dist in self.targets and (dist, version) in self.needed:
                 def in_window(p, d=dist, v=version):
-                    return v in window(p, target_releases[d], options.since.get(d))
+                    return v in window(p, self.target_releases[d], self.options.since.get(d))
 
-                return job, release_cells(patches, dist, version, files, in_window), files.downloaded
-            dist_facts = [f for f in facts if f.distribution == dist]
+                return job, release_cells(self.patches, dist, version, files, in_window), files.downloaded
+            dist_facts = [f for f in self.facts if f.distribution == dist]
             read = read_release(files, dist, dist_facts, package=dist.replace("-", "_"))
             if dist == "vllm":
-                read.bindings = bind_cached(files, version, patched.get(version, []))
+                read.bindings = bind_cached(files, version, self.patched.get(version, []))
             return job, read, files.downloaded
         finally:
             files.close()
 
-    unreachable: list[str] = []
-    with ThreadPoolExecutor(max_workers=max(1, options.workers)) as pool:
-        futures = [(job, pool.submit(work, job)) for job in jobs]
-        for job, future in futures:
-            dist, version, wheel = job
-            try:
-                _, result, downloaded = future.result()
-            except IndexUnreachable as error:
-                unreachable.append(str(error))
-                continue
-            except (DownloadFailed, OSError, SyntaxError, UnicodeDecodeError) as error:
-                message = f"{wheel} {version}: could not be read: {error}"
-                report.problems.append(message)
-                if dist in fact_dists and (dist, version) not in needed:
-                    report.reads.setdefault(dist, {})[version] = ReleaseRead(dist, version, wheel, error=str(error))
-                continue
-            if downloaded:
-                report.downloads.append(f"{wheel}=={version}")
-                say(f"  read {wheel} {version} (downloaded)")
-            if isinstance(result, ReleaseRead):
-                report.reads.setdefault(dist, {})[version] = result
-                report.bindings.extend(result.bindings)
-            else:
-                report.cells.extend(result)
-    report.timings["releases"] = time.perf_counter() - started
-    started = time.perf_counter()
-    if patched and not unreachable:
+    def _read_releases(self, jobs: list[_Job]) -> list[str]:
+        """Read every job, `workers` at a time; returns the index-unreachable errors met."""
+        report, options = self.report, self.options
+        self.say(f"reading {len(jobs)} releases ({options.workers} at a time; cache {self.cache})")
+        unreachable: list[str] = []
+        with ThreadPoolExecutor(max_workers=max(1, options.workers)) as pool:
+            futures = [(job, pool.submit(self._read_one, job)) for job in jobs]
+            for job, future in futures:
+                dist, version, wheel = job
+                try:
+                    _, result, downloaded = future.result()
+                except IndexUnreachable as error:
+                    unreachable.append(str(error))
+                    continue
+                except (DownloadFailed, OSError, SyntaxError, UnicodeDecodeError) as error:
+                    report.problems.append(f"{wheel} {version}: could not be read: {error}")
+                    if dist in self.fact_dists and (dist, version) not in self.needed:
+                        report.reads.setdefault(dist, {})[version] = ReleaseRead(dist, version, wheel, error=str(error))
+                    continue
+                self._record_read(job, result, downloaded)
+        return unreachable
+
+    def _record_read(self, job: _Job, result: list[Cell] | ReleaseRead, downloaded: bool) -> None:
+        dist, version, wheel = job
+        if downloaded:
+            self.report.downloads.append(f"{wheel}=={version}")
+            self.say(f"  read {wheel} {version} (downloaded)")
+        if isinstance(result, ReleaseRead):
+            self.report.reads.setdefault(dist, {})[version] = result
+            self.report.bindings.extend(result.bindings)
+        else:
+            self.report.cells.extend(result)
+
+    def _bind_dependencies(self, unreachable: list[str]) -> None:
+        """Bind the patched files against the transformers and torch releases each vLLM release allows."""
         try:
-            more, downloaded, problems = bind_dependencies(patched, cache, options.workers, say)
+            more, downloaded, problems = bind_dependencies(self.patched, self.cache, self.options.workers, self.say)
         except IndexUnreachable as error:
             unreachable.append(str(error))
         else:
-            report.bindings.extend(more)
-            report.downloads.extend(downloaded)
-            report.problems.extend(problems)
-    report.timings["dependencies"] = time.perf_counter() - started
-    if unreachable:
-        report.exit_code = EXIT_UNREACHABLE
-        report.message = unreachable[0]
-        return report
+            self.report.bindings.extend(more)
+            self.report.downloads.extend(downloaded)
+            self.report.problems.extend(problems)
 
-    started = time.perf_counter()
-    for patch in patches:
-        for edit in patch.edits:
-            dist = edit.fact.distribution if edit.fact else (fact_dists[0] if fact_dists else "vllm")
-            check = check_gate(patch, edit, report.reads.get(dist, {}), fact_releases.get(dist, []))
-            report.gates.append(check)
-            report.problems.extend(check.problems)
+    def _check_gates(self) -> None:
+        for patch in self.patches:
+            for edit in patch.edits:
+                dist = edit.fact.distribution if edit.fact else (self.fact_dists[0] if self.fact_dists else "vllm")
+                check = check_gate(patch, edit, self.report.reads.get(dist, {}), self.fact_releases.get(dist, []))
+                self.report.gates.append(check)
+                self.report.problems.extend(check.problems)
 
-    if options.nightlies:
+    def _check_nightlies(self) -> None:
+        """Select on each nightly's fabricated metadata; `others` pins each patched distribution at
+        the first release read that some patch requires."""
+        report, patches = self.report, self.patches
         others = {}
-        for dist in targets:
-            firsts = [r for r in target_releases[dist] if any(
+        for dist in self.targets:
+            firsts = [r for r in self.target_releases[dist] if any(
                 p.target.distribution == dist and condition_holds(p.requires.get(dist, ""), r) for p in patches
             )]
             if firsts:
                 others[dist] = firsts[0]
-        with ThreadPoolExecutor(max_workers=max(1, options.workers)) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, self.options.workers)) as pool:
             report.nightlies = list(
                 pool.map(
-                    lambda n: check_nightly(n, patches, others, report.gates, cache, sys.executable),
-                    options.nightlies,
+                    lambda n: check_nightly(n, patches, others, report.gates, self.cache, sys.executable),
+                    self.options.nightlies,
                 )
             )
         for nightly in report.nightlies:
             report.problems.extend(nightly.problems)
-    report.timings["compare"] = time.perf_counter() - started
 
-    drift = [c for c in report.cells if c.drift]
-    for cell in drift:
-        report.problems.append(
-            f"drift: {cell.patch_id} on {cell.distribution} {cell.version}: {cell.message or 'anchor missing'}"
-        )
-    report.bindings.sort(key=lambda b: (b.release.split()[0] != "vllm", b.release.split()[0],
-                                        Version(b.release.split()[1]), b.file))  # fmt: skip
-    unbound = [b for b in report.bindings if b.problems]
-    for binding in unbound:
-        spec = ", ".join(f"{k} {v}" for k, v in sorted(binding.versions.items()) if k != "vllm")
-        if binding.allowed_by:
-            spec += f", allowed by vllm {_span(binding.allowed_by)}"
-        for problem in binding.problems:
-            report.problems.append(f"binding ({spec}; {', '.join(_short(p) for p in binding.patches) or 'no patch'}): {problem}")
-    report.runs = load_runs(options.runs)
-    if drift or unbound:
-        report.exit_code = EXIT_DRIFT
-    elif report.problems:
-        report.exit_code = EXIT_WRONG_GATE
+    def _conclude(self) -> None:
+        """Drift and unbound calls become problems; the exit code and the one-line message."""
+        report = self.report
+        drift = [c for c in report.cells if c.drift]
+        for cell in drift:
+            report.problems.append(
+                f"drift: {cell.patch_id} on {cell.distribution} {cell.version}: {cell.message or 'anchor missing'}"
+            )
+        report.bindings.sort(key=lambda b: (b.release.split()[0] != "vllm", b.release.split()[0],
+                                            Version(b.release.split()[1]), b.file))  # fmt: skip
+        unbound = [b for b in report.bindings if b.problems]
+        for binding in unbound:
+            report.problems.extend(_binding_problems(binding))
+        report.runs = load_runs(self.options.runs)
+        if drift or unbound:
+            report.exit_code = EXIT_DRIFT
+        elif report.problems:
+            report.exit_code = EXIT_WRONG_GATE
+        report.message = _summary(report, drift, unbound)
+
+
+def _binding_problems(binding: Binding) -> list[str]:
+    spec = ", ".join(f"{k} {v}" for k, v in sorted(binding.versions.items()) if k != "vllm")
+    if binding.allowed_by:
+        spec += f", allowed by vllm {_span(binding.allowed_by)}"
+    patches = ", ".join(_short(p) for p in binding.patches) or "no patch"
+    return [f"binding ({spec}; {patches}): {problem}" for problem in binding.problems]
+
+
+def _summary(report: CheckReport, drift: list[Cell], unbound: list[Binding]) -> str:
     wrong = sum(1 for g in report.gates if not g.ok)
-    report.message = (
+    return (
         f"{len(report.cells)} matrix cells ({len(drift)} drift), {len(report.gates)} gates ({wrong} wrong), "
         f"{len(report.bindings)} patched files bound on {len(report.binding_releases())} vLLM releases "
         f"and the {len({b.release for b in report.bindings if b.allowed_by})} transformers/torch releases they allow "
         f"({len({v for b in unbound for v in b.vllm_releases})} with calls that do not bind), "
         f"{sum(len(r) for r in report.reads.values())} upstream releases read, {len(report.nightlies)} nightlies"
     )
-    return report
 
 
 def _short(patch_id: str) -> str:

@@ -80,28 +80,45 @@ def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache
     from .check import run_check
     from .render import render_markdown, render_terminal
 
-    since_map: dict[str, str] = {}
-    only: dict[str, list[str]] = {}
     try:
-        for value in since:
-            dist, version = _split_dist(value, "speculators")
-            since_map[dist] = _valid(version)
-        for value in releases:
-            dist, versions = _split_dist(value, "")
-            if not dist:
-                raise click.BadParameter(f"{value!r}: name the distribution, e.g. vllm=0.12.0")
-            only.setdefault(dist, []).extend(_valid(v) for v in versions.split(",") if v.strip())
-        for value in nightlies:
-            _valid(value)
+        since_map, only = _ranges(since, releases, nightlies)
     except click.BadParameter as error:
         click.echo(f"error: {error.message}", err=True)
         sys.exit(EXIT_USAGE)
+    options = _options(since_map, only, pre, nightlies, no_nightlies, workers, cache, quiet)
+    report = run_check(load_patches(), options)
+    if json_mode:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    if markdown is not None:
+        markdown.write_text(render_markdown(report) + "\n", encoding="utf-8")
+    render_terminal(report, quiet=quiet)
+    sys.exit(report.exit_code)
+
+
+def _ranges(since, releases, nightlies) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """--since and --release as distribution -> version(s); a version that is not PEP 440 (a
+    nightly's too) raises click.BadParameter."""
+    since_map: dict[str, str] = {}
+    only: dict[str, list[str]] = {}
+    for value in since:
+        dist, version = _split_dist(value, "speculators")
+        since_map[dist] = _valid(version)
+    for value in releases:
+        dist, versions = _split_dist(value, "")
+        if not dist:
+            raise click.BadParameter(f"{value!r}: name the distribution, e.g. vllm=0.12.0")
+        only.setdefault(dist, []).extend(_valid(v) for v in versions.split(",") if v.strip())
+    for value in nightlies:
+        _valid(value)
+    return since_map, only
+
+
+def _options(since_map, only, pre, nightlies, no_nightlies, workers, cache, quiet):
+    from .check import CheckOptions
 
     def progress(message: str) -> None:
         if not quiet:
             click.echo(message, err=True)
-
-    from .check import CheckOptions
 
     options = CheckOptions(
         since=since_map,
@@ -115,13 +132,7 @@ def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache
         options.nightlies = ()
     elif nightlies:
         options.nightlies = tuple(nightlies)
-    report = run_check(load_patches(), options)
-    if json_mode:
-        click.echo(json.dumps(report.to_json(), indent=2))
-    if markdown is not None:
-        markdown.write_text(render_markdown(report) + "\n", encoding="utf-8")
-    render_terminal(report, quiet=quiet)
-    sys.exit(report.exit_code)
+    return options
 
 
 def _valid(version: str) -> str:

@@ -181,19 +181,22 @@ def check_gate(
         check.notes.append("no release of " + fact.distribution + " could be read")
         return check
     check.holds = {r: reads[r].verdicts[fact] for r in order}
-    holds = {r: check.holds[r].holds for r in order}
+    check.first = next((r for r in order if check.holds[r].holds), None)
     selected = {r: (not gate or condition_holds(gate, r)) for r in order}
-    first = next((r for r in order if holds[r]), None)
-    check.first = first
     gate_text = f"{fact.distribution}{gate}" if gate else "(no condition on " + fact.distribution + ")"
     name = f"{patch.id} {edit.name}: gate {gate_text}"
-    what = fact.describe()
+    _check_start(check, fact, order, selected, name)
+    _check_end(check, fact, order, selected, name)
+    for needed in fact.needs:
+        _check_needed(check, needed, reads, order, selected, name)
+    return check
 
+
+def _check_start(check: GateCheck, fact: Fact, order: list[str], selected: dict[str, bool], name: str) -> None:
+    """Where the gate starts: not before the fact first holds (too early), not after it (too late)."""
+    holds = {r: check.holds[r].holds for r in order}
+    first, what = check.first, fact.describe()
     too_early = [r for r in order if selected[r] and not holds[r] and (first is None or Version(r) < Version(first))]
-    gone = [r for r in order if first is not None and Version(r) > Version(first) and not holds[r]]
-    gone_selected = [r for r in gone if selected[r]]
-    too_late = [r for r in order if holds[r] and not selected[r]]
-
     if first is None and too_early:
         check.problems.append(
             f"{name} selects {_ranges(too_early)}, but upstream never has the fact there "
@@ -204,6 +207,7 @@ def check_gate(
             f"{name} is too early: it selects {_ranges(too_early)}, but {what} first holds in {first} "
             f"(found in {too_early[-1]}: {check.holds[too_early[-1]].detail})"
         )
+    too_late = [r for r in order if holds[r] and not selected[r]]
     first_selected = next((r for r in order if selected[r]), None)
     late = [r for r in too_late if first_selected is None or Version(r) < Version(first_selected)]
     cut = [r for r in too_late if r not in late]
@@ -214,6 +218,13 @@ def check_gate(
         )
     if cut:
         check.problems.append(f"{name} stops too early: {what} still holds in {_ranges(cut)}, which it does not select")
+
+
+def _check_end(check: GateCheck, fact: Fact, order: list[str], selected: dict[str, bool], name: str) -> None:
+    """After the fact first holds: releases where it is gone again (a problem where the gate selects them)."""
+    first, what = check.first, fact.describe()
+    gone = [r for r in order if first is not None and Version(r) > Version(first) and not check.holds[r].holds]
+    gone_selected = [r for r in gone if selected[r]]
     if gone_selected:
         check.problems.append(
             f"{name}: the fact is gone again: {what} holds from {first} but not in {_ranges(gone_selected)} "
@@ -224,14 +235,17 @@ def check_gate(
     if first is not None and first == order[0]:
         check.notes.append(f"holds already in {first}, the oldest release read")
 
-    for needed in fact.needs:
-        verdicts = {r: reads[r].verdicts.get(needed) for r in order}
-        check.needs_first[needed.describe()] = next((r for r in order if (v := verdicts[r]) and v.holds), None)
-        missing = [r for r in order if selected[r] and not ((v := verdicts[r]) and v.holds)]
-        if missing:
-            detail = v.detail if (v := verdicts[missing[0]]) else "not read"
-            check.problems.append(
-                f"{name} selects {_ranges(missing)}, but the edit also needs: {needed.describe()}, "
-                f"which does not hold there (found in {missing[0]}: {detail})"
-            )
-    return check
+
+def _check_needed(
+    check: GateCheck, needed: Fact, reads: dict[str, ReleaseRead], order: list[str], selected: dict[str, bool], name: str
+) -> None:
+    """A fact the edit also needs must hold on every release the gate selects."""
+    verdicts = {r: reads[r].verdicts.get(needed) for r in order}
+    check.needs_first[needed.describe()] = next((r for r in order if (v := verdicts[r]) and v.holds), None)
+    missing = [r for r in order if selected[r] and not ((v := verdicts[r]) and v.holds)]
+    if missing:
+        detail = v.detail if (v := verdicts[missing[0]]) else "not read"
+        check.problems.append(
+            f"{name} selects {_ranges(missing)}, but the edit also needs: {needed.describe()}, "
+            f"which does not hold there (found in {missing[0]}: {detail})"
+        )

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
 from .check import Cell, CheckReport
 from .gates import GateCheck
+
+if TYPE_CHECKING:  # rich loads only when the terminal report is printed
+    from rich.console import Console
 
 CELL_TEXT = {
     "applies": ("applies", "green"),
@@ -183,7 +187,6 @@ def never_run(report: CheckReport) -> str:
 
 def render_terminal(report: CheckReport, quiet: bool = False) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(stderr=True, highlight=False)
     if not console.is_terminal:  # CI logs: wide enough for the tables
@@ -192,62 +195,85 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
         console.print(f"[bold red]error:[/] {report.message}", soft_wrap=True)
         return
     if not quiet:
-        patches, rows = matrix_rows(report)
-        dists = sorted({row[0] for row in rows})
-        table = Table(title=f"patches × releases of {', '.join(dists)}")
-        table.add_column("release", no_wrap=True)
-        for patch_id in patches:
-            table.add_column(_short(patch_id), no_wrap=True)
-        for _dist, versions, cells in rows:
-            shown = []
-            for patch_id in patches:
-                cell = cells.get(patch_id)
-                shown.append("" if cell is None else f"[{CELL_TEXT[cell.status][1]}]{cell_text(cell)}[/]")
-            table.add_row(_span(versions), *shown)
-        console.print(table)
-        console.print(f"  [dim]{LEGEND}[/]", soft_wrap=True)
-        for line in not_selected_reasons(report):
-            console.print(f"  [dim]{line}[/]", soft_wrap=True)
-
-        gates = Table(title="gates: the first release where each edit's fact holds")
-        for column in ("patch", "edit", "fact", "gate", "first release", "holds in", ""):
-            gates.add_column(column)
-        for check in report.gates:
-            status = "[green]ok[/]" if check.ok else "[bold red]WRONG[/]"
-            gates.add_row(
-                _short(check.patch_id),
-                check.edit,
-                short_fact(check) if check.fact else "[red](no fact declared)[/]",
-                check.gate or "any",
-                first_label(check, report),
-                holds_ranges(check) if check.fact else "",
-                status,
-            )
-        console.print(gates)
-        for line in read_summary(report):
-            console.print(f"  [dim]{line}[/]", soft_wrap=True)
+        _print_matrix(console, report)
+        _print_gates(console, report)
         if report.bindings:
-            bound = Table(title="patched files bound per vLLM release and the transformers/torch releases it "
-                          "allows (static), beside the release matrix's last run")
-            for column in ("vllm", "allows", "patches selected", "imports+calls bound", "static", "last run"):
-                bound.add_column(column)
-            for version, allowed, patches, checked, verdict, last in release_rows(report):
-                style = "green" if verdict == "binds" else "bold red"
-                bound.add_row(version, allowed, patches, checked, f"[{style}]{verdict}[/]", last)
-            console.print(bound)
-            console.print(f"  [dim]{never_run(report)}[/]", soft_wrap=True)
+            _print_bindings(console, report)
         if report.nightlies:
-            nightly = Table(title="nightlies (fabricated metadata, selection only)")
-            nightly.add_column("vllm")
-            nightly.add_column("selected edits")
-            for nightly_check in report.nightlies:
-                chosen = ", ".join(f"{_short(p)}: {len(e)}" for p, e in nightly_check.selected.items() if e) or "none"
-                nightly.add_row(nightly_check.version, chosen)
-            console.print(nightly)
+            _print_nightlies(console, report)
     for problem in report.problems:
         console.print(f"[bold red]error:[/] {problem}", soft_wrap=True)
     style = "green" if report.exit_code == 0 else "bold red"
     console.print(f"[{style}]check-upstream: {report.message} (exit {report.exit_code})[/]", soft_wrap=True)
+
+
+def _print_matrix(console: Console, report: CheckReport) -> None:
+    from rich.table import Table
+
+    patches, rows = matrix_rows(report)
+    dists = sorted({row[0] for row in rows})
+    table = Table(title=f"patches × releases of {', '.join(dists)}")
+    table.add_column("release", no_wrap=True)
+    for patch_id in patches:
+        table.add_column(_short(patch_id), no_wrap=True)
+    for _dist, versions, cells in rows:
+        shown = []
+        for patch_id in patches:
+            cell = cells.get(patch_id)
+            shown.append("" if cell is None else f"[{CELL_TEXT[cell.status][1]}]{cell_text(cell)}[/]")
+        table.add_row(_span(versions), *shown)
+    console.print(table)
+    console.print(f"  [dim]{LEGEND}[/]", soft_wrap=True)
+    for line in not_selected_reasons(report):
+        console.print(f"  [dim]{line}[/]", soft_wrap=True)
+
+
+def _print_gates(console: Console, report: CheckReport) -> None:
+    from rich.table import Table
+
+    gates = Table(title="gates: the first release where each edit's fact holds")
+    for column in ("patch", "edit", "fact", "gate", "first release", "holds in", ""):
+        gates.add_column(column)
+    for check in report.gates:
+        status = "[green]ok[/]" if check.ok else "[bold red]WRONG[/]"
+        gates.add_row(
+            _short(check.patch_id),
+            check.edit,
+            short_fact(check) if check.fact else "[red](no fact declared)[/]",
+            check.gate or "any",
+            first_label(check, report),
+            holds_ranges(check) if check.fact else "",
+            status,
+        )
+    console.print(gates)
+    for line in read_summary(report):
+        console.print(f"  [dim]{line}[/]", soft_wrap=True)
+
+
+def _print_bindings(console: Console, report: CheckReport) -> None:
+    from rich.table import Table
+
+    bound = Table(title="patched files bound per vLLM release and the transformers/torch releases it "
+                  "allows (static), beside the release matrix's last run")
+    for column in ("vllm", "allows", "patches selected", "imports+calls bound", "static", "last run"):
+        bound.add_column(column)
+    for version, allowed, patches, checked, verdict, last in release_rows(report):
+        style = "green" if verdict == "binds" else "bold red"
+        bound.add_row(version, allowed, patches, checked, f"[{style}]{verdict}[/]", last)
+    console.print(bound)
+    console.print(f"  [dim]{never_run(report)}[/]", soft_wrap=True)
+
+
+def _print_nightlies(console: Console, report: CheckReport) -> None:
+    from rich.table import Table
+
+    nightly = Table(title="nightlies (fabricated metadata, selection only)")
+    nightly.add_column("vllm")
+    nightly.add_column("selected edits")
+    for nightly_check in report.nightlies:
+        chosen = ", ".join(f"{_short(p)}: {len(e)}" for p, e in nightly_check.selected.items() if e) or "none"
+        nightly.add_row(nightly_check.version, chosen)
+    console.print(nightly)
 
 
 # ---------------------------------------------------------------------- markdown

@@ -7,26 +7,50 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 
-def run_patcher(
-    *args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600, clean_ssh: bool = False
-) -> subprocess.CompletedProcess:
-    """`python -m patcher ARGS`; `env` adds to (never replaces) this process's environment.
-    `clean_ssh` leaves out SSH_AUTH_SOCK: a remote test must never use the user's own agent."""
+def patcher_argv(*args: str) -> list[str]:
+    """`python -m patcher ARGS`, as users run it."""
+    return [sys.executable, "-m", "patcher", *args]
+
+
+def patcher_env(env: dict | None = None, clean_ssh: bool = False) -> dict:
+    """This process's environment plus `env`, with PYTHONFAULTHANDLER set: a patcher that a test
+    finds hanging and sends SIGABRT prints every thread's stack. `clean_ssh` leaves out
+    SSH_AUTH_SOCK: a remote test must never use the user's own agent."""
     base = {k: v for k, v in os.environ.items() if not (clean_ssh and k == "SSH_AUTH_SOCK")}
+    return {**base, "PYTHONFAULTHANDLER": "1", **(env or {})}
+
+
+def run_patcher(
+    *args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600, clean_ssh: bool = False,
+    fresh_cwd: bool = False,
+) -> subprocess.CompletedProcess:
+    """`python -m patcher ARGS`; `env` adds to (never replaces) this process's environment (patcher_env).
+    `fresh_cwd` runs it in a new, empty temporary folder (where a fleet's retry file may be written)."""
+    if fresh_cwd:
+        with tempfile.TemporaryDirectory(prefix="patcher-test-") as folder:
+            return run_patcher(*args, env=env, cwd=Path(folder), timeout=timeout, clean_ssh=clean_ssh)
     return subprocess.run(
-        [sys.executable, "-m", "patcher", *args],
-        capture_output=True, text=True, cwd=cwd, env={**base, **(env or {})}, timeout=timeout,
+        patcher_argv(*args), capture_output=True, text=True, cwd=cwd, env=patcher_env(env, clean_ssh), timeout=timeout,
     )  # fmt: skip
 
 
 def patcher(*args: str, **kwargs) -> tuple[int, dict | None, str]:
-    """(exit code, the JSON document when --json was given, stderr)."""
+    """(exit code, the JSON document when --json was given, stderr); keywords as run_patcher's."""
+    code, doc, err, _ = timed_patcher(*args, **kwargs)
+    return code, doc, err
+
+
+def timed_patcher(*args: str, **kwargs) -> tuple[int, dict | None, str, float]:
+    """patcher(), and the seconds the command took (a time limit's test checks that it ended)."""
+    started = time.monotonic()
     proc = run_patcher(*args, **kwargs)
     doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
-    return proc.returncode, doc, proc.stderr
+    return proc.returncode, doc, proc.stderr, time.monotonic() - started
 
 
 def sha(path: Path) -> str:
