@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import click
 
-from . import __version__
+from .. import __version__
 
 PYTHON_HELP = (
     "the target environment's interpreter, e.g. /root/ml-env/bin/python3 (default: the interpreter "
@@ -38,14 +38,14 @@ def _color() -> bool | None:
 
 
 def _transport(python: str | None):
-    from .transport import LocalTransport
+    from ..transport.local import LocalTransport
 
     return LocalTransport(python or sys.executable)
 
 
 def _transform_cache() -> Path | None:
     """Where transform results are kept across runs (keyed by the source's sha256, the patches
-    and the code fingerprint, see patcher.transforms): the next environment or host with the same
+    and the code fingerprint, see patcher.transform.transforms): the next environment or host with the same
     files needs no libcst. PATCHER_NO_TRANSFORM_CACHE=1 turns it off."""
     if os.environ.get("PATCHER_NO_TRANSFORM_CACHE"):
         return None
@@ -53,7 +53,7 @@ def _transform_cache() -> Path | None:
 
 
 def _resolve(ids: tuple[str, ...], out: Output) -> list[str]:
-    from .registry import UnknownPatch, load_patches, resolve_ids
+    from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
 
     try:
         return resolve_ids(load_patches(), list(ids))
@@ -68,10 +68,10 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
         # The agent's interpreter starts (and compiles the agent) while patcher loads the rest.
         local = _transport(python)
         local.prestart()
-    from .registry import load_patches
+    from ..patchset.registry import load_patches
+    from ..report import document, overall_exit
+    from ..run import RunOptions, run_target
     from .render import render_reports
-    from .report import document, overall_exit
-    from .run import RunOptions, run_target
 
     out = Output(json_mode, quiet)
     only = _resolve(kwargs.pop("only", ()), out)
@@ -82,13 +82,13 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
         return
     if remote:
         _refuse_remote_only(remote, out)
-    from .transforms import shared_transforms
+    from ..transform.transforms import shared_transforms
 
     try:
         with shared_transforms(persist=_transform_cache()):
             report = run_target(local, load_patches(), options)
     except KeyboardInterrupt:  # before run_target took over (it reports its own interruptions)
-        from .report import EXIT_INTERRUPTED, TargetReport
+        from ..report import EXIT_INTERRUPTED, TargetReport
 
         local.interrupt()
         local.close()
@@ -122,10 +122,10 @@ def _refuse_remote_only(remote: dict, out: Output) -> None:
 
 def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict, options, out: Output) -> None:
     """--host/--inventory: read and check the hosts and settings, run the fleet, show and exit."""
-    from .fleet import FleetInterrupted, not_started, run_fleet
-    from .registry import load_patches
-    from .report import EXIT_INTERRUPTED, overall_exit
-    from .transforms import shared_transforms
+    from ..fleet.rollout import FleetInterrupted, not_started, run_fleet
+    from ..patchset.registry import load_patches
+    from ..report import EXIT_INTERRUPTED, overall_exit
+    from ..transform.transforms import shared_transforms
 
     hosts, readers, settings, fleet = _fleet_inputs(python, remote, out)
     for option in settings.options:
@@ -150,9 +150,9 @@ def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict,
 def _fleet_inputs(python, remote: dict, out: Output) -> tuple:
     """(hosts, inventory readers, ssh settings, fleet options), every one checked before any host
     is touched; a bad one is exit 2 with its one-line error."""
-    from .fleet import FleetOptions, batch_size
-    from .inventory import InventoryError, check_retry_file, find_ansible_inventory, load_hosts
-    from .ssh import HostError, SshSettings, check_remote_python, check_settings, check_ssh_option
+    from ..fleet.inventory import InventoryError, check_retry_file, find_ansible_inventory, load_hosts
+    from ..fleet.rollout import FleetOptions, batch_size
+    from ..transport.ssh import HostError, SshSettings, check_remote_python, check_settings, check_ssh_option
 
     try:
         reader = find_ansible_inventory(remote["ansible_inventory"], remote["no_ansible_inventory"])
@@ -191,7 +191,7 @@ def _fleet_progress(quiet: bool, out: Output, hosts: int):
 def _show_fleet(command: str, results, interrupted: bool, json_mode: bool, quiet: bool, remote: dict, readers,
                 options) -> None:  # fmt: skip
     """The JSON document (--json); one host's report as a local run shows it, or the summary table."""
-    from .fleet import fleet_document, succeeded
+    from ..fleet.rollout import fleet_document, succeeded
     from .fleetview import render_summary
     from .render import render_reports
 
@@ -218,8 +218,8 @@ def _show_fleet(command: str, results, interrupted: bool, json_mode: bool, quiet
 def _write_retry_file(retry: str, command: str, results, code: int, out: Output) -> int:
     """--retry-file: the hosts that did not succeed, or the old file removed when all did. The
     exit code, raised to 2 when the file appeared during the run."""
-    from .fleet import succeeded
-    from .inventory import InventoryError, is_retry_file, write_retry_file
+    from ..fleet.inventory import InventoryError, is_retry_file, write_retry_file
+    from ..fleet.rollout import succeeded
 
     failed = [(r.host, f"{r.report.status}: {r.report.message}") for r in results if not succeeded(r.report)]
     try:
@@ -371,7 +371,7 @@ def main() -> None:
 @json_option
 def list_patches(json_mode: bool) -> None:
     """Every patch: id, title, target file, conditions, upstream reference."""
-    from .registry import load_patches
+    from ..patchset.registry import load_patches
     from .render import render_patch_list
 
     patches = load_patches()
@@ -519,8 +519,8 @@ def bundle(output, releases, wheels, quiet) -> None:
     only; the same agent, records and exit codes as patcher). It knows the pristine files by
     sha256 and carries their patched bytes; it refuses any other file.
     """
-    from .bundle import BundleError, build, default_releases, find_or_download, write
-    from .registry import load_patches
+    from ..patchset.registry import load_patches
+    from ..transport.bundle import BundleError, build, default_releases, find_or_download, write
 
     out = Output(False, quiet)
     patches = load_patches()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from .fleet import SKIPPED, TALLY_ORDER, FleetProgress, HostResult, tally
+from ..fleet.rollout import SKIPPED, TALLY_ORDER, FleetProgress, HostResult, tally
 from .render import STATUS_STYLE, _console
 
 

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from .report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
-from .run import RunOptions, run_target
-from .ssh import Host, SshSettings, SshTransport
+from ..report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
+from ..run import RunOptions, run_target
+from ..transport.ssh import Host, SshSettings, SshTransport
 
 DEFAULT_FORKS = 8
 SKIPPED = "skipped"
