@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from ..report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
 from ..run import RunOptions, run_target
 from ..transport.ssh import Host, SshSettings, SshTransport
+from .options import DEFAULT_FORKS
 
-DEFAULT_FORKS = 8
 SKIPPED = "skipped"
 
 
