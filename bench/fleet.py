@@ -30,14 +30,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # for tests.support; patcher itself as installed
 
-from patcher.registry import load_patches  # noqa: E402
+from patcher.patchset.registry import load_patches  # noqa: E402
 from tests.support.envs import light_env, site_file  # noqa: E402
 from tests.support.sshd import SshClient, SshServer, why_no_sshd  # noqa: E402
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 # What users run: the console script installed beside this interpreter.
 SCRIPT = Path(sys.executable).parent / "patcher"
-PATCHER = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "patcher.entry"]
+PATCHER = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "patcher.cli.entry"]
 
 
 def address(i: int) -> str:

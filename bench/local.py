@@ -27,12 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # tests.support builds the light target environments
 
-from patcher.registry import load_patches  # noqa: E402
+from patcher.patchset.registry import load_patches  # noqa: E402
 from tests.support.envs import light_env, site_file  # noqa: E402
 
 # What users run: the console script installed beside this interpreter.
 SCRIPT = Path(sys.executable).parent / "patcher"
-PATCHER = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "patcher.entry"]
+PATCHER = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "patcher.cli.entry"]
 TARGETS = sorted({p.target.path for p in load_patches()})
 
 
@@ -146,8 +146,8 @@ def verification(repeat: int) -> list[dict]:
     baseline = timed(imports, repeat)
     print(f"{'IMPORTS: the patched modules':<34} {baseline * 1000:8.0f} ms  (baseline)")
     # The verifier itself, as apply runs it: the agent's verify operation in a fresh interpreter.
-    from patcher.planning import condition_names, plan_target, target_files
-    from patcher.transport import LocalTransport
+    from patcher.plan.planning import condition_names, plan_target, target_files
+    from patcher.transport.local import LocalTransport
 
     with LocalTransport(str(target)) as transport:
         facts = transport.call({"op": "facts", "names": condition_names(load_patches()), "files": target_files(load_patches())})

@@ -86,7 +86,7 @@ def target_hashes(python: Path, paths: list[str]) -> dict[str, str]:
 
 
 def target_paths() -> list[str]:
-    from patcher.registry import load_patches
+    from patcher.patchset.registry import load_patches
 
     return sorted({p.target.path for p in load_patches()})
 

@@ -1,5 +1,5 @@
 """`python -m patcher`: the console script."""
 
-from .entry import main
+from .cli.entry import main
 
 main()

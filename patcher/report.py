@@ -17,7 +17,7 @@ from .core.errors import (  # noqa: F401  (re-exported for fleet.py and the test
     EXIT_UNREACHABLE,
     EXIT_USAGE,
 )
-from .planning import PatchState
+from .plan.planning import PatchState
 
 SCHEMA_VERSION = 1
 

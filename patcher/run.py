@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from . import __version__
 from .core.errors import EXIT_CONFLICT, EXIT_FAILED, EXIT_PENDING, outcome
 from .model import Patch
-from .planning import Mode, PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
+from .plan.planning import Mode, PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
 from .report import TargetReport
-from .transport import AgentFailure, TransportError
+from .transport.local import AgentFailure, TransportError
 
 
 @dataclass
@@ -181,7 +181,7 @@ def _forget(transport, options: RunOptions, report: TargetReport, declared: list
 
 
 def _plan(facts: dict, patches: Sequence[Patch], mode: Mode, options: RunOptions, report: TargetReport) -> TargetPlan:
-    """Select and plan (patcher.planning): each patch's state and each file's change; the report
+    """Select and plan (patcher.plan.planning): each patch's state and each file's change; the report
     takes the patch states, notes and file entries."""
     plan = plan_target(facts, patches, mode, options.only, options.skip, options.force)
     report.patches = plan.patches

@@ -16,7 +16,7 @@ HEADER = "| id | file | without it, on vLLM 0.16 (CPU build, tiny Llama: `tests/
 
 
 def table() -> str:
-    from patcher.registry import import_patches
+    from patcher.patchset.registry import import_patches
 
     lines = [HEADER, "|---|---|---|---|"]
     for patch in import_patches():

@@ -1,4 +1,4 @@
-"""Rewrite patcher/help_text.py, the `patcher --help` the console script answers without click,
+"""Rewrite patcher/cli/help_text.py, the `patcher --help` the console script answers without click,
 from click's own rendering (tests/test_cli_entry.py fails until this is run after a CLI change).
 
     .venv/bin/python scripts/write_help_text.py
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patcher.entry import render_help
+from patcher.cli.entry import render_help
 
-PATH = Path(__file__).resolve().parent.parent / "patcher" / "help_text.py"
+PATH = Path(__file__).resolve().parent.parent / "patcher" / "cli" / "help_text.py"
 
 
 def text() -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.registry import load_patches
+from patcher.patchset.registry import load_patches
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import SshClient, SshServer, why_no_sshd
 

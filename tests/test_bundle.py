@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from patcher import bundle_runtime
-from patcher.registry import load_patches
-from patcher.selection import condition_holds
+from patcher.patchset.registry import load_patches
+from patcher.plan.selection import condition_holds
+from patcher.transport import bundle_runtime
 from tests.support.cli import patcher
 from tests.support.envs import light_env, site_file
 from tests.support.files import GENERATOR

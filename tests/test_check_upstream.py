@@ -18,7 +18,7 @@ import pytest
 
 from patcher.model import Edit, Example, Fact, Patch
 from patcher.patches.targets import GENERATOR as GENERATOR_FILE
-from patcher.registry import load_patches
+from patcher.patchset.registry import load_patches
 from patcher.upstream.check import EXIT_OK, EXIT_UNREACHABLE, EXIT_WRONG_GATE, CheckOptions, run_check
 from patcher.upstream.facts import SourceTree, Verdict, evaluate
 from patcher.upstream.gates import ReleaseRead, check_gate

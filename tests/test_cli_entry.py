@@ -7,15 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from patcher.entry import render_help
-from patcher.help_text import HELP
+from patcher.cli.entry import render_help
+from patcher.cli.help_text import HELP
 
 SCRIPT = Path(sys.executable).parent / "patcher"
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(args: list[str], columns: int, *, entry: bool = True) -> subprocess.CompletedProcess:
-    module = "patcher.entry" if entry else "patcher.cli"
+    module = "patcher.cli.entry" if entry else "patcher.cli.commands"
     code = f"import sys; sys.argv[0] = 'patcher'; from {module} import main; main()"
     env = {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run([sys.executable, "-X", "importtime", "-c", code, *args], capture_output=True, text=True, env=env)
@@ -26,7 +26,7 @@ def imported(importtime: str, module: str) -> bool:
 
 
 def test_kept_help_is_what_click_renders_now():
-    assert HELP == render_help(), "the CLI changed: regenerate patcher/help_text.py with `python scripts/write_help_text.py`"
+    assert HELP == render_help(), "the CLI changed: regenerate patcher/cli/help_text.py with `python scripts/write_help_text.py`"
 
 
 def test_help_text_file_is_what_the_script_writes():
@@ -36,19 +36,19 @@ def test_help_text_file_is_what_the_script_writes():
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     assert write_help_text.PATH.read_text(encoding="utf-8") == write_help_text.text(), (
-        "regenerate patcher/help_text.py with `python scripts/write_help_text.py`"
+        "regenerate patcher/cli/help_text.py with `python scripts/write_help_text.py`"
     )
 
 
 def test_python_dash_m_runs_the_cli():
-    for module in ("patcher", "patcher.entry", "patcher.cli"):
+    for module in ("patcher", "patcher.cli.entry", "patcher.cli"):
         done = subprocess.run([sys.executable, "-m", module, "list", "--json"], capture_output=True, text=True)
         assert done.returncode == 0 and '"v1-block-hasher"' in done.stdout, (module, done.stderr)
         version = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True)
         assert version.stdout.startswith("patcher, version "), (module, version.stderr)
-    before = (ROOT / "patcher" / "help_text.py").stat().st_mtime_ns
-    subprocess.run([sys.executable, "-m", "patcher.entry", "--help"], capture_output=True, check=True)
-    assert (ROOT / "patcher" / "help_text.py").stat().st_mtime_ns == before, "running the CLI wrote help_text.py"
+    before = (ROOT / "patcher" / "cli" / "help_text.py").stat().st_mtime_ns
+    subprocess.run([sys.executable, "-m", "patcher.cli.entry", "--help"], capture_output=True, check=True)
+    assert (ROOT / "patcher" / "cli" / "help_text.py").stat().st_mtime_ns == before, "running the CLI wrote help_text.py"
 
 
 def test_help_and_version_match_click_and_do_not_import_it():
@@ -73,4 +73,4 @@ def test_everything_else_goes_to_the_cli():
 
 def test_installed_script_is_the_entry():
     assert SCRIPT.exists(), "the package is installed with its console script"
-    assert "patcher.entry" in SCRIPT.read_text()
+    assert "patcher.cli.entry" in SCRIPT.read_text()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from patcher.core import errors
 from patcher.core import planning as core
-from patcher.planning import specs_of
-from patcher.registry import load_patches
-from patcher.selection import condition_holds
+from patcher.patchset.registry import load_patches
+from patcher.plan.planning import specs_of
+from patcher.plan.selection import condition_holds
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN = "pkg/gen.py"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.registry import load_patches
+from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher
 from tests.support.envs import light_env, site_file
 from tests.support.files import GENERATOR, WORKER

@@ -12,7 +12,7 @@ import pytest
 
 from patcher.model import Edit, Example, Patch
 from patcher.patches.targets import GENERATOR, SPECULATORS_0_3
-from patcher.registry import import_patches
+from patcher.patchset.registry import import_patches
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCHES = import_patches()
@@ -57,9 +57,9 @@ def _declare(**changes) -> Patch:
 
 
 def test_a_patch_that_says_nothing_of_what_breaks_cannot_go_in_the_readme(monkeypatch):
-    import patcher.registry
+    import patcher.patchset.registry
 
-    monkeypatch.setattr(patcher.registry, "import_patches", lambda: (_declare(without_it=""),))
+    monkeypatch.setattr(patcher.patchset.registry, "import_patches", lambda: (_declare(without_it=""),))
     with pytest.raises(SystemExit, match="v99-example declares neither without_it= nor readme="):
         _script("readme_patch_table").table()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.registry import load_patches
+from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher, sha, states
 from tests.support.envs import fabricate_dist, light_env, reinstall_speculators, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
@@ -63,9 +63,9 @@ def test_second_apply_changes_nothing_and_does_not_parse(env: Path):
         "import libcst\n"
         "def refuse(*a, **k): raise AssertionError('parsed')\n"
         "libcst.parse_module = refuse\n"
-        "from patcher.registry import load_patches\n"
+        "from patcher.patchset.registry import load_patches\n"
         "from patcher.run import RunOptions, run_target\n"
-        "from patcher.transport import LocalTransport\n"
+        "from patcher.transport.local import LocalTransport\n"
         f"r = run_target(LocalTransport({str(env)!r}), load_patches(), RunOptions('apply', verify=False))\n"
         "print(r.status, r.message)\n"
     )
@@ -90,7 +90,7 @@ def others_for(patch) -> dict:
 def vllm_for(patch) -> str:
     """The vLLM a patch is selected on: 0.16.0, or the lowest its declaration allows (v12: 0.33.0)."""
     from patcher.core.planning import select_one
-    from patcher.selection import condition_holds
+    from patcher.plan.selection import condition_holds
 
     versions = {"speculators": "0.3.0", "vllm": "0.16.0", **others_for(patch)}
     if select_one(patch.spec(), versions, condition_holds).selected:

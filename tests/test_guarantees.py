@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from patcher.registry import load_patches
+from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher, sha, states
 from tests.support.envs import PYTHON_FOR_TARGETS, light_env, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
@@ -187,7 +187,7 @@ OPERATIONS = st.one_of(
 def expected_bytes(original: dict[str, bytes], record: dict) -> dict[str, set[bytes]]:
     """What each file may be, given the record: its original, or the original with exactly the
     recorded patches (and edits) applied in canonical order."""
-    from patcher.transforms import transform_source
+    from patcher.transform.transforms import transform_source
 
     by_id = {p.id: p for p in PATCHES}
     allowed = {rel: {data} for rel, data in original.items()}

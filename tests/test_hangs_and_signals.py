@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.registry import load_patches
+from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher_argv, patcher_env, timed_patcher
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import SshServer, next_address, spec, why_no_sshd
@@ -127,7 +127,7 @@ def test_a_python_that_never_reads_its_input_times_out_whatever_the_request_size
     """The agent's source and a request can together pass a pipe's 64 KiB (they were 610 bytes
     short of it, and grow with every patch and declared file): writing them to a target that
     never reads must not hold patcher past its time limit."""
-    from patcher.transport import LocalTransport, TransportError
+    from patcher.transport.local import LocalTransport, TransportError
 
     fake = never_answers(tmp_path / "bin")
     transport = LocalTransport(str(fake))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from patcher.inventory import InventoryError, hosts_from_options, inventory_line, load_hosts, read_inventory
-from patcher.ssh import Host, HostError, SshSettings, SshTransport, parse_host
+from patcher.fleet.inventory import InventoryError, hosts_from_options, inventory_line, load_hosts, read_inventory
+from patcher.transport.ssh import Host, HostError, SshSettings, SshTransport, parse_host
 
 
 def test_host_strings():

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from patcher.inventory import InventoryError, load_hosts
-from patcher.inventory_files import NEEDS_ANSIBLE
+from patcher.fleet.inventory import InventoryError, load_hosts
+from patcher.fleet.inventory_files import NEEDS_ANSIBLE
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.skipif(

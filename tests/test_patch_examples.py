@@ -3,8 +3,8 @@ fixed point, "already satisfied" sources are left alone, unrelated code is repor
 
 import pytest
 
-from patcher.registry import load_patches
-from patcher.transforms import transform_source
+from patcher.patchset.registry import load_patches
+from patcher.transform.transforms import transform_source
 
 PATCHES = load_patches()
 EXAMPLES = [

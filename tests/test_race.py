@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from patcher.planning import condition_names, plan_target, target_files
-from patcher.registry import load_patches
-from patcher.transport import AgentFailure, LocalTransport
+from patcher.patchset.registry import load_patches
+from patcher.plan.planning import condition_names, plan_target, target_files
+from patcher.transport.local import AgentFailure, LocalTransport
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import ensure_user, spec, why_no_sshd
 

@@ -13,8 +13,8 @@ import itertools
 import pytest
 
 from patcher.patches.targets import EAGLE3_CORE, GENERATOR, WORKER
-from patcher.registry import load_patches
-from patcher.transforms import transform_source
+from patcher.patchset.registry import load_patches
+from patcher.transform.transforms import transform_source
 from tests.support.releases import DownloadFailed, release_files
 
 # From /work/shared/design/api-drift.md: the pristine speculators 0.3.0 target files.
@@ -116,11 +116,11 @@ def test_each_patch_applies_to_0_3_0_and_compiles(speculators_0_3_0, patch):
 def check_subset(source: str, target, subset) -> None:
     """`subset` (canonical order) applied one patch after another: every patch applies and the
     result compiles; and run the way apply runs it, every edit in one traversal
-    (patcher.combined), it gives the same code and outcomes."""
+    (patcher.transform.combined), it gives the same code and outcomes."""
     import libcst as cst
 
-    from patcher.combined import apply_together
-    from patcher.transforms import apply_patch
+    from patcher.transform.combined import apply_together
+    from patcher.transform.transforms import apply_patch
 
     pristine = cst.parse_module(source)
     tree = pristine

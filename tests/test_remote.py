@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.registry import load_patches
+from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher
 from tests.support.envs import site_file
 from tests.support.sshd import SshClient, SshServer, ensure_user, free_port, next_address, spec, why_no_sshd
@@ -489,7 +489,7 @@ def test_inventory_connection_variables_from_ansible_inventory_and_built_in(tmp_
     code, _, err = patcher("status", "-i", str(inventory), *client.args(), cwd=tmp_path)
     assert code == 2 and "ansible_connection=local is not supported" in err and "--limit" in err
     # the key file and ssh args are kept in the retry file too
-    from patcher.inventory import inventory_line, load_hosts
+    from patcher.fleet.inventory import inventory_line, load_hosts
 
     host = load_hosts([], [str(inventory)], "gpu1").hosts[0]
     assert host.key_file == str(other_key.key) and host.ssh_args == ("-o", f"Port={server.port}")

@@ -15,8 +15,8 @@ if sys.argv[1] == "libcst":
     import patcher
     sys.modules["patcher.shapes"] = libcst.matchers  # what `from patcher import shapes as m` finds
     patcher.shapes = libcst.matchers
-from patcher.registry import import_patches
-from patcher.transforms import transform_source
+from patcher.patchset.registry import import_patches
+from patcher.transform.transforms import transform_source
 out = {}
 for patch in import_patches():
     module = sys.modules[patch.edits[0].codemod.__module__]

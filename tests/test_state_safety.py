@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from patcher.inventory import RETRY_HEADER
-from patcher.planning import condition_names, target_files
-from patcher.registry import load_patches
-from patcher.transport import LocalTransport
+from patcher.fleet.inventory import RETRY_HEADER
+from patcher.patchset.registry import load_patches
+from patcher.plan.planning import condition_names, target_files
+from patcher.transport.local import LocalTransport
 from tests.support.envs import light_env, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
 from tests.support.sshd import SshClient, free_port, why_no_sshd

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from patcher.registry import load_patches
+from patcher.patchset.registry import load_patches
 from patcher.upstream.binding import bind_file
 from patcher.upstream.check import EXIT_DRIFT, EXIT_OK, EXIT_UNREACHABLE, CheckOptions, run_check
 from patcher.upstream.deps import TORCH_SOURCE_TAGS

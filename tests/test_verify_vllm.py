@@ -73,9 +73,9 @@ def test_patched_generator_passes_verification(env: Path):
 def test_verification_in_a_session_always_takes_a_fresh_interpreter(env: Path):
     """One agent session serves several requests; a verification must still see the files as a
     new process sees them now, not the modules the session (or an earlier check) imported."""
-    from patcher.planning import condition_names, plan_target, target_files
-    from patcher.registry import load_patches
-    from patcher.transport import LocalTransport
+    from patcher.patchset.registry import load_patches
+    from patcher.plan.planning import condition_names, plan_target, target_files
+    from patcher.transport.local import LocalTransport
 
     code, _, err = patcher("apply", "--python", str(env), "--no-verify")
     assert code == 0, err

@@ -1,5 +1,5 @@
 """From a target's facts to a plan, in small steps: select -> classify -> desired set -> states
--> changes. Shared by patcher (patcher/planning.py) and a bundle (which embeds this text).
+-> changes. Shared by patcher (patcher/plan/planning.py) and a bundle (which embeds this text).
 
 Standard library only, Python 3.9+, no imports from patcher: a bundle runs this text as is. Two
 things come from the caller, so that each side keeps its own:

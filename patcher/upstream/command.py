@@ -76,7 +76,7 @@ def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache
     on a release its patch is selected for, or a patched file's import or call does not bind on a
     vLLM release or on a transformers/torch release it allows; 4 the package index cannot be reached.
     """
-    from ..registry import load_patches
+    from ..patchset.registry import load_patches
     from .check import run_check
     from .render import render_markdown, render_terminal
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from ..model import Edit, Fact, Patch
-from ..selection import condition_holds
+from ..plan.selection import condition_holds
 from .facts import SourceTree, Verdict, evaluate
 from .sources import ReleaseFiles
 from .wheels import write_atomic

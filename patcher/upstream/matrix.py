@@ -22,8 +22,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from ..model import Patch
-from ..selection import condition_holds
-from ..transforms import transform_source
+from ..plan.selection import condition_holds
+from ..transform.transforms import transform_source
 from .sources import ReleaseFiles
 from .wheels import write_atomic
 
@@ -90,9 +90,9 @@ TRANSFORMS_FILE = ".transforms.json"
 def codemod_fingerprint(group: Sequence[Patch]) -> str:
     """What a transform's result depends on besides the file: the patches (ids, edits, order),
     and every line of code that can change a result (the patch package, the engine's transform
-    code, libcst's version: patcher.transforms' fingerprint). A change to any of them transforms
+    code, libcst's version: patcher.transform.transforms' fingerprint). A change to any of them transforms
     again."""
-    from ..transforms import code_fingerprint
+    from ..transform.transforms import code_fingerprint
 
     digest = hashlib.sha256(code_fingerprint().encode())
     for patch in group:

@@ -20,8 +20,8 @@ from pathlib import Path
 from packaging.version import Version
 
 from ..model import Patch
-from ..selection import condition_holds, select_patches
-from ..transport import LocalTransport
+from ..plan.selection import condition_holds, select_patches
+from ..transport.local import LocalTransport
 from .gates import GateCheck
 
 # The shapes api-drift.md records (a nightly of 0.11.1 with a CUDA label; one of 0.16.0).

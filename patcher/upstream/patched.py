@@ -14,8 +14,8 @@ from itertools import product
 from pathlib import Path
 
 from ..model import Patch, TargetFile
-from ..selection import condition_holds, select_patches
-from ..transforms import shared_transforms, transform_source
+from ..plan.selection import condition_holds, select_patches
+from ..transform.transforms import shared_transforms, transform_source
 from .sources import ReleaseFiles
 
 

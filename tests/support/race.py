@@ -33,10 +33,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patcher.planning import condition_names, plan_target, target_files
-from patcher.registry import load_patches
+from patcher.patchset.registry import load_patches
+from patcher.plan.planning import condition_names, plan_target, target_files
 from patcher.run import RunOptions, run_target
-from patcher.transport import LocalTransport
+from patcher.transport.local import LocalTransport
 
 from .envs import site_file
 
@@ -45,7 +45,7 @@ TARGETS = sorted({p.target.path for p in PATCHES})
 SHORT = {p.id: p.id.split("-", 1)[0] for p in PATCHES}  # v7-worker-embed-input-ids -> v7
 APPLIED = ("applied", "already-satisfied")
 SCRIPT = Path(sys.executable).parent / "patcher"
-PATCHER = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "patcher.entry"]
+PATCHER = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "patcher.cli.entry"]
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The action of `patcher.fleet.patch`. It runs on the controller: the work is patcher's own
-(patcher.ansible_task), which plans with libcst here and starts patcher's standard-library agent
+(patcher.transport.ansible_task), which plans with libcst here and starts patcher's standard-library agent
 on the host over Ansible's connection. Nothing of this file runs on a host."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         try:
-            from patcher.ansible_task import run_task
+            from patcher.transport.ansible_task import run_task
         except ImportError as exc:
             result.update(failed=True, msg=f"patcher is not installed in the controller's Python ({exc}): pip install patcher")
             return result

@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from .report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
-from .run import RunOptions, run_target
-from .ssh import Host, SshSettings, SshTransport
+from ..report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
+from ..run import RunOptions, run_target
+from ..transport.ssh import Host, SshSettings, SshTransport
+from .options import DEFAULT_FORKS
 
-DEFAULT_FORKS = 8
 SKIPPED = "skipped"
 
 

@@ -34,12 +34,12 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from . import __version__
-from .core import planning as core
-from .model import Patch
-from .planning import condition_names, run_transform, spec_of, specs_of
-from .selection import condition_holds, select_patches
-from .transforms import shared_transforms
+from .. import __version__
+from ..core import planning as core
+from ..model import Patch
+from ..plan.planning import condition_names, run_transform, spec_of, specs_of
+from ..plan.selection import condition_holds, select_patches
+from ..transform.transforms import shared_transforms
 
 
 class BundleError(RuntimeError):
@@ -81,7 +81,7 @@ def _cache_dirs() -> list[Path]:
 
 
 def find_or_download(distribution: str, version: str, progress: Callable[[str], None]) -> Path:
-    from .upstream.wheels import download_wheel, find_wheel
+    from ..upstream.wheels import download_wheel, find_wheel
 
     for directory in _cache_dirs():
         if directory.is_dir():
@@ -339,9 +339,9 @@ def _ranges(patches: Sequence[Patch], names: list[str], probes: dict[str, list[s
 
 
 def _render(data: dict) -> str:
+    from ..core import errors as core_errors
     from . import bundle_runtime
-    from .core import errors as core_errors
-    from .transport import agent_source
+    from .local import agent_source
 
     runtime = Path(bundle_runtime.__file__).read_text(encoding="utf-8")
     payload = _blob(json.dumps(data, sort_keys=True).encode("utf-8"))

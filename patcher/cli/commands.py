@@ -11,7 +11,8 @@ from typing import ClassVar
 
 import click
 
-from . import __version__
+from .. import __version__
+from ..fleet.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FORKS, DEFAULT_RETRY_FILE, RemoteOptions
 
 PYTHON_HELP = (
     "the target environment's interpreter, e.g. /root/ml-env/bin/python3 (default: the interpreter "
@@ -38,14 +39,14 @@ def _color() -> bool | None:
 
 
 def _transport(python: str | None):
-    from .transport import LocalTransport
+    from ..transport.local import LocalTransport
 
     return LocalTransport(python or sys.executable)
 
 
 def _transform_cache() -> Path | None:
     """Where transform results are kept across runs (keyed by the source's sha256, the patches
-    and the code fingerprint, see patcher.transforms): the next environment or host with the same
+    and the code fingerprint, see patcher.transform.transforms): the next environment or host with the same
     files needs no libcst. PATCHER_NO_TRANSFORM_CACHE=1 turns it off."""
     if os.environ.get("PATCHER_NO_TRANSFORM_CACHE"):
         return None
@@ -53,7 +54,7 @@ def _transform_cache() -> Path | None:
 
 
 def _resolve(ids: tuple[str, ...], out: Output) -> list[str]:
-    from .registry import UnknownPatch, load_patches, resolve_ids
+    from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
 
     try:
         return resolve_ids(load_patches(), list(ids))
@@ -62,179 +63,56 @@ def _resolve(ids: tuple[str, ...], out: Output) -> list[str]:
         sys.exit(2)
 
 
-def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote: dict | None = None, **kwargs) -> None:
-    fleet = bool(remote and (remote["hosts"] or remote["inventories"]))
-    if not fleet:
+def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote: RemoteOptions, **kwargs) -> None:
+    """One command on its target: the local interpreter (`--python`), or the hosts `remote` names
+    (patcher.fleet.command does that part; cli/fleetview.py shows it). Exits with the run's code."""
+    if not remote.is_fleet:
         # The agent's interpreter starts (and compiles the agent) while patcher loads the rest.
         local = _transport(python)
         local.prestart()
-    from .registry import load_patches
-    from .render import render_reports
-    from .report import document, overall_exit
-    from .run import RunOptions, run_target
+    from ..run import RunOptions
 
     out = Output(json_mode, quiet)
     only = _resolve(kwargs.pop("only", ()), out)
     skip = _resolve(kwargs.pop("skip", ()), out)
     options = RunOptions(command=command, only=only, skip=skip, progress=out.progress, **kwargs)
-    if fleet and remote is not None:  # (fleet implies remote)
-        _run_fleet(command, python, json_mode, quiet, remote, options, out)
-        return
-    if remote:
-        _refuse_remote_only(remote, out)
-    from .transforms import shared_transforms
+    if remote.is_fleet:
+        from ..fleet.command import run_fleet_command
+        from .fleetview import TerminalFleetView
+
+        view = TerminalFleetView(out.progress, out.error, json_mode, quiet, diff=options.diff)
+        sys.exit(run_fleet_command(command, python, remote, options, view, _transform_cache()))
+    given = remote.remote_only_given()
+    if given:
+        out.error(f"{', '.join(given)} only apply to remote hosts; name them with --host or --inventory")
+        sys.exit(2)
+    _run_local(command, local, options, out)
+
+
+def _run_local(command: str, local, options, out: Output) -> None:
+    """One local interpreter: run, show (--json: the document on stdout) and exit."""
+    from ..patchset.registry import load_patches
+    from ..report import document, overall_exit
+    from ..run import run_target
+    from ..transform.transforms import shared_transforms
+    from .render import render_reports
 
     try:
         with shared_transforms(persist=_transform_cache()):
             report = run_target(local, load_patches(), options)
     except KeyboardInterrupt:  # before run_target took over (it reports its own interruptions)
-        from .report import EXIT_INTERRUPTED, TargetReport
+        from ..report import EXIT_INTERRUPTED, TargetReport
 
         local.interrupt()
         local.close()
         report = TargetReport(target=local.label, status="interrupted", exit_code=EXIT_INTERRUPTED,
                               message=local.interrupted_message())  # fmt: skip
     reports = [report]
-    if json_mode:
+    if out.json_mode:
         click.echo(json.dumps(document(command, reports), indent=2))
-    if not quiet or report.exit_code not in (0, 6):
-        render_reports(command, reports, show_diff=options.diff and not json_mode, quiet=quiet)
+    if not out.quiet or report.exit_code not in (0, 6):
+        render_reports(command, reports, show_diff=options.diff and not out.json_mode, quiet=out.quiet)
     sys.exit(overall_exit(reports))
-
-
-REMOTE_ONLY = {
-    "sudo": "--sudo",
-    "limit": "--limit",
-    "ssh_options": "--ssh-option",
-    "ssh_config": "--ssh-config",
-    "ansible_inventory": "--ansible-inventory",
-    "serial": "--serial",
-    "max_fail": "--max-fail",
-}
-
-
-def _refuse_remote_only(remote: dict, out: Output) -> None:
-    given = [flag for key, flag in REMOTE_ONLY.items() if remote.get(key)]
-    if given:
-        out.error(f"{', '.join(given)} only apply to remote hosts; name them with --host or --inventory")
-        sys.exit(2)
-
-
-def _run_fleet(command: str, python, json_mode: bool, quiet: bool, remote: dict, options, out: Output) -> None:
-    """--host/--inventory: read and check the hosts and settings, run the fleet, show and exit."""
-    from .fleet import FleetInterrupted, not_started, run_fleet
-    from .registry import load_patches
-    from .report import EXIT_INTERRUPTED, overall_exit
-    from .transforms import shared_transforms
-
-    hosts, readers, settings, fleet = _fleet_inputs(python, remote, out)
-    for option in settings.options:
-        if option.lower().replace(" ", "") in ("stricthostkeychecking=no", "stricthostkeychecking=off"):
-            out.progress("note: host keys are not checked (--ssh-option StrictHostKeyChecking=no)")
-    progress = _fleet_progress(quiet, out, len(hosts))
-    interrupted = False
-    try:
-        with shared_transforms(persist=_transform_cache()):
-            results = run_fleet(hosts, python, settings, load_patches(), options, fleet, progress)
-    except FleetInterrupted as exc:
-        results, interrupted = exc.results, True
-    except KeyboardInterrupt:  # before any host was started
-        results, interrupted = [not_started(host, python, "not started: interrupted") for host in hosts], True
-    _show_fleet(command, results, interrupted, json_mode, quiet, remote, readers, options)
-    code = 130 if interrupted else overall_exit([r.report for r in results])
-    if remote["retry_file"]:
-        code = _write_retry_file(remote["retry_file"], command, results, code, out)
-    sys.exit(EXIT_INTERRUPTED if interrupted else code)
-
-
-def _fleet_inputs(python, remote: dict, out: Output) -> tuple:
-    """(hosts, inventory readers, ssh settings, fleet options), every one checked before any host
-    is touched; a bad one is exit 2 with its one-line error."""
-    from .fleet import FleetOptions, batch_size
-    from .inventory import InventoryError, check_retry_file, find_ansible_inventory, load_hosts
-    from .ssh import HostError, SshSettings, check_remote_python, check_settings, check_ssh_option
-
-    try:
-        reader = find_ansible_inventory(remote["ansible_inventory"], remote["no_ansible_inventory"])
-        loaded = load_hosts(remote["hosts"], remote["inventories"], remote["limit"], reader if remote["inventories"] else None)
-        hosts = loaded.hosts
-        if python is not None:
-            check_remote_python(python)
-        settings = SshSettings(
-            options=tuple(check_ssh_option(o) for o in remote["ssh_options"]),
-            config_file=remote["ssh_config"],
-            connect_timeout=remote["connect_timeout"],
-            sudo=remote["sudo"],
-        )
-        fleet = FleetOptions(forks=remote["forks"], serial=remote["serial"], max_fail=remote["max_fail"])
-        batch_size(fleet.serial, len(hosts))
-        check_settings(settings)
-        if remote["retry_file"]:  # before any host is touched, not after the rollout
-            check_retry_file(remote["retry_file"], remote["inventories"], limited=bool(remote["limit"]))
-    except (HostError, InventoryError, ValueError) as exc:
-        out.error(str(exc))
-        sys.exit(2)
-    return hosts, loaded.readers, settings, fleet
-
-
-def _fleet_progress(quiet: bool, out: Output, hosts: int):
-    """None (--quiet), a live table (a terminal, several hosts), or plain lines on stderr."""
-    from .fleetview import LiveProgress, PlainProgress
-
-    if quiet:
-        return None
-    if sys.stderr.isatty() and os.environ.get("TERM", "") != "dumb" and hosts > 1:
-        return LiveProgress()
-    return PlainProgress(out.progress, announce_done=hosts > 1)
-
-
-def _show_fleet(command: str, results, interrupted: bool, json_mode: bool, quiet: bool, remote: dict, readers,
-                options) -> None:  # fmt: skip
-    """The JSON document (--json); one host's report as a local run shows it, or the summary table."""
-    from .fleet import fleet_document, succeeded
-    from .fleetview import render_summary
-    from .render import render_reports
-
-    reports = [r.report for r in results]
-    if json_mode:
-        doc = fleet_document(command, results, interrupted)
-        if remote["inventories"]:
-            doc["inventory"] = {"sources": list(remote["inventories"]), "reader": readers[0]}
-        click.echo(json.dumps(doc, indent=2))
-    if len(results) == 1:
-        report = reports[0]
-        if not quiet or report.exit_code not in (0, 6):
-            render_reports(command, reports, show_diff=options.diff and not json_mode, quiet=quiet)
-    else:
-        if options.diff and not json_mode:
-            for result in results:
-                for f in result.report.files:
-                    if f.get("diff"):
-                        sys.stdout.write(f"# {result.host.name}\n" + f["diff"])
-        if not quiet or any(not succeeded(r) for r in reports):
-            render_summary(command, results)
-
-
-def _write_retry_file(retry: str, command: str, results, code: int, out: Output) -> int:
-    """--retry-file: the hosts that did not succeed, or the old file removed when all did. The
-    exit code, raised to 2 when the file appeared during the run."""
-    from .fleet import succeeded
-    from .inventory import InventoryError, is_retry_file, write_retry_file
-
-    failed = [(r.host, f"{r.report.status}: {r.report.message}") for r in results if not succeeded(r.report)]
-    try:
-        if failed:
-            write_retry_file(retry, command, failed)
-            out.progress(f"{len(failed)} host(s) did not succeed; listed in {retry} (use it with --inventory {retry})")
-        elif is_retry_file(retry):
-            os.unlink(retry)
-            out.progress(f"every host succeeded; removed the old {retry}")
-    except InventoryError as exc:  # the file appeared during the run
-        out.error(str(exc))
-        code = max(code, 2)
-    except OSError as exc:
-        out.error(f"cannot write the retry file {retry}: {exc}")
-    return code
 
 
 python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP)
@@ -284,7 +162,7 @@ REMOTE_OPTIONS = [
         "wildcards, ~regex, group[0]; !x drops, &x intersects",
     ),
     click.option(
-        "--forks", "-f", default=8, show_default=True, type=click.IntRange(1, 1024), metavar="N",
+        "--forks", "-f", default=DEFAULT_FORKS, show_default=True, type=click.IntRange(1, 1024), metavar="N",
         help="hosts worked on at the same time",
     ),
     click.option("--serial", metavar="N|N%", help="roll out in batches of N hosts (or N% of them), one batch after another"),
@@ -299,11 +177,11 @@ REMOTE_OPTIONS = [
     ),
     click.option("--ssh-config", metavar="FILE", help="ssh -F FILE instead of ~/.ssh/config"),
     click.option(
-        "--connect-timeout", default=10, show_default=True, type=click.IntRange(1, 3600), metavar="SECONDS",
+        "--connect-timeout", default=DEFAULT_CONNECT_TIMEOUT, show_default=True, type=click.IntRange(1, 3600), metavar="SECONDS",
         help="ssh ConnectTimeout",
     ),
     click.option(
-        "--retry-file", default="patcher.retry", show_default=True, metavar="FILE",
+        "--retry-file", default=DEFAULT_RETRY_FILE, show_default=True, metavar="FILE",
         help="where to list the hosts that did not succeed (an inventory for the next run)",
     ),
     click.option("--no-retry-file", is_flag=True, help="write no retry file"),
@@ -311,17 +189,18 @@ REMOTE_OPTIONS = [
 
 
 def remote_options(f):
-    """--host, --inventory and the fleet and ssh options, gathered into `remote=`."""
+    """--host, --inventory and the fleet and ssh options, gathered into `remote=` (a RemoteOptions):
+    the one place where these flags become its fields."""
 
     @functools.wraps(f)
     def wrapper(*args, hosts, inventories, ansible_inventory, no_ansible_inventory, limit, forks, serial, max_fail, sudo, ssh_options, ssh_config,
                 connect_timeout, retry_file, no_retry_file, **kwargs):  # fmt: skip
-        remote = {
-            "hosts": hosts, "inventories": inventories, "ansible_inventory": ansible_inventory,
-            "no_ansible_inventory": no_ansible_inventory, "limit": limit, "forks": forks, "serial": serial,
-            "max_fail": max_fail, "sudo": sudo, "ssh_options": ssh_options, "ssh_config": ssh_config,
-            "connect_timeout": connect_timeout, "retry_file": None if no_retry_file else retry_file,
-        }  # fmt: skip
+        remote = RemoteOptions(
+            hosts=tuple(hosts), inventories=tuple(inventories), ansible_inventory=ansible_inventory,
+            no_ansible_inventory=no_ansible_inventory, limit=limit, forks=forks, serial=serial, max_fail=max_fail,
+            sudo=sudo, ssh_options=tuple(ssh_options), ssh_config=ssh_config, connect_timeout=connect_timeout,
+            retry_file=None if no_retry_file else retry_file,
+        )  # fmt: skip
         return f(*args, remote=remote, **kwargs)
 
     for option in reversed(REMOTE_OPTIONS):
@@ -371,7 +250,7 @@ def main() -> None:
 @json_option
 def list_patches(json_mode: bool) -> None:
     """Every patch: id, title, target file, conditions, upstream reference."""
-    from .registry import load_patches
+    from ..patchset.registry import load_patches
     from .render import render_patch_list
 
     patches = load_patches()
@@ -519,8 +398,8 @@ def bundle(output, releases, wheels, quiet) -> None:
     only; the same agent, records and exit codes as patcher). It knows the pristine files by
     sha256 and carries their patched bytes; it refuses any other file.
     """
-    from .bundle import BundleError, build, default_releases, find_or_download, write
-    from .registry import load_patches
+    from ..patchset.registry import load_patches
+    from ..transport.bundle import BundleError, build, default_releases, find_or_download, write
 
     out = Output(False, quiet)
     patches = load_patches()

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__, model
+from .. import __version__, model
 
 _TYPES = {cls.__name__: cls for cls in (model.TargetFile, model.Fact, model.Edit, model.Example, model.AttributeCall, model.Patch)}
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .core import planning as core
-from .model import Edit, Patch
+from ..core import planning as core
+from ..model import Edit, Patch
 
 
 def condition_holds(spec: str, version: str | None) -> bool:

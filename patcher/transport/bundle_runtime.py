@@ -141,7 +141,7 @@ def specifier_holds(item: str, version: Version) -> bool:
 
 
 def condition_holds(spec: str, version: str | None) -> bool:
-    """As patcher.selection.condition_holds: PEP 440, pre-releases allowed."""
+    """As patcher.plan.selection.condition_holds: PEP 440, pre-releases allowed."""
     if version is None:
         return False
     try:

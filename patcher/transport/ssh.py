@@ -27,7 +27,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass, field
 
-from .transport import AgentFailure, LocalTransport, TransportError, session_bootstrap
+from .local import AgentFailure, LocalTransport, TransportError, session_bootstrap
 
 DEFAULT_REMOTE_PYTHON = "python3"
 DEFAULT_CONNECT_TIMEOUT = 10

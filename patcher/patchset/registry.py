@@ -8,7 +8,7 @@ import pkgutil
 from functools import cache
 from pathlib import Path
 
-from .model import Patch
+from ..model import Patch
 
 
 class UnknownPatch(ValueError):
@@ -18,7 +18,7 @@ class UnknownPatch(ValueError):
 @cache
 def load_patches(package: str = "patcher.patches", *, indexed: bool = True) -> tuple[Patch, ...]:
     """Every patch of `package`. With `indexed`, from the declaration index when it is current
-    (codemods imported on first use, see patcher.declarations), else by importing the modules."""
+    (codemods imported on first use, see patcher.patchset.declarations), else by importing the modules."""
     if not indexed:
         return import_patches(package)
     from .declarations import index_path, read_index, write_index

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import __version__
+from .. import __version__
 from .fastexit import run_and_exit
 
 
@@ -33,7 +33,7 @@ def main() -> None:
 
         sys.stdout.write(HELP)
         return
-    from .cli import main as cli_main
+    from .commands import main as cli_main
 
     run_and_exit(cli_main)
 
@@ -42,12 +42,12 @@ def render_help() -> str:
     """click's top-level help, as an 80-column (or wider) screen shows it: 78 columns."""
     from click.testing import CliRunner
 
-    from .cli import main as cli_main
+    from .commands import main as cli_main
 
     result = CliRunner().invoke(cli_main, ["--help"], prog_name="patcher", terminal_width=78)
     assert result.exit_code == 0, result.output
     return result.output
 
 
-if __name__ == "__main__":  # `python -m patcher.entry` is the console script too
+if __name__ == "__main__":  # `python -m patcher.cli.entry` is the console script too
     main()

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from .core import planning as core
-from .core.planning import (  # noqa: F401  (the plan's types, for the rest of patcher)
+from ..core import planning as core
+from ..core.planning import (  # noqa: F401  (the plan's types, for the rest of patcher)
     Conflict,
     Draft,
     FileChange,
@@ -22,7 +22,7 @@ from .core.planning import (  # noqa: F401  (the plan's types, for the rest of p
     draft,
     finish,
 )
-from .model import Patch
+from ..model import Patch
 from .selection import condition_holds
 
 Mode = Literal["apply", "rollback"]
@@ -58,7 +58,7 @@ def target_files(patches: Sequence[Patch]) -> list[dict]:
 
 def run_transform(request: TransformRequest, by_id: dict[str, Patch]) -> TransformResult:
     """One request of a draft, through the codemods (libcst is imported only here)."""
-    from .transforms import transform_source
+    from ..transform.transforms import transform_source
 
     steps = [(by_id[pid], [e for e in by_id[pid].edits if e.name in names]) for pid, names in request.steps]
     result = transform_source(request.pristine, steps, filename=request.path)

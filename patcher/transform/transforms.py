@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from .model import Edit, Patch
+from ..model import Edit, Patch
 from .outcomes import FileTransform, Outcome, PatchOutcome  # noqa: F401  (the results' types, here for callers)
 
 _shared: dict | None = None  # see shared_transforms()
@@ -77,9 +77,9 @@ def code_fingerprint() -> str:
     spec = importlib.util.find_spec("patcher.patches")
     assert spec is not None and spec.submodule_search_locations
     patches_dir = Path(next(iter(spec.submodule_search_locations)))
-    here = Path(__file__).parent
-    engine = ("transforms.py", "combined.py", "codemod.py", "shapes.py", "model.py", "outcomes.py")
-    for path in [*sorted(patches_dir.rglob("*.py")), *(here / name for name in engine)]:
+    top = Path(__file__).parent.parent  # patcher/
+    engine = ("transform/transforms.py", "transform/combined.py", "codemod.py", "shapes.py", "model.py", "transform/outcomes.py")
+    for path in [*sorted(patches_dir.rglob("*.py")), *(top / name for name in engine)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(_libcst_release().encode())
     return digest.hexdigest()
@@ -139,7 +139,7 @@ def _save_persisted(source: str, steps, filename: str, result: FileTransform) ->
 
 def apply_patch(tree, patch: Patch, edits: Iterable[Edit], filename: str):
     """One patch's edits on a parsed module: (new tree, outcome). All or nothing."""
-    from .codemod import SkipFile
+    from ..codemod import SkipFile
 
     before_patch = tree
     edit_states: dict[str, str] = {}

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from .codemod import PatchCodemod, SkipFile
-from .model import Edit, Patch
+from ..codemod import PatchCodemod, SkipFile
+from ..model import Edit, Patch
 from .outcomes import Outcome, PatchOutcome
 
 

@@ -1,13 +1,18 @@
-"""How a fleet run looks on stderr: live progress on a terminal (rich), plain lines otherwise,
-and the per-host summary at the end."""
+"""How a fleet run looks: live progress on a terminal (rich), plain lines otherwise, the JSON
+document on stdout (--json), and one host's report or the per-host summary at the end
+(`TerminalFleetView`, what patcher.fleet.command talks to)."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 
-from .fleet import SKIPPED, TALLY_ORDER, FleetProgress, HostResult, tally
-from .render import STATUS_STYLE, _console
+from ..fleet.rollout import SKIPPED, TALLY_ORDER, FleetProgress, HostResult, succeeded, tally
+from .render import STATUS_STYLE, _console, render_reports
 
 
 def escape(text: str) -> str:
@@ -148,3 +153,41 @@ def render_summary(command: str, results: list[HostResult]) -> None:
     console.print(
         "  ".join(f"[{STYLE.get(s, '')}]{_label(s)}[/] {counts[s]}" for s in TALLY_ORDER if counts[s] or s in SHOWN_WHEN_NONE)
     )
+
+
+class TerminalFleetView:
+    """The fleet command's output (patcher.fleet.command.FleetView): progress and errors on
+    stderr through the CLI's `note` and `error`, the JSON document and --diff on stdout."""
+
+    def __init__(self, note: Callable[[str], None], error: Callable[[str], None], json_mode: bool, quiet: bool,
+                 diff: bool) -> None:  # fmt: skip
+        self.note, self.error = note, error
+        self.json_mode, self.quiet, self.diff = json_mode, quiet, diff
+
+    def progress(self, hosts: int) -> FleetProgress | None:
+        """None (--quiet), a live table (a terminal, several hosts), or plain lines on stderr."""
+        if self.quiet:
+            return None
+        if sys.stderr.isatty() and os.environ.get("TERM", "") != "dumb" and hosts > 1:
+            return LiveProgress()
+        return PlainProgress(self.note, announce_done=hosts > 1)
+
+    def show(self, command: str, results: Sequence[HostResult], interrupted: bool, doc: dict) -> None:
+        """The JSON document (--json); one host's report as a local run shows it, or the summary table."""
+        import click
+
+        reports = [r.report for r in results]
+        if self.json_mode:
+            click.echo(json.dumps(doc, indent=2))
+        if len(results) == 1:
+            report = reports[0]
+            if not self.quiet or report.exit_code not in (0, 6):
+                render_reports(command, reports, show_diff=self.diff and not self.json_mode, quiet=self.quiet)
+            return
+        if self.diff and not self.json_mode:
+            for result in results:
+                for f in result.report.files:
+                    if f.get("diff"):
+                        sys.stdout.write(f"# {result.host.name}\n" + f["diff"])
+        if not self.quiet or any(not succeeded(r) for r in reports):
+            render_summary(command, list(results))

@@ -17,8 +17,8 @@ import secrets
 import shlex
 from pathlib import Path
 
-from .report import EXIT_OK, EXIT_PENDING
-from .transport import AgentFailure, TransportError, agent_source, bootstrap
+from ..report import EXIT_OK, EXIT_PENDING
+from .local import AgentFailure, TransportError, agent_source, bootstrap
 
 COMMANDS = ("status", "apply", "rollback")
 
@@ -74,9 +74,9 @@ def _python(args: dict, task_vars: dict) -> str:
 def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) -> dict:
     """The task's result: Ansible's `changed`, `failed`, `msg`, `diff`, and `patcher` (the host's
     entry of patcher's JSON, schema_version 1)."""
-    from .registry import UnknownPatch, load_patches, resolve_ids
-    from .run import RunOptions, run_target
-    from .transforms import shared_transforms
+    from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
+    from ..run import RunOptions, run_target
+    from ..transform.transforms import shared_transforms
 
     unknown = set(args) - {"command", "python", "only", "skip", "verify", "force", "lock_timeout"}
     if unknown:

@@ -23,9 +23,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..transport.ssh import Host, HostError, check_address, check_port, check_remote_python, check_user, parse_host
 from .host_patterns import select
 from .inventory_files import Entry, Inventory, InventoryError, read_files
-from .ssh import Host, HostError, check_address, check_port, check_remote_python, check_user, parse_host
 
 __all__ = ["InventoryError", "hosts_from_options", "load_hosts", "read_inventory"]
 
