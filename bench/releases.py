@@ -147,7 +147,10 @@ def extract_row(target: Path, model: Path) -> dict:
         # the root cause of a worker's failure is only in its log (0.11.2: "WorkerProc
         # initialization failed ... See stack trace for root cause"): keep the log's last 200 lines
         tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-200:]  # 40 missed the worker's trace
-        return {"error": f"{e['type']} in {e['phase']}: {e['message'][:160]}", "log_tail": tail}
+        # vLLM's own logger writes to stdout: the worker's traceback and the warning that names
+        # its cause are there (0.11.2: "Failed to import from vllm._C: ... CXXABI_1.3.15 not found")
+        vllm_log = [line for line in proc.stdout.splitlines() if line.startswith(("WARNING ", "ERROR "))][-80:]
+        return {"error": f"{e['type']} in {e['phase']}: {e['message'][:160]}", "log_tail": tail, "vllm_log": vllm_log}
     prompts = [p for c in report["calls"] for p in c["prompts"]]
     return {
         "ok": report["ok"],
