@@ -1,4 +1,4 @@
-"""ruff and mypy, as configured in pyproject.toml, pass over the tree: the README's test command
+"""ruff and mypy, as configured in pyproject.toml, pass over the tree, and zizmor over the GitHub workflows: the README's test command
 (and so .ci/run) runs them. Their pinned versions come with the test extra (.ci/bootstrap)."""
 
 import os
@@ -26,3 +26,10 @@ def test_mypy_passes():
     # Files, settings and the cache folder (.mypy_cache, reused between runs) come from pyproject.toml.
     done = _run("mypy")
     assert done.returncode == 0, f"mypy failed (fix what it says):\n{done.stdout}{done.stderr}"
+
+
+def test_zizmor_finds_nothing_in_the_workflows():
+    # --offline: no GitHub API calls (CI reaches only the package index); the pedantic persona
+    # also reports the informational findings, so nothing is let through quietly.
+    done = _run("zizmor", "--offline", "--persona", "pedantic", "--no-progress", ".github/workflows")
+    assert done.returncode == 0, f"zizmor found problems in .github/workflows (fix what it says):\n{done.stdout}{done.stderr}"
