@@ -677,15 +677,8 @@ class HeldLock:
         self.release()
         self.busy = False
         try:
-            if mode == "exclusive":
-                self.folder = StateFolder(create=True)
-                self.fd = self.folder.open("lock", os.O_RDWR | os.O_CREAT)  # a link there is refused
-            else:
-                self.folder = StateFolder(create=False)
-                if self.folder.fd < 0:
-                    self.release()
-                    return False  # no state folder: nothing to wait for, and a reader creates nothing
-                self.fd = self.folder.open("lock", os.O_RDONLY)
+            if not self._open_lock_file(mode):
+                return False  # no state folder: nothing to wait for, and a reader creates nothing
         except FileNotFoundError:
             self.release()
             if mode != "exclusive":
@@ -705,7 +698,26 @@ class HeldLock:
         except AgentError:
             self.release()
             raise
-        operation = fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH
+        return self._flock(fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH, mode, timeout)
+
+    def _open_lock_file(self, mode: str) -> bool:
+        """Open the state folder and its lock file for `mode` (a link there is refused). False:
+        a reader found no state folder (nothing released, since nothing is held)."""
+        if mode == "exclusive":
+            self.folder = StateFolder(create=True)
+            self.fd = self.folder.open("lock", os.O_RDWR | os.O_CREAT)  # a link there is refused
+            return True
+        self.folder = StateFolder(create=False)
+        if self.folder.fd < 0:
+            self.release()
+            return False
+        self.fd = self.folder.open("lock", os.O_RDONLY)
+        return True
+
+    def _flock(self, operation: int, mode: str, timeout: float) -> bool:
+        """flock the open lock file, polling until `timeout` passes (see acquire)."""
+        import fcntl
+
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -887,7 +899,9 @@ def check_snapshot(expect: dict, declared: Declared, own: StateFolder) -> None:
 
 
 def op_apply(req: dict) -> dict:
-    """Carry out a plan: each item writes new bytes or restores the original, as one transaction."""
+    """Carry out a plan: each item writes new bytes or restores the original, as one transaction:
+    check every file, take pristine backups, record the intent, write, verify (restoring every
+    file when that fails) and record the result."""
     items = req.get("files", [])
     declared = Declared(req.get("declared"))
     with Lock(float(req.get("lock_timeout", 10))) as lock:
@@ -897,125 +911,171 @@ def op_apply(req: dict) -> dict:
         if req.get("expect") is not None:
             check_snapshot(req["expect"], declared, own)
         state = load_state(own, declared)
-        for item in items + req.get("cleanup", []):
-            remove_stale_temporaries(os.path.dirname(_installed(declared, item["path"])))
-        own.remove_temporaries()
-        own.remove_temporaries("backups")
-        previous = {}  # rel -> (full path, bytes before, record entry before)
-        # Check everything before touching anything: a plan made on other bytes is refused.
-        for item in items:
-            full = _installed(declared, item["path"])
-            current = sha256_file(full)
-            if current != item["expected_sha256"]:
-                raise AgentError(
-                    "stale-plan",
-                    f"{full} changed since the plan was made (sha256 {current}, expected "
-                    f"{item['expected_sha256']}); run the command again",
-                )
-            if not (os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK)):
-                raise AgentError(
-                    "not-writable",
-                    f"{full} is not writable by this user; run as the environment's owner "
-                    "(or --sudo on a remote host)",
-                )
-            with open(full, "rb") as fh:
-                previous[item["path"]] = (full, fh.read(), state["files"].get(item["path"]))
-        # Pristine backups, taken once and checked.
-        for item in items:
-            full, before, _ = previous[item["path"]]
-            original_sha = item["original_sha256"]
-            backup = backup_name(original_sha)
-            kept = own.read(backup, "backups")
-            if kept is not None and sha256_bytes(kept) == original_sha:
-                continue
-            if sha256_bytes(before) != original_sha:
-                raise AgentError(
-                    "backup-missing",
-                    f"the pristine copy of {full} ({own.shown(backup, 'backups')}) is missing or damaged; "
-                    "reinstall the package (pip install --force-reinstall) and run `patcher forget`",
-                )
-            own.write(backup, before, "backups")
-            checkpoint("backup-written:" + item["path"])
-        # Record the intent, then write: a crash between leaves a file that is either its
-        # old or its new bytes, and the record knows both hashes.
-        new_bytes = {}
-        for item in items:
-            if item.get("restore_original"):
-                data = own.read(backup_name(item["original_sha256"]), "backups")
-                if data is None or sha256_bytes(data) != item["original_sha256"]:
-                    raise AgentError(
-                        "backup-missing",
-                        f"the pristine backup of {item['path']} is missing or damaged; reinstall the "
-                        "package (pip install --force-reinstall) and run `patcher forget`",
-                    )
-            else:
-                data = item["new_content"].encode("utf-8")
-            new_bytes[item["path"]] = data
-            entry = dict(state["files"].get(item["path"]) or {})
-            entry.update(
-                {
-                    "root": declared.root(item["path"]),
-                    "distribution": declared.distribution[item["path"]],
-                    "distribution_version": item["distribution_version"],
-                    "original_sha256": item["original_sha256"],
-                }
-            )
-            entry.setdefault("patched_sha256", None)
-            entry.setdefault("patches", [])
-            entry["pending"] = {
-                "sha256": sha256_bytes(data),
-                "patches": item["patches"],
-                "edits": item.get("edits", {}),
-                "outcomes": item.get("outcomes", {}),
-                "versions": item.get("versions", {}),
-            }
-            state["files"][item["path"]] = entry
-        if items:
-            save_state(own, state)
-            checkpoint("intent-recorded")
-        for item in items:
-            full = previous[item["path"]][0]
-            atomic_write(full, new_bytes[item["path"]], like=full)
-            checkpoint("file-written:" + item["path"])
-            remove_bytecode(full)
-            checkpoint("bytecode-removed:" + item["path"])
+        _remove_temporaries(own, declared, items + req.get("cleanup", []))
+        previous = _check_items(items, declared, state)
+        _take_backups(own, items, previous)
+        new_bytes = _record_intent(own, declared, state, items)
+        _write_files(items, previous, new_bytes)
         verification = None
         if req.get("verify") and items:
             verification = run_verification(req["verify"])
             WATCHDOG.arm(req.get("time_limit"), "recording the result", "--write-timeout", WRITES_HINT)
             checkpoint("verified")
             if not verification["ok"]:
-                for item in items:
-                    full, before, _ = previous[item["path"]]
-                    atomic_write(full, before, like=full)
-                    checkpoint("file-restored:" + item["path"])
-                    remove_bytecode(full)
-                for item in items:
-                    old_entry = previous[item["path"]][2]
-                    if old_entry is None:
-                        state["files"].pop(item["path"], None)
-                    else:
-                        state["files"][item["path"]] = old_entry
-                save_state(own, state)
-                checkpoint("restore-recorded")
+                _restore(own, state, items, previous)
                 return {"status": "rolled-back", "verification": verification}
-        for item in items:
-            entry = state["files"][item["path"]]
-            pending = entry.pop("pending")
-            if item.get("restore_original"):
-                state["files"].pop(item["path"], None)
-                _drop_backup_if_unused(own, state, item["original_sha256"])
-                continue
-            entry["patched_sha256"] = pending["sha256"]
-            entry["patches"] = pending["patches"]
-            entry["edits"] = pending["edits"]
-            entry["outcomes"] = pending["outcomes"]
-            entry["versions"] = pending["versions"]
-            entry["written_by"] = req.get("written_by", "patcher")
-        if items:
-            save_state(own, state)
-            checkpoint("result-recorded")
+        _record_result(own, state, items, req.get("written_by", "patcher"))
         return {"status": "changed" if items else "ok", "verification": verification}
+
+
+def _remove_temporaries(own: StateFolder, declared: Declared, items: list) -> None:
+    """The temporary files an interrupted run left beside the target files and among patcher's own."""
+    for item in items:
+        remove_stale_temporaries(os.path.dirname(_installed(declared, item["path"])))
+    own.remove_temporaries()
+    own.remove_temporaries("backups")
+
+
+def _check_items(items: list, declared: Declared, state: dict) -> dict:
+    """Check everything before touching anything: a plan made on other bytes is refused.
+    rel -> (full path, bytes before, record entry before): what a failed verification restores."""
+    previous = {}
+    for item in items:
+        full = _installed(declared, item["path"])
+        current = sha256_file(full)
+        if current != item["expected_sha256"]:
+            raise AgentError(
+                "stale-plan",
+                f"{full} changed since the plan was made (sha256 {current}, expected "
+                f"{item['expected_sha256']}); run the command again",
+            )
+        if not (os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK)):
+            raise AgentError(
+                "not-writable",
+                f"{full} is not writable by this user; run as the environment's owner "
+                "(or --sudo on a remote host)",
+            )
+        with open(full, "rb") as fh:
+            previous[item["path"]] = (full, fh.read(), state["files"].get(item["path"]))
+    return previous
+
+
+def _take_backups(own: StateFolder, items: list, previous: dict) -> None:
+    """Pristine backups, taken once and checked."""
+    for item in items:
+        full, before, _ = previous[item["path"]]
+        original_sha = item["original_sha256"]
+        backup = backup_name(original_sha)
+        kept = own.read(backup, "backups")
+        if kept is not None and sha256_bytes(kept) == original_sha:
+            continue
+        if sha256_bytes(before) != original_sha:
+            raise AgentError(
+                "backup-missing",
+                f"the pristine copy of {full} ({own.shown(backup, 'backups')}) is missing or damaged; "
+                "reinstall the package (pip install --force-reinstall) and run `patcher forget`",
+            )
+        own.write(backup, before, "backups")
+        checkpoint("backup-written:" + item["path"])
+
+
+def _record_intent(own: StateFolder, declared: Declared, state: dict, items: list) -> dict:
+    """Record the intent, then write: a crash between leaves a file that is either its old or its
+    new bytes, and the record knows both hashes. rel -> the bytes to write."""
+    new_bytes = {}
+    for item in items:
+        data = _bytes_to_write(own, item)
+        new_bytes[item["path"]] = data
+        state["files"][item["path"]] = _pending_entry(declared, state, item, data)
+    if items:
+        save_state(own, state)
+        checkpoint("intent-recorded")
+    return new_bytes
+
+
+def _bytes_to_write(own: StateFolder, item: dict) -> bytes:
+    """The item's new bytes, or its pristine backup (checked) when it restores the original."""
+    if not item.get("restore_original"):
+        return item["new_content"].encode("utf-8")
+    data = own.read(backup_name(item["original_sha256"]), "backups")
+    if data is None or sha256_bytes(data) != item["original_sha256"]:
+        raise AgentError(
+            "backup-missing",
+            f"the pristine backup of {item['path']} is missing or damaged; reinstall the "
+            "package (pip install --force-reinstall) and run `patcher forget`",
+        )
+    return data
+
+
+def _pending_entry(declared: Declared, state: dict, item: dict, data: bytes) -> dict:
+    """The file's record entry with the write it is about to get as `pending`."""
+    entry = dict(state["files"].get(item["path"]) or {})
+    entry.update(
+        {
+            "root": declared.root(item["path"]),
+            "distribution": declared.distribution[item["path"]],
+            "distribution_version": item["distribution_version"],
+            "original_sha256": item["original_sha256"],
+        }
+    )
+    entry.setdefault("patched_sha256", None)
+    entry.setdefault("patches", [])
+    entry["pending"] = {
+        "sha256": sha256_bytes(data),
+        "patches": item["patches"],
+        "edits": item.get("edits", {}),
+        "outcomes": item.get("outcomes", {}),
+        "versions": item.get("versions", {}),
+    }
+    return entry
+
+
+def _write_files(items: list, previous: dict, new_bytes: dict) -> None:
+    """Each file atomically, then its stale bytecode removed."""
+    for item in items:
+        full = previous[item["path"]][0]
+        atomic_write(full, new_bytes[item["path"]], like=full)
+        checkpoint("file-written:" + item["path"])
+        remove_bytecode(full)
+        checkpoint("bytecode-removed:" + item["path"])
+
+
+def _restore(own: StateFolder, state: dict, items: list, previous: dict) -> None:
+    """The verification failed: every file gets its bytes back, then the record its entries."""
+    for item in items:
+        full, before, _ = previous[item["path"]]
+        atomic_write(full, before, like=full)
+        checkpoint("file-restored:" + item["path"])
+        remove_bytecode(full)
+    for item in items:
+        old_entry = previous[item["path"]][2]
+        if old_entry is None:
+            state["files"].pop(item["path"], None)
+        else:
+            state["files"][item["path"]] = old_entry
+    save_state(own, state)
+    checkpoint("restore-recorded")
+
+
+def _record_result(own: StateFolder, state: dict, items: list, written_by: str) -> None:
+    """The pending writes become the record (a restored original drops its entry and, once
+    no entry needs it, its backup)."""
+    for item in items:
+        entry = state["files"][item["path"]]
+        pending = entry.pop("pending")
+        if item.get("restore_original"):
+            state["files"].pop(item["path"], None)
+            _drop_backup_if_unused(own, state, item["original_sha256"])
+            continue
+        entry["patched_sha256"] = pending["sha256"]
+        entry["patches"] = pending["patches"]
+        entry["edits"] = pending["edits"]
+        entry["outcomes"] = pending["outcomes"]
+        entry["versions"] = pending["versions"]
+        entry["written_by"] = written_by
+    if items:
+        save_state(own, state)
+        checkpoint("result-recorded")
 
 
 def _installed(declared: Declared, rel: str) -> str:
