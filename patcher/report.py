@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 # Exit codes (README "Exit codes") and the error kinds' codes live in core/errors.py, shared
 # with the agent and the bundle; with several targets the highest code wins.
@@ -18,6 +19,9 @@ from .core.errors import (  # noqa: F401  (re-exported for fleet.py and the test
     EXIT_USAGE,
 )
 from .plan.planning import PatchState
+
+if TYPE_CHECKING:
+    from .core.protocol import Facts, RunCheckResult
 
 SCHEMA_VERSION = 1
 
@@ -37,8 +41,8 @@ class TargetReport:
     problems: list[str] = field(default_factory=list)  # verification findings, conflicts
     state_dir: str | None = None
     checkpoints: list[str] | None = None  # the agent's write steps, reported when a test asks
-    run_check: dict | None = None  # the run check's answer (verify --run, apply --run-check)
-    facts: dict | None = field(default=None, repr=False)  # the agent's facts (not in the JSON)
+    run_check: RunCheckResult | None = None  # the run check's answer (verify --run, apply --run-check)
+    facts: Facts | None = field(default=None, repr=False)  # the agent's facts (not in the JSON)
     command_wrote: bool = False  # this run wrote files
 
 

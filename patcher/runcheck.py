@@ -7,6 +7,10 @@ from __future__ import annotations
 import importlib.util
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .core.protocol import RunCheckRequest, RunCheckResult
 
 DEFAULT_TIMEOUT = 1200.0  # seconds for the whole check in the target; measured 1-2 minutes on 2 CPUs
 
@@ -29,14 +33,15 @@ def shipped_files() -> dict[str, str]:
     return out
 
 
-def request(timeout: float = DEFAULT_TIMEOUT) -> dict:
+def request(timeout: float = DEFAULT_TIMEOUT) -> RunCheckRequest:
     return {"op": "run-check", "files": shipped_files(), "entry": "runcheck.py", "timeout": timeout}
 
 
-def summary(result: dict) -> str:
+def summary(result: RunCheckResult) -> str:
     """One line: what the run showed (or why it could not run)."""
-    if result.get("cannot_run"):
-        return "run check cannot run here: " + result["cannot_run"]
+    cannot_run = result.get("cannot_run")
+    if cannot_run:
+        return "run check cannot run here: " + cannot_run
     timings = result.get("timings", {})
     figures = f"{timings.get('total_s', '?')}s"
     if result.get("peak_rss_mib"):

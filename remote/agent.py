@@ -41,10 +41,206 @@ import os
 import sys
 import time
 
-# The type checker's view only (typing itself is not imported: it costs start-up time).
+# The type checker's view only (typing itself is not imported: it costs start-up time). The
+# protocol's shapes below are patcher/core/protocol.py's, whose docstrings say what each field
+# means; tests/test_protocol.py keeps the two copies equal.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import _thread
+    from typing import Any, Literal, TypedDict
+
+    from typing_extensions import NotRequired
+
+    class TargetFile(TypedDict):
+        distribution: str
+        path: str
+
+    class Fault(TypedDict):
+        at: str
+        nth: NotRequired[int]
+        action: NotRequired[str]
+        seconds: NotRequired[float]
+        until: NotRequired[str]
+
+    class FactsRequest(TypedDict):
+        op: Literal["facts"]
+        names: list[str]
+        files: list[TargetFile]
+        declared: NotRequired[list[TargetFile]]
+        lock: NotRequired[Literal["exclusive", "shared"]]
+        lock_timeout: NotRequired[float]
+        time_limit: NotRequired[float]
+
+    class CleanupItem(TypedDict):
+        root: str
+        path: str
+
+    class ApplyItem(TypedDict):
+        path: str
+        root: str
+        distribution: str
+        distribution_version: str
+        expected_sha256: str
+        original_sha256: str
+        new_content: str | None
+        restore_original: bool
+        patches: list[str]
+        edits: dict[str, list[str]]
+        outcomes: dict[str, str]
+        versions: dict[str, str | None]
+
+    class SnapshotFile(TypedDict):
+        root: str | None
+        sha256: str | None
+
+    class Snapshot(TypedDict):
+        state_sha256: str | None
+        files: dict[str, SnapshotFile]
+
+    class AttributeCall(TypedDict):
+        receiver: str
+        method: str
+        implementation: str
+
+    class VerifyFile(TypedDict):
+        module: str
+        attribute_calls: list[AttributeCall]
+
+    class VerifySpec(TypedDict):
+        files: list[VerifyFile]
+        import_prefixes: list[str]
+        timeout: NotRequired[float]
+
+    class ApplyRequest(TypedDict):
+        op: Literal["apply"]
+        files: list[ApplyItem]
+        cleanup: list[CleanupItem]
+        declared: list[TargetFile]
+        expect: NotRequired[Snapshot | None]
+        verify: NotRequired[VerifySpec | None]
+        written_by: NotRequired[str]
+        lock_timeout: NotRequired[float]
+        time_limit: NotRequired[float]
+        fault: NotRequired[Fault]
+
+    class ForgetRequest(TypedDict):
+        op: Literal["forget"]
+        declared: list[TargetFile]
+        all: NotRequired[bool]
+        lock_timeout: NotRequired[float]
+        time_limit: NotRequired[float]
+
+    class VerifyRequest(TypedDict):
+        op: Literal["verify", "verify-here"]
+        spec: VerifySpec
+        mark: NotRequired[str]
+
+    class RunCheckRequest(TypedDict):
+        op: Literal["run-check"]
+        files: dict[str, str]
+        entry: str
+        timeout: NotRequired[float]
+
+    Request = FactsRequest | ApplyRequest | ForgetRequest | VerifyRequest | RunCheckRequest
+
+    class PendingWrite(TypedDict):
+        sha256: str
+        patches: list[str]
+        edits: dict[str, list[str]]
+        outcomes: dict[str, str]
+        versions: dict[str, str | None]
+
+    class RecordEntry(TypedDict):
+        root: str | None
+        distribution: str
+        distribution_version: str
+        original_sha256: str
+        patched_sha256: str | None
+        patches: list[str]
+        edits: NotRequired[dict[str, list[str]]]
+        outcomes: NotRequired[dict[str, str]]
+        versions: NotRequired[dict[str, str | None]]
+        written_by: NotRequired[str]
+        pending: NotRequired[PendingWrite]
+
+    class StateRecord(TypedDict):
+        schema_version: NotRequired[int]
+        files: dict[str, RecordEntry]
+
+    class PythonFacts(TypedDict):
+        executable: str
+        version: str
+        prefix: str
+
+    class DistributionFacts(TypedDict):
+        name: str
+        version: str
+        location: str
+        registered: NotRequired[bool]
+        record: NotRequired[dict[str, str]]
+
+    class FileFacts(TypedDict):
+        exists: bool
+        root: NotRequired[str]
+        temporaries: NotRequired[list[str]]
+        sha256: NotRequired[str]
+        record_sha256: NotRequired[str | None]
+        content: NotRequired[str]
+        writable: NotRequired[bool]
+        original: NotRequired[str | None]
+        original_intact: NotRequired[bool]
+
+    class PlanningFacts(TypedDict):
+        distributions: dict[str, DistributionFacts]
+        files: dict[str, FileFacts]
+        state: StateRecord
+        state_error: NotRequired[str | None]
+        lock: NotRequired[str | None]
+
+    class Facts(PlanningFacts):
+        python: PythonFacts
+        state_dir: str
+        snapshot: Snapshot
+
+    class Verification(TypedDict):
+        ok: bool
+        problems: list[str]
+        modules: NotRequired[list[str]]
+
+    class ApplyResult(TypedDict):
+        status: Literal["ok", "changed", "rolled-back"]
+        verification: Verification | None
+        checkpoints: NotRequired[list[str]]
+
+    class ForgetResult(TypedDict):
+        forgotten: list[str]
+
+    class RunCheckResult(TypedDict, total=False):
+        ok: bool
+        cannot_run: str | None
+        device: str | None
+        versions: dict[str, str]
+        problems: list[str]
+        timings: dict[str, float]
+        error: Any
+        max_rel_diff: float | None
+        tolerance: float | None
+        prompts: int
+        prompts_ok: int
+        calls: int
+        whole_and_in_order: bool
+        peak_rss_mib: int | None
+        mem_available_mib: int | None
+        gpu_free_mib: int
+
+    class ErrorInfo(TypedDict):
+        kind: str
+        message: str
+
+    class Answer(TypedDict):
+        ok: bool
+        result: NotRequired[Any]
+        error: NotRequired[ErrorInfo]
 
 SCHEMA_VERSION = 1
 STATE_DIR_PARTS = ("share", "patcher")
@@ -521,7 +717,7 @@ def _distributions_in(entry: str) -> list:
     ]
 
 
-def find_distributions(names: list, files: list | tuple = ()) -> dict:
+def find_distributions(names: list, files: list[TargetFile] | tuple = ()) -> dict[str, DistributionFacts]:
     """For each import name, the first distribution on sys.path that provides it.
 
     Reads package metadata only (no import of the libraries). A distribution that provides
@@ -564,7 +760,7 @@ def find_distributions(names: list, files: list | tuple = ()) -> dict:
     return described
 
 
-def _describe(dist, paths: set) -> dict:
+def _describe(dist, paths: set) -> DistributionFacts:
     return {
         "name": dist.name,
         "version": dist.version,
@@ -592,14 +788,14 @@ def read_state_bytes(folder: StateFolder) -> bytes | None:
     return folder.read("state.json") if folder.fd >= 0 else None
 
 
-def load_state(folder: StateFolder, declared: Declared, raw: bytes | None = None) -> dict:
+def load_state(folder: StateFolder, declared: Declared, raw: bytes | None = None) -> StateRecord:
     path = folder.shown("state.json")
     if raw is None:
         raw = read_state_bytes(folder)
     if raw is None:
         return {"schema_version": SCHEMA_VERSION, "files": {}}
     try:
-        state = json.loads(raw.decode("utf-8"))
+        state: StateRecord = json.loads(raw.decode("utf-8"))
         if not isinstance(state, dict) or not isinstance(state.get("files"), dict):
             raise ValueError("no files table")  # noqa: TRY004 - one path to corrupt-state with the JSON errors
     except ValueError as exc:
@@ -619,7 +815,7 @@ def load_state(folder: StateFolder, declared: Declared, raw: bytes | None = None
     return state
 
 
-def check_record(state: dict, declared: Declared, path: str) -> None:
+def check_record(state: StateRecord, declared: Declared, path: str) -> None:
     """Every entry names a declared file and carries sha256 digests where digests belong: the
     record is as writable as the environment, and backups' names are made from its digests."""
 
@@ -643,7 +839,7 @@ def check_record(state: dict, declared: Declared, path: str) -> None:
             refuse(f"gives {rel} a pending write without a valid sha256")
 
 
-def save_state(folder: StateFolder, state: dict) -> None:
+def save_state(folder: StateFolder, state: StateRecord) -> None:
     state["schema_version"] = SCHEMA_VERSION
     data = json.dumps(state, indent=2, sort_keys=True).encode("utf-8") + b"\n"
     folder.write("state.json", data)
@@ -677,15 +873,8 @@ class HeldLock:
         self.release()
         self.busy = False
         try:
-            if mode == "exclusive":
-                self.folder = StateFolder(create=True)
-                self.fd = self.folder.open("lock", os.O_RDWR | os.O_CREAT)  # a link there is refused
-            else:
-                self.folder = StateFolder(create=False)
-                if self.folder.fd < 0:
-                    self.release()
-                    return False  # no state folder: nothing to wait for, and a reader creates nothing
-                self.fd = self.folder.open("lock", os.O_RDONLY)
+            if not self._open_lock_file(mode):
+                return False  # no state folder: nothing to wait for, and a reader creates nothing
         except FileNotFoundError:
             self.release()
             if mode != "exclusive":
@@ -705,7 +894,26 @@ class HeldLock:
         except AgentError:
             self.release()
             raise
-        operation = fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH
+        return self._flock(fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH, mode, timeout)
+
+    def _open_lock_file(self, mode: str) -> bool:
+        """Open the state folder and its lock file for `mode` (a link there is refused). False:
+        a reader found no state folder (nothing released, since nothing is held)."""
+        if mode == "exclusive":
+            self.folder = StateFolder(create=True)
+            self.fd = self.folder.open("lock", os.O_RDWR | os.O_CREAT)  # a link there is refused
+            return True
+        self.folder = StateFolder(create=False)
+        if self.folder.fd < 0:
+            self.release()
+            return False
+        self.fd = self.folder.open("lock", os.O_RDONLY)
+        return True
+
+    def _flock(self, operation: int, mode: str, timeout: float) -> bool:
+        """flock the open lock file, polling until `timeout` passes (see acquire)."""
+        import fcntl
+
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -758,7 +966,7 @@ class Lock:
 # ---------------------------------------------------------------- operations
 
 
-def op_facts(req: dict) -> dict:
+def op_facts(req: FactsRequest) -> Facts:
     """What the target holds. With "lock": "exclusive" (a run that will write) the lock is
     taken first and kept until the transaction ends, so nothing changes between these facts
     and the writes planned on them; "shared" (status, plan) waits for a writer to finish, and
@@ -777,13 +985,13 @@ def op_facts(req: dict) -> dict:
             HELD.release()  # a reader's whole run is this one request
 
 
-def _facts(req: dict, declared: Declared) -> dict:
+def _facts(req: FactsRequest, declared: Declared) -> Facts:
     lock = HELD.mode or ("busy" if HELD.busy else None)
     dists = find_distributions(req.get("names", []), req.get("files", []))
     declared.know(dists)
     # What the plan depends on, every target file and the record: apply checks it under the
     # lock (request "expect"), not only the files it writes.
-    snapshot: dict = {"state_sha256": None, "files": {}}
+    snapshot: Snapshot = {"state_sha256": None, "files": {}}
     held = HELD.folder if HELD.mode == "exclusive" else None
     own = held
     try:
@@ -818,10 +1026,13 @@ def _facts(req: dict, declared: Declared) -> dict:
     }
 
 
-def _file_facts(targets: list, dists: dict, declared: Declared, state: dict, own, snapshot: dict) -> dict:
+def _file_facts(
+    targets: list[TargetFile], dists: dict[str, DistributionFacts], declared: Declared, state: StateRecord, own,
+    snapshot: Snapshot,
+) -> dict[str, FileFacts]:
     """Each declared file's bytes and hashes, with its pristine backup when the record has one;
     `snapshot` gets each file's sha256 (what a plan made on these facts depends on)."""
-    files = {}
+    files: dict[str, FileFacts] = {}
     for target in targets:
         dist = dists.get(target["distribution"])
         rel = target["path"]
@@ -841,7 +1052,7 @@ def _file_facts(targets: list, dists: dict, declared: Declared, state: dict, own
             continue
         snapshot["files"][rel] = {"root": root, "sha256": sha256_bytes(data)}
         folder = os.path.dirname(full)
-        entry = {
+        entry: FileFacts = {
             "exists": True,
             "root": root,
             "temporaries": sorted(
@@ -866,7 +1077,7 @@ def _file_facts(targets: list, dists: dict, declared: Declared, state: dict, own
     return files
 
 
-def check_snapshot(expect: dict, declared: Declared, own: StateFolder) -> None:
+def check_snapshot(expect: Snapshot, declared: Declared, own: StateFolder) -> None:
     """Refuse (stale-plan) if the record or any target file is not what the plan was made on.
     Paths come from the declared files, never from the request's copy of the facts."""
     for rel, seen in sorted(expect.get("files", {}).items()):
@@ -886,136 +1097,186 @@ def check_snapshot(expect: dict, declared: Declared, own: StateFolder) -> None:
         )
 
 
-def op_apply(req: dict) -> dict:
-    """Carry out a plan: each item writes new bytes or restores the original, as one transaction."""
+def op_apply(req: ApplyRequest) -> ApplyResult:
+    """Carry out a plan: each item writes new bytes or restores the original, as one transaction:
+    check every file, take pristine backups, record the intent, write, verify (restoring every
+    file when that fails) and record the result."""
     items = req.get("files", [])
     declared = Declared(req.get("declared"))
     with Lock(float(req.get("lock_timeout", 10))) as lock:
         own = lock.folder
         checkpoint("locked")
         WATCHDOG.arm(req.get("time_limit"), "writing the files", "--write-timeout", WRITES_HINT)
-        if req.get("expect") is not None:
-            check_snapshot(req["expect"], declared, own)
+        expect = req.get("expect")
+        if expect is not None:
+            check_snapshot(expect, declared, own)
         state = load_state(own, declared)
-        for item in items + req.get("cleanup", []):
-            remove_stale_temporaries(os.path.dirname(_installed(declared, item["path"])))
-        own.remove_temporaries()
-        own.remove_temporaries("backups")
-        previous = {}  # rel -> (full path, bytes before, record entry before)
-        # Check everything before touching anything: a plan made on other bytes is refused.
-        for item in items:
-            full = _installed(declared, item["path"])
-            current = sha256_file(full)
-            if current != item["expected_sha256"]:
-                raise AgentError(
-                    "stale-plan",
-                    f"{full} changed since the plan was made (sha256 {current}, expected "
-                    f"{item['expected_sha256']}); run the command again",
-                )
-            if not (os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK)):
-                raise AgentError(
-                    "not-writable",
-                    f"{full} is not writable by this user; run as the environment's owner "
-                    "(or --sudo on a remote host)",
-                )
-            with open(full, "rb") as fh:
-                previous[item["path"]] = (full, fh.read(), state["files"].get(item["path"]))
-        # Pristine backups, taken once and checked.
-        for item in items:
-            full, before, _ = previous[item["path"]]
-            original_sha = item["original_sha256"]
-            backup = backup_name(original_sha)
-            kept = own.read(backup, "backups")
-            if kept is not None and sha256_bytes(kept) == original_sha:
-                continue
-            if sha256_bytes(before) != original_sha:
-                raise AgentError(
-                    "backup-missing",
-                    f"the pristine copy of {full} ({own.shown(backup, 'backups')}) is missing or damaged; "
-                    "reinstall the package (pip install --force-reinstall) and run `patcher forget`",
-                )
-            own.write(backup, before, "backups")
-            checkpoint("backup-written:" + item["path"])
-        # Record the intent, then write: a crash between leaves a file that is either its
-        # old or its new bytes, and the record knows both hashes.
-        new_bytes = {}
-        for item in items:
-            if item.get("restore_original"):
-                data = own.read(backup_name(item["original_sha256"]), "backups")
-                if data is None or sha256_bytes(data) != item["original_sha256"]:
-                    raise AgentError(
-                        "backup-missing",
-                        f"the pristine backup of {item['path']} is missing or damaged; reinstall the "
-                        "package (pip install --force-reinstall) and run `patcher forget`",
-                    )
-            else:
-                data = item["new_content"].encode("utf-8")
-            new_bytes[item["path"]] = data
-            entry = dict(state["files"].get(item["path"]) or {})
-            entry.update(
-                {
-                    "root": declared.root(item["path"]),
-                    "distribution": declared.distribution[item["path"]],
-                    "distribution_version": item["distribution_version"],
-                    "original_sha256": item["original_sha256"],
-                }
-            )
-            entry.setdefault("patched_sha256", None)
-            entry.setdefault("patches", [])
-            entry["pending"] = {
-                "sha256": sha256_bytes(data),
-                "patches": item["patches"],
-                "edits": item.get("edits", {}),
-                "outcomes": item.get("outcomes", {}),
-                "versions": item.get("versions", {}),
-            }
-            state["files"][item["path"]] = entry
-        if items:
-            save_state(own, state)
-            checkpoint("intent-recorded")
-        for item in items:
-            full = previous[item["path"]][0]
-            atomic_write(full, new_bytes[item["path"]], like=full)
-            checkpoint("file-written:" + item["path"])
-            remove_bytecode(full)
-            checkpoint("bytecode-removed:" + item["path"])
+        _remove_temporaries(own, declared, items + req.get("cleanup", []))
+        previous = _check_items(items, declared, state)
+        _take_backups(own, items, previous)
+        new_bytes = _record_intent(own, declared, state, items)
+        _write_files(items, previous, new_bytes)
         verification = None
-        if req.get("verify") and items:
-            verification = run_verification(req["verify"])
+        spec = req.get("verify")
+        if spec and items:
+            verification = run_verification(spec)
             WATCHDOG.arm(req.get("time_limit"), "recording the result", "--write-timeout", WRITES_HINT)
             checkpoint("verified")
             if not verification["ok"]:
-                for item in items:
-                    full, before, _ = previous[item["path"]]
-                    atomic_write(full, before, like=full)
-                    checkpoint("file-restored:" + item["path"])
-                    remove_bytecode(full)
-                for item in items:
-                    old_entry = previous[item["path"]][2]
-                    if old_entry is None:
-                        state["files"].pop(item["path"], None)
-                    else:
-                        state["files"][item["path"]] = old_entry
-                save_state(own, state)
-                checkpoint("restore-recorded")
+                _restore(own, state, items, previous)
                 return {"status": "rolled-back", "verification": verification}
-        for item in items:
-            entry = state["files"][item["path"]]
-            pending = entry.pop("pending")
-            if item.get("restore_original"):
-                state["files"].pop(item["path"], None)
-                _drop_backup_if_unused(own, state, item["original_sha256"])
-                continue
-            entry["patched_sha256"] = pending["sha256"]
-            entry["patches"] = pending["patches"]
-            entry["edits"] = pending["edits"]
-            entry["outcomes"] = pending["outcomes"]
-            entry["versions"] = pending["versions"]
-            entry["written_by"] = req.get("written_by", "patcher")
-        if items:
-            save_state(own, state)
-            checkpoint("result-recorded")
+        _record_result(own, state, items, req.get("written_by", "patcher"))
         return {"status": "changed" if items else "ok", "verification": verification}
+
+
+def _remove_temporaries(own: StateFolder, declared: Declared, items: list) -> None:
+    """The temporary files an interrupted run left beside the target files and among patcher's own."""
+    for item in items:
+        remove_stale_temporaries(os.path.dirname(_installed(declared, item["path"])))
+    own.remove_temporaries()
+    own.remove_temporaries("backups")
+
+
+def _check_items(items: list[ApplyItem], declared: Declared, state: StateRecord) -> dict:
+    """Check everything before touching anything: a plan made on other bytes is refused.
+    rel -> (full path, bytes before, record entry before): what a failed verification restores."""
+    previous = {}
+    for item in items:
+        full = _installed(declared, item["path"])
+        current = sha256_file(full)
+        if current != item["expected_sha256"]:
+            raise AgentError(
+                "stale-plan",
+                f"{full} changed since the plan was made (sha256 {current}, expected "
+                f"{item['expected_sha256']}); run the command again",
+            )
+        if not (os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK)):
+            raise AgentError(
+                "not-writable",
+                f"{full} is not writable by this user; run as the environment's owner "
+                "(or --sudo on a remote host)",
+            )
+        with open(full, "rb") as fh:
+            previous[item["path"]] = (full, fh.read(), state["files"].get(item["path"]))
+    return previous
+
+
+def _take_backups(own: StateFolder, items: list[ApplyItem], previous: dict) -> None:
+    """Pristine backups, taken once and checked."""
+    for item in items:
+        full, before, _ = previous[item["path"]]
+        original_sha = item["original_sha256"]
+        backup = backup_name(original_sha)
+        kept = own.read(backup, "backups")
+        if kept is not None and sha256_bytes(kept) == original_sha:
+            continue
+        if sha256_bytes(before) != original_sha:
+            raise AgentError(
+                "backup-missing",
+                f"the pristine copy of {full} ({own.shown(backup, 'backups')}) is missing or damaged; "
+                "reinstall the package (pip install --force-reinstall) and run `patcher forget`",
+            )
+        own.write(backup, before, "backups")
+        checkpoint("backup-written:" + item["path"])
+
+
+def _record_intent(own: StateFolder, declared: Declared, state: StateRecord, items: list[ApplyItem]) -> dict:
+    """Record the intent, then write: a crash between leaves a file that is either its old or its
+    new bytes, and the record knows both hashes. rel -> the bytes to write."""
+    new_bytes = {}
+    for item in items:
+        data = _bytes_to_write(own, item)
+        new_bytes[item["path"]] = data
+        state["files"][item["path"]] = _pending_entry(declared, state, item, data)
+    if items:
+        save_state(own, state)
+        checkpoint("intent-recorded")
+    return new_bytes
+
+
+def _bytes_to_write(own: StateFolder, item: ApplyItem) -> bytes:
+    """The item's new bytes, or its pristine backup (checked) when it restores the original."""
+    if not item.get("restore_original"):
+        return item["new_content"].encode("utf-8")  # type: ignore[union-attr]  # not restored: new text
+    data = own.read(backup_name(item["original_sha256"]), "backups")
+    if data is None or sha256_bytes(data) != item["original_sha256"]:
+        raise AgentError(
+            "backup-missing",
+            f"the pristine backup of {item['path']} is missing or damaged; reinstall the "
+            "package (pip install --force-reinstall) and run `patcher forget`",
+        )
+    return data
+
+
+def _pending_entry(declared: Declared, state: StateRecord, item: ApplyItem, data: bytes) -> RecordEntry:
+    """The file's record entry with the write it is about to get as `pending`."""
+    entry: RecordEntry = dict(state["files"].get(item["path"]) or {})  # type: ignore[assignment]  # a copy
+    entry.update(
+        {
+            "root": declared.root(item["path"]),
+            "distribution": declared.distribution[item["path"]],
+            "distribution_version": item["distribution_version"],
+            "original_sha256": item["original_sha256"],
+        }
+    )
+    entry.setdefault("patched_sha256", None)
+    entry.setdefault("patches", [])
+    entry["pending"] = {
+        "sha256": sha256_bytes(data),
+        "patches": item["patches"],
+        "edits": item.get("edits", {}),
+        "outcomes": item.get("outcomes", {}),
+        "versions": item.get("versions", {}),
+    }
+    return entry
+
+
+def _write_files(items: list[ApplyItem], previous: dict, new_bytes: dict) -> None:
+    """Each file atomically, then its stale bytecode removed."""
+    for item in items:
+        full = previous[item["path"]][0]
+        atomic_write(full, new_bytes[item["path"]], like=full)
+        checkpoint("file-written:" + item["path"])
+        remove_bytecode(full)
+        checkpoint("bytecode-removed:" + item["path"])
+
+
+def _restore(own: StateFolder, state: StateRecord, items: list[ApplyItem], previous: dict) -> None:
+    """The verification failed: every file gets its bytes back, then the record its entries."""
+    for item in items:
+        full, before, _ = previous[item["path"]]
+        atomic_write(full, before, like=full)
+        checkpoint("file-restored:" + item["path"])
+        remove_bytecode(full)
+    for item in items:
+        old_entry = previous[item["path"]][2]
+        if old_entry is None:
+            state["files"].pop(item["path"], None)
+        else:
+            state["files"][item["path"]] = old_entry
+    save_state(own, state)
+    checkpoint("restore-recorded")
+
+
+def _record_result(own: StateFolder, state: StateRecord, items: list[ApplyItem], written_by: str) -> None:
+    """The pending writes become the record (a restored original drops its entry and, once
+    no entry needs it, its backup)."""
+    for item in items:
+        entry = state["files"][item["path"]]
+        pending = entry.pop("pending")
+        if item.get("restore_original"):
+            state["files"].pop(item["path"], None)
+            _drop_backup_if_unused(own, state, item["original_sha256"])
+            continue
+        entry["patched_sha256"] = pending["sha256"]
+        entry["patches"] = pending["patches"]
+        entry["edits"] = pending["edits"]
+        entry["outcomes"] = pending["outcomes"]
+        entry["versions"] = pending["versions"]
+        entry["written_by"] = written_by
+    if items:
+        save_state(own, state)
+        checkpoint("result-recorded")
 
 
 def _installed(declared: Declared, rel: str) -> str:
@@ -1026,13 +1287,13 @@ def _installed(declared: Declared, rel: str) -> str:
     return full
 
 
-def _drop_backup_if_unused(own: StateFolder, state: dict, sha: str) -> None:
+def _drop_backup_if_unused(own: StateFolder, state: StateRecord, sha: str) -> None:
     if any(e.get("original_sha256") == sha for e in state["files"].values()):
         return
     own.unlink(backup_name(sha), "backups")
 
 
-def op_forget(req: dict) -> dict:
+def op_forget(req: ForgetRequest) -> ForgetResult:
     """Drop record entries of files whose bytes are neither the recorded original nor patched."""
     declared = Declared(req.get("declared"))
     with Lock(float(req.get("lock_timeout", 10))) as lock:
@@ -1057,7 +1318,7 @@ def op_forget(req: dict) -> dict:
 # ---------------------------------------------------------------- verification
 
 
-def run_verification(spec: dict) -> dict:
+def run_verification(spec: VerifySpec) -> Verification:
     """Run op_verify in a fresh interpreter: the patched modules as a new process sees them.
     It has `spec["timeout"]` seconds (default 600); past them it is killed and the verification
     fails (apply then restores the files). The modules it imports may print: its answer is the
@@ -1095,13 +1356,13 @@ def run_verification(spec: dict) -> dict:
     return {"ok": False, "problems": ["verifier crashed: " + " | ".join(tail)]}
 
 
-def op_verify(req: dict) -> dict:
+def op_verify(req: VerifyRequest) -> Verification:
     """Verification on its own, as apply runs it: in a fresh interpreter (this process may be a
     session that has imported the modules already, or an older version of them)."""
     return run_verification(req["spec"])
 
 
-def op_verify_here(req: dict) -> dict:
+def op_verify_here(req: VerifyRequest) -> Verification:
     """The verification itself, in this (fresh) interpreter: what run_verification starts."""
     import ast
     import importlib
@@ -1199,7 +1460,7 @@ def _dotted(node) -> str | None:
     return None
 
 
-def check_attribute_call(module, tree, call: dict) -> list:
+def check_attribute_call(module, tree, call: AttributeCall) -> list:
     import ast
     import importlib
 
@@ -1227,7 +1488,7 @@ def check_attribute_call(module, tree, call: dict) -> list:
     return problems
 
 
-def op_run_check(req: dict) -> dict:
+def op_run_check(req: RunCheckRequest) -> RunCheckResult:
     """The run check (remote/runcheck.py and the scripts it drives, sent as text): written to a
     fresh temporary folder and run there with this interpreter. It takes no lock: it writes
     nothing of the environment's and may run for minutes, during which other runs must not wait
@@ -1280,7 +1541,7 @@ def op_run_check(req: dict) -> dict:
 
 # ---------------------------------------------------------------- entry point
 
-OPERATIONS = {
+OPERATIONS: dict = {
     "facts": op_facts,
     "apply": op_apply,
     "forget": op_forget,
@@ -1302,7 +1563,7 @@ def serve(req: dict) -> None:
     try:
         if op is None:
             raise AgentError("usage", f"unknown operation {req.get('op')!r}")
-        answer: dict = {"ok": True, "result": op(req)}
+        answer: Answer = {"ok": True, "result": op(req)}
         if req.get("fault") is not None:
             answer["result"]["checkpoints"] = FAULT_POINTS
     except AgentError as exc:
@@ -1331,7 +1592,7 @@ _ANSWER: dict = {"lock": None, "read": 1, "answered": 0}
 CHILD: list = []  # the verification process while it runs: ended with the agent
 
 
-def answer_once(answer: dict) -> bool:
+def answer_once(answer: Answer) -> bool:
     """Write the answer to the current request unless one was written already (the watchdog's)."""
     lock = _ANSWER["lock"]
     if lock is not None:

@@ -6,7 +6,7 @@ import ast
 import hashlib
 from pathlib import Path
 
-from patcher.core import errors
+from patcher.core import errors, protocol
 from patcher.core import planning as core
 from patcher.patchset.registry import load_patches
 from patcher.plan.planning import specs_of
@@ -135,7 +135,7 @@ def test_specs_carry_every_declaration_and_round_trip_as_json():
 
 
 def test_core_is_standard_library_only_and_imports_nothing_of_patcher():
-    for module in (core, errors):
+    for module in (core, errors, protocol):
         tree = ast.parse(Path(module.__file__).read_text())
         # What runs: an `if TYPE_CHECKING:` block is the type checker's only (TYPE_CHECKING is False there).
         for block in [n for n in ast.walk(tree) if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"]:

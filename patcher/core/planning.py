@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Protocol
 
+    from .protocol import ApplyItem, CleanupItem, FileFacts, PlanningFacts, RecordEntry, TargetFile, VerifyFile
+
     Holds = Callable[[str, str], bool]  # holds(spec, version): PEP 440 matching, from the caller
 
     class Conditioned(Protocol):  # a PatchSpec, or patcher's Patch
@@ -78,15 +80,15 @@ def condition_names(specs: Iterable[Conditioned]) -> list:
     return names
 
 
-def target_files(specs: Iterable[PatchSpec]) -> list:
+def target_files(specs: Iterable[PatchSpec]) -> list[TargetFile]:
     """The files these patches rewrite, as the agent's facts request names them."""
-    seen: dict = {}
+    seen: dict[str, TargetFile] = {}
     for spec in specs:
         seen.setdefault(spec.file, {"distribution": spec.distribution, "path": spec.file})
     return list(seen.values())
 
 
-def versions_of(facts: dict, names: Iterable[str]) -> dict:
+def versions_of(facts: PlanningFacts, names: Iterable[str]) -> dict:
     """name -> the installed version (None: not installed), for each name conditions use."""
     dists = facts["distributions"]
     return {name: (dists[name]["version"] if name in dists else None) for name in names}
@@ -178,7 +180,7 @@ class FileClass:
     interrupted: bool = False
 
 
-def classify(info: dict, record: dict | None) -> FileClass:
+def classify(info: FileFacts, record: RecordEntry | None) -> FileClass:
     current = info["sha256"]
     if record:
         if current == record.get("patched_sha256"):
@@ -244,7 +246,7 @@ class FileChange:
             )
         )  # fmt: skip
 
-    def as_request(self) -> dict:
+    def as_request(self) -> ApplyItem:
         return {
             "path": self.path, "root": self.root, "distribution": self.distribution,
             "distribution_version": self.distribution_version, "expected_sha256": self.expected_sha256,
@@ -269,8 +271,8 @@ class TargetPlan:
     changes: list  # FileChange
     conflicts: list
     notes: list
-    verify_files: list  # every file patched once the plan is carried out
-    cleanup: list = field(default_factory=list)  # files whose folder holds stale temporaries
+    verify_files: list[VerifyFile]  # every file patched once the plan is carried out
+    cleanup: list[CleanupItem] = field(default_factory=list)  # files whose folder holds stale temporaries
     originals: dict = field(default_factory=dict)
 
     @property
@@ -305,8 +307,8 @@ class FileWork:
 
     spec_ids: list  # the patches of this file, in patch order
     target: dict  # {"distribution", "path", "module"}
-    info: dict
-    record: dict | None
+    info: FileFacts
+    record: RecordEntry | None
     cls: FileClass
     pristine: str
     original_sha: str
@@ -321,14 +323,14 @@ class Draft:
 
     specs: dict  # id -> PatchSpec, in patch order
     mode: str
-    facts: dict
+    facts: PlanningFacts
     versions: dict
     selection: dict
     works: list
     states: dict = field(default_factory=dict)
     conflicts: list = field(default_factory=list)
     notes: list = field(default_factory=list)
-    cleanup: list = field(default_factory=list)
+    cleanup: list[CleanupItem] = field(default_factory=list)
     originals: dict = field(default_factory=dict)
     dropped: dict = field(default_factory=dict)  # id -> reason it is left out by `needs`
 
@@ -341,15 +343,16 @@ class Draft:
 
 
 def draft(
-    facts: dict, specs: Iterable[PatchSpec], holds: Holds, mode: str = "apply", only: Sequence[str] = (),
+    facts: PlanningFacts, specs: Iterable[PatchSpec], holds: Holds, mode: str = "apply", only: Sequence[str] = (),
     skip: Sequence[str] = (), force: bool = False,
 ) -> Draft:
     """Classify every target file, choose what each should carry, and name the transforms."""
     specs = list(specs)
     versions = versions_of(facts, condition_names(specs))
     d = Draft({s.id: s for s in specs}, mode, facts, versions, select(specs, versions, holds), [])
-    if facts.get("state_error"):
-        d.conflicts.append(Conflict("corrupt-state", facts["state_error"]))
+    state_error = facts.get("state_error")
+    if state_error:
+        d.conflicts.append(Conflict("corrupt-state", state_error))
     for target in target_files(specs):
         work = _file_work(d, target, force)
         if work is not None:
@@ -361,7 +364,7 @@ def draft(
     return d
 
 
-def _file_work(d: Draft, target: dict, force: bool) -> FileWork | None:
+def _file_work(d: Draft, target: TargetFile, force: bool) -> FileWork | None:
     """The file's FileWork, or None (with its patches' states set) when this run leaves it."""
     rel = target["path"]
     ids = [pid for pid, s in d.specs.items() if s.file == rel]
@@ -387,21 +390,23 @@ def _file_work(d: Draft, target: dict, force: bool) -> FileWork | None:
         for pid in ids:
             d.states[pid] = PatchState(pid, "modified", "file changed by hand", rel)
         return None
-    if cls.kind == "patched" and not info.get("original_intact"):
+    original = info.get("original")  # the pristine backup's text (intact: it is there)
+    if cls.kind == "patched" and not (info.get("original_intact") and original is not None):
         d.conflicts.append(Conflict(
             "backup-missing",
             f"the pristine backup of {rel} is missing or damaged; reinstall the package "
             "(pip install --force-reinstall) and run `patcher forget`",
         ))  # fmt: skip
         return None
-    patched = cls.kind == "patched"
-    pristine = info["original"] if patched else info["content"]
-    original_sha = record["original_sha256"] if patched else info["sha256"]
+    if cls.kind == "patched" and record is not None and original is not None:  # patched: a record says so
+        pristine, original_sha = original, record["original_sha256"]
+    else:
+        pristine, original_sha = info["content"], info["sha256"]
     d.originals[rel] = pristine
     return FileWork(ids, {**target, "module": module}, info, record, cls, pristine, original_sha)
 
 
-def _note_class(d: Draft, rel: str, target: dict, cls: FileClass) -> None:
+def _note_class(d: Draft, rel: str, target: TargetFile, cls: FileClass) -> None:
     if cls.interrupted:
         d.notes.append(
             f"{rel}: the run holding the lock has written it, not yet recorded"
@@ -417,7 +422,7 @@ def _note_class(d: Draft, rel: str, target: dict, cls: FileClass) -> None:
         )
 
 
-def _modified_conflict(rel: str, info: dict, record: dict | None) -> Conflict:
+def _modified_conflict(rel: str, info: FileFacts, record: RecordEntry | None) -> Conflict:
     base = info.get("original") if record else None
     return Conflict(
         "modified",
@@ -524,8 +529,8 @@ def _new_content(work: FileWork, result: TransformResult | None) -> tuple[str | 
             raise KeyError(f"no transform result for {work.target['path']}")
         return result.content, dict(result.outcomes)
     if work.desired:  # unchanged: the bytes it has, the outcomes recorded
-        record = work.record or {}
-        return work.info["content"], dict(record.get("outcomes") or {pid: "applied" for pid in work.desired})
+        recorded = work.record.get("outcomes") if work.record else None
+        return work.info["content"], dict(recorded or {pid: "applied" for pid in work.desired})
     return (None if work.cls.kind == "patched" else work.info["content"]), {}
 
 

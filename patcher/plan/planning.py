@@ -6,7 +6,7 @@ and the hash the file must have first; per patch, its state and why)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..core import planning as core
 from ..core.planning import (  # noqa: F401  (the plan's types, for the rest of patcher)
@@ -24,6 +24,9 @@ from ..core.planning import (  # noqa: F401  (the plan's types, for the rest of 
 )
 from ..model import Patch
 from .selection import condition_holds
+
+if TYPE_CHECKING:
+    from ..core.protocol import PlanningFacts, TargetFile
 
 Mode = Literal["apply", "rollback"]
 
@@ -52,7 +55,7 @@ def condition_names(patches: Sequence[Patch]) -> list[str]:
     return core.condition_names(patches)
 
 
-def target_files(patches: Sequence[Patch]) -> list[dict]:
+def target_files(patches: Sequence[Patch]) -> list[TargetFile]:
     return core.target_files(specs_of(patches))
 
 
@@ -67,7 +70,7 @@ def run_transform(request: TransformRequest, by_id: dict[str, Patch]) -> Transfo
 
 
 def plan_target(
-    facts: dict,
+    facts: PlanningFacts,
     patches: Sequence[Patch],
     mode: Mode = "apply",
     only: Sequence[str] = (),

@@ -15,7 +15,9 @@ import json
 import os
 import secrets
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ..report import EXIT_OK, EXIT_PENDING
 from .local import AgentFailure, TransportError, agent_source, bootstrap
@@ -38,7 +40,7 @@ class AnsibleTransport:
 
     def close(self) -> None: ...
 
-    def call(self, request: dict, timeout: float = 900, limit: str = "") -> dict:
+    def call(self, request: Mapping[str, Any], timeout: float = 900, limit: str = "") -> Any:
         self.invocations += 1
         # One request per agent process: the agent, its mark and the request on one line. Its
         # answer is the line that starts with the mark, so nothing a login shell prints is

@@ -31,6 +31,7 @@ import re
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.specifiers import SpecifierSet
 
@@ -40,6 +41,9 @@ from ..model import Patch
 from ..plan.planning import condition_names, run_transform, spec_of, specs_of
 from ..plan.selection import condition_holds, select_patches
 from ..transform.transforms import shared_transforms
+
+if TYPE_CHECKING:
+    from ..core.protocol import FileFacts, PlanningFacts
 
 
 class BundleError(RuntimeError):
@@ -187,9 +191,9 @@ def _patch_data(patches: Sequence[Patch]) -> list[dict]:
     return [{**spec_of(p).as_json(), "title": p.title} for p in patches]
 
 
-def _facts(versions: dict, present: dict[str, bytes], patches: Sequence[Patch]) -> dict:
+def _facts(versions: dict, present: dict[str, bytes], patches: Sequence[Patch]) -> PlanningFacts:
     """What the agent would report for an environment holding these pristine files."""
-    files: dict[str, dict] = {}
+    files: dict[str, FileFacts] = {}
     for target in {p.target.path: p.target for p in patches}.values():
         data = present.get(target.path)
         if data is None:

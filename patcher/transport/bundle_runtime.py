@@ -24,6 +24,12 @@ import re
 import sys
 import zlib
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the type checker's view only: a bundle runs this text without typing
+    from collections.abc import Mapping
+
+    from ..core.protocol import Facts, TargetFile
+
 DATA = None  # replaced in a bundle file
 AGENT = None
 
@@ -209,7 +215,7 @@ def specs(data: dict) -> list:
     return [CORE_PLANNING.PatchSpec.from_json(p) for p in data["patches"]]
 
 
-def check_known(data: dict, facts: dict, selection: dict) -> None:
+def check_known(data: dict, facts: Facts, selection: dict) -> None:
     """Refuse a file whose bytes the bundle does not know (another release, a hand edit) where a
     patch would touch it; one no selected patch wants, with no record, is not its business."""
     for target in data["files"]:
@@ -218,7 +224,7 @@ def check_known(data: dict, facts: dict, selection: dict) -> None:
         if not info.get("exists"):
             continue
         current, known = info["sha256"], data["originals"].get(rel, {})
-        record = facts["state"]["files"].get(rel) or {}
+        record: Mapping = facts["state"]["files"].get(rel) or {}
         recorded = {record.get("patched_sha256"), record.get("original_sha256"), (record.get("pending") or {}).get("sha256")}
         if current in known or current in recorded:
             continue
@@ -256,7 +262,7 @@ def transform_results(data: dict, draft) -> dict:
     return results
 
 
-def plan(data: dict, facts: dict, mode: str):
+def plan(data: dict, facts: Facts, mode: str):
     """The core's plan for this environment, the codemods' results taken from the bundle."""
     draft = CORE_PLANNING.draft(facts, specs(data), condition_holds, mode)
     check_known(data, facts, draft.selection)
@@ -271,24 +277,25 @@ def _empty_report() -> dict:
     }  # fmt: skip
 
 
-def _declared(data: dict) -> list:
+def _declared(data: dict) -> list[TargetFile]:
     """The files the agent may read, write and record: the bundle's target files only."""
     return [{"distribution": f["distribution"], "path": f["path"]} for f in data["files"]]
 
 
-def _read_facts(ns: dict, data: dict, report: dict, command: str, lock_timeout: float) -> dict:
+def _read_facts(ns: dict, data: dict, report: dict, command: str, lock_timeout: float) -> Facts:
     # The agent reads, writes and records the declared files only, as when patcher drives it;
     # as patcher does, a run that writes holds the lock from its facts to its last write.
     declared = _declared(data)
     lock = "exclusive" if command in ("apply", "rollback") else "shared"
-    facts = ns["op_facts"](
+    facts: Facts = ns["op_facts"](
         {"names": data["names"], "files": declared, "declared": declared, "lock": lock, "lock_timeout": lock_timeout}
     )
     report["state_dir"] = facts["state_dir"]
     report["versions"] = {n: d["version"] for n, d in facts["distributions"].items()}
     report["distributions"] = {n: d["name"] for n, d in facts["distributions"].items()}
-    if facts.get("state_error"):  # before check_known: a damaged record says so, not "unknown file"
-        raise Refusal("corrupt-state", facts["state_error"])
+    state_error = facts.get("state_error")
+    if state_error:  # before check_known: a damaged record says so, not "unknown file"
+        raise Refusal("corrupt-state", state_error)
     targets = {f["distribution"] for f in data["files"]}
     if not targets & set(facts["distributions"]):
         raise Refusal(
@@ -326,7 +333,7 @@ def _report_plan(report: dict, the_plan, command: str) -> bool:
     return False
 
 
-def _write(ns: dict, data: dict, report: dict, the_plan, mode: str, verify: bool, lock_timeout: float, facts: dict) -> None:
+def _write(ns: dict, data: dict, report: dict, the_plan, mode: str, verify: bool, lock_timeout: float, facts: Facts) -> None:
     """The agent carries the plan out (and verifies it); the report says how it went."""
     checked = verify and mode == "apply" and the_plan.verify_files
     request = {

@@ -16,8 +16,10 @@ import subprocess
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 
 class TransportError(Exception):
@@ -204,14 +206,16 @@ class LocalTransport:
         except TransportError:
             pass
 
-    def _send(self, payload: dict) -> None:
+    def _send(self, payload: Mapping[str, Any]) -> None:
         """Queue one line for the agent (the writer thread writes it; see start())."""
         self._outbox.put(json.dumps(payload).encode("utf-8") + b"\n")
 
-    def call(self, request: dict, timeout: float = DEFAULT_CALL_TIMEOUT, limit: str = "") -> dict:
+    def call(self, request: Mapping[str, Any], timeout: float = DEFAULT_CALL_TIMEOUT, limit: str = "") -> Any:
         """One round trip on the session (started by the first call if not yet). `timeout`: the
         seconds the agent itself was given for the request (`limit` names the options that
-        set them); past them and a short grace, the session is ended and the call fails."""
+        set them); past them and a short grace, the session is ended and the call fails.
+        The answer's result, as the operation defines it (patcher.core.protocol: Facts,
+        ApplyResult, ...): the caller names its type."""
         self._op = request.get("op", "")
         if self._interrupted:
             raise TransportError("interrupted", self.interrupted_message())
