@@ -14,7 +14,7 @@ import pytest
 
 from patcher.demo.environment import env_key
 from patcher.demo.recipes import RecipeError, recipe_for
-from patcher.upstream.runs import load_runs, patch_set_hash
+from patcher.upstream.runs import load_runs, patch_code, patch_set_hash
 
 # The keys of the environments built before 0.33.0's recipe (distribution "vllm") existed.
 BUILT = {"0.16.0": "73387572161f", "0.32.0": "c6ce0a0251f9"}
@@ -45,6 +45,16 @@ def test_a_row_is_stale_only_when_its_own_patches_or_recipe_differ(tmp_path):
     assert load_runs(tmp_path)["0.32.0"].stale is False
     (tmp_path / f"0.32.0-{current}.json").rename(tmp_path / "0.32.0-0123456789ab.json")
     assert load_runs(tmp_path)["0.32.0"].stale is True
+
+
+def test_a_rows_key_follows_a_patchs_code_not_its_layout(tmp_path):
+    # a reformat (ruff format) or a comment leaves every row current; a change to the code does not
+    one, two, three = tmp_path / "one.py", tmp_path / "two.py", tmp_path / "three.py"
+    one.write_text("X = {'a': 1,\n     'b': 2}\ndef f(x):  # why\n    return x + 1\n")
+    two.write_text('X = {"a": 1, "b": 2}\n\n\ndef f(x):\n    return x + 1\n')
+    three.write_text('X = {"a": 1, "b": 2}\n\n\ndef f(x):\n    return x + 2\n')
+    assert patch_code(one) == patch_code(two)
+    assert patch_code(two) != patch_code(three)
 
 
 def test_a_post_release_is_built_as_named_with_its_lines_recipe():

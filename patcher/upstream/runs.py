@@ -44,8 +44,18 @@ class RunResult:
         }  # fmt: skip
 
 
+def patch_code(path: Path) -> str:
+    """A patch module's code without its layout: the syntax tree, so that reformatting a module
+    (ruff format, comments) does not make every row stale, and any change to what it does does.
+    The dump's format can differ between Python versions: a key made by another interpreter
+    misses (the row runs again), never matches wrongly."""
+    import ast
+
+    return ast.dump(ast.parse(path.read_bytes(), filename=str(path)))
+
+
 def patch_set_hash(release: str) -> str | None:
-    """bench/releases.py's key for `release`'s row: every patch module and that release's recipe
+    """bench/releases.py's key for `release`'s row: every patch module's code and that release's recipe
     (what its environment is built from: another line's recipe does not make the row stale), or
     None where this installation has no recipes file."""
     from patcher.demo.recipes import RecipeError, recipe_for
@@ -56,7 +66,7 @@ def patch_set_hash(release: str) -> str | None:
         return None
     digest = hashlib.sha256()
     for path in sorted(patches.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        digest.update(path.name.encode() + b"\0" + patch_code(path).encode())
     try:
         digest.update(b"\0recipe\0" + recipe_for(release).fingerprint().encode())
     except RecipeError:
