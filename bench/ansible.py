@@ -41,21 +41,31 @@ PYINFRA_VERSION = "3.10.0"
 
 
 def ansible_env(fleet: Fleet, collections: Path) -> dict:
-    env = {**os.environ, "ANSIBLE_SSH_ARGS": f"-F {fleet.client.config} -o ControlMaster=auto -o ControlPersist=60s",
-           "ANSIBLE_PIPELINING": "True", "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_RETRY_FILES_ENABLED": "False",
-           "ANSIBLE_LOCAL_TEMP": str(fleet.work / "ansible-tmp"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_COLLECTIONS_PATH": str(collections), "PATCHER_CACHE": str(fleet.work / "cache-warm")}  # fmt: skip
+    env = {
+        **os.environ,
+        "ANSIBLE_SSH_ARGS": f"-F {fleet.client.config} -o ControlMaster=auto -o ControlPersist=60s",
+        "ANSIBLE_PIPELINING": "True",
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "ANSIBLE_LOCAL_TEMP": str(fleet.work / "ansible-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_COLLECTIONS_PATH": str(collections),
+        "PATCHER_CACHE": str(fleet.work / "cache-warm"),
+    }
     env.pop("SSH_AUTH_SOCK", None)
     return env
 
 
 def ansible_inventory(fleet: Fleet, n: int) -> Path:
     path = fleet.work / f"ansible-{n}.ini"
-    path.write_text("[gpus]\n" + "".join(
-        f"h{i} ansible_host={s.address} ansible_port={s.port} ansible_user=root ansible_python_interpreter={p} "
-        f"site={site_file(p, '')}\n"
-        for i, (s, p) in enumerate(zip(fleet.servers[:n], fleet.pythons[:n]))
-    ))  # fmt: skip
+    path.write_text(
+        "[gpus]\n"
+        + "".join(
+            f"h{i} ansible_host={s.address} ansible_port={s.port} ansible_user=root ansible_python_interpreter={p} "
+            f"site={site_file(p, '')}\n"
+            for i, (s, p) in enumerate(zip(fleet.servers[:n], fleet.pythons[:n]))
+        )
+    )
     return path
 
 
@@ -64,14 +74,27 @@ def timed(command: list[str], env: dict, cwd: Path) -> float:
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command[:4])} ... exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        raise SystemExit(
+            f"{' '.join(command[:4])} ... exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        )
     return elapsed
 
 
 def time_runner(fleet: Fleet, n: int, extra: list[str], command: str = "apply") -> float:
     fleet.reset(n)
-    args = [*PATCHER, command, "-q", "--no-retry-file", "-i", str(fleet.inventory(n)), "--forks", "8",
-            "--ssh-config", str(fleet.client.config), *extra]  # fmt: skip
+    args = [
+        *PATCHER,
+        command,
+        "-q",
+        "--no-retry-file",
+        "-i",
+        str(fleet.inventory(n)),
+        "--forks",
+        "8",
+        "--ssh-config",
+        str(fleet.client.config),
+        *extra,
+    ]
     if command == "apply":
         args.append("--no-verify")
     return timed(args, {**fleet.env, "PATCHER_CACHE": str(fleet.work / "cache-warm")}, fleet.work)
@@ -80,9 +103,12 @@ def time_runner(fleet: Fleet, n: int, extra: list[str], command: str = "apply") 
 def time_collection(fleet: Fleet, n: int, env: dict) -> float:
     fleet.reset(n)
     book = fleet.work / "collection.yml"
-    book.write_text("- hosts: gpus\n  gather_facts: false\n  tasks:\n"
-                    "    - patcher.fleet.patch: {command: apply, verify: false}\n")  # fmt: skip
-    return timed([str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)], env, fleet.work)
+    book.write_text(
+        "- hosts: gpus\n  gather_facts: false\n  tasks:\n    - patcher.fleet.patch: {command: apply, verify: false}\n"
+    )
+    return timed(
+        [str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)], env, fleet.work
+    )
 
 
 def time_copy(fleet: Fleet, n: int, env: dict, patched: dict[str, bytes]) -> float:
@@ -92,12 +118,14 @@ def time_copy(fleet: Fleet, n: int, env: dict, patched: dict[str, bytes]) -> flo
     for rel, data in patched.items():
         (folder / Path(rel).name).write_bytes(data)
     tasks = "".join(
-        f"    - copy:\n        src: {folder / Path(rel).name}\n        dest: \"{{{{ site }}}}/{rel}\"\n        backup: yes\n"
+        f'    - copy:\n        src: {folder / Path(rel).name}\n        dest: "{{{{ site }}}}/{rel}"\n        backup: yes\n'
         for rel in TARGETS
     )
     book = fleet.work / "copy.yml"
     book.write_text(f"- hosts: gpus\n  gather_facts: false\n  tasks:\n{tasks}")
-    return timed([str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)], env, fleet.work)
+    return timed(
+        [str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)], env, fleet.work
+    )
 
 
 def pyinfra_bin() -> Path:
@@ -117,16 +145,23 @@ def time_pyinfra(fleet: Fleet, n: int, binary: Path, patched: dict[str, bytes]) 
     for rel, data in patched.items():
         (folder / Path(rel).name).write_bytes(data)
     inventory = fleet.work / f"pyinfra_{n}.py"
-    inventory.write_text("gpus = [\n" + "".join(
-        f"    ({s.address!r}, {{'ssh_port': {s.port}, 'ssh_user': 'root', 'ssh_key': {str(fleet.client.key)!r}, "
-        f"'ssh_known_hosts_file': {str(fleet.client.known_hosts)!r}, 'site': {str(site_file(p, ''))!r}}}),\n"
-        for s, p in zip(fleet.servers[:n], fleet.pythons[:n])
-    ) + "]\n")  # fmt: skip
+    inventory.write_text(
+        "gpus = [\n"
+        + "".join(
+            f"    ({s.address!r}, {{'ssh_port': {s.port}, 'ssh_user': 'root', 'ssh_key': {str(fleet.client.key)!r}, "
+            f"'ssh_known_hosts_file': {str(fleet.client.known_hosts)!r}, 'site': {str(site_file(p, ''))!r}}}),\n"
+            for s, p in zip(fleet.servers[:n], fleet.pythons[:n])
+        )
+        + "]\n"
+    )
     deploy = fleet.work / "deploy.py"
-    deploy.write_text("from pyinfra import host\nfrom pyinfra.operations import files\n" + "".join(
-        f"files.put(name={rel!r}, src={str(folder / Path(rel).name)!r}, dest=host.data.site + '/' + {rel!r})\n"
-        for rel in TARGETS
-    ))  # fmt: skip
+    deploy.write_text(
+        "from pyinfra import host\nfrom pyinfra.operations import files\n"
+        + "".join(
+            f"files.put(name={rel!r}, src={str(folder / Path(rel).name)!r}, dest=host.data.site + '/' + {rel!r})\n"
+            for rel in TARGETS
+        )
+    )
     env = {**os.environ}
     env.pop("SSH_AUTH_SOCK", None)
     return timed([str(binary), str(inventory), str(deploy), "--yes", "--parallel", "8"], env, fleet.work)
@@ -152,8 +187,26 @@ def main() -> None:
     results: dict = {"cpus": os.cpu_count(), "repeat": args.repeat, "points": []}
     try:
         built = work / "built"
-        sh([str(BIN / "ansible-galaxy"), "collection", "build", str(ROOT / "remote" / "ansible"), "--output-path", str(built)])
-        sh([str(BIN / "ansible-galaxy"), "collection", "install", str(next(built.glob("*.tar.gz"))), "-p", str(work / "collections")])
+        sh(
+            [
+                str(BIN / "ansible-galaxy"),
+                "collection",
+                "build",
+                str(ROOT / "remote" / "ansible"),
+                "--output-path",
+                str(built),
+            ]
+        )
+        sh(
+            [
+                str(BIN / "ansible-galaxy"),
+                "collection",
+                "install",
+                str(next(built.glob("*.tar.gz"))),
+                "-p",
+                str(work / "collections"),
+            ]
+        )
         env = ansible_env(fleet, work / "collections")
         time_runner(fleet, 1, ["--no-ansible-inventory"])  # warms the transform cache
         patched = {rel: site_file(fleet.pythons[0], rel).read_bytes() for rel in TARGETS}
@@ -183,14 +236,22 @@ def main() -> None:
 
         shutil.rmtree(work, ignore_errors=True)
     one = results["one_host_status"]
-    print(f"\none host, `patcher status -i`: built-in reader {one['builtin_s']:.2f} s, through ansible-inventory "
-          f"{one['ansible_inventory_s']:.2f} s (+{one['ansible_inventory_s'] - one['builtin_s']:.2f} s, "
-          f"{one['ansible_inventory_s'] / one['builtin_s']:.1f}x)")  # fmt: skip
-    print(f"apply on loopback hosts, {results['cpus']} CPUs, forks 8, median of {args.repeat}; ratios against patcher's runner")
-    print(f"{'hosts':>5} {'runner':>8} {'collection':>11} {'ratio':>6} {'ansible copy':>13} {'ratio':>6} {'pyinfra put':>12} {'ratio':>6}")
+    print(
+        f"\none host, `patcher status -i`: built-in reader {one['builtin_s']:.2f} s, through ansible-inventory "
+        f"{one['ansible_inventory_s']:.2f} s (+{one['ansible_inventory_s'] - one['builtin_s']:.2f} s, "
+        f"{one['ansible_inventory_s'] / one['builtin_s']:.1f}x)"
+    )
+    print(
+        f"apply on loopback hosts, {results['cpus']} CPUs, forks 8, median of {args.repeat}; ratios against patcher's runner"
+    )
+    print(
+        f"{'hosts':>5} {'runner':>8} {'collection':>11} {'ratio':>6} {'ansible copy':>13} {'ratio':>6} {'pyinfra put':>12} {'ratio':>6}"
+    )
     for p in results["points"]:
-        line = (f"{p['hosts']:>5} {p['runner_s']:>7.2f}s {p['collection_s']:>10.2f}s {p['collection_s'] / p['runner_s']:>5.1f}x "
-                f"{p['ansible_copy_s']:>12.2f}s {p['ansible_copy_s'] / p['runner_s']:>5.1f}x")  # fmt: skip
+        line = (
+            f"{p['hosts']:>5} {p['runner_s']:>7.2f}s {p['collection_s']:>10.2f}s {p['collection_s'] / p['runner_s']:>5.1f}x "
+            f"{p['ansible_copy_s']:>12.2f}s {p['ansible_copy_s'] / p['runner_s']:>5.1f}x"
+        )
         if "pyinfra_s" in p:
             line += f" {p['pyinfra_s']:>11.2f}s {p['pyinfra_s'] / p['runner_s']:>5.1f}x"
         print(line)

@@ -62,8 +62,19 @@ class Fleet:
         self.pristine = {rel: site_file(self.pythons[0], rel).read_bytes() for rel in TARGETS}
         # every host's key into known_hosts once, so no run pays for accept-new
         for server in self.servers:
-            sh(["ssh", "-F", str(self.client.config), "-o", "StrictHostKeyChecking=accept-new", "-p",
-                str(server.port), f"root@{server.address}", "true"])  # fmt: skip
+            sh(
+                [
+                    "ssh",
+                    "-F",
+                    str(self.client.config),
+                    "-o",
+                    "StrictHostKeyChecking=accept-new",
+                    "-p",
+                    str(server.port),
+                    f"root@{server.address}",
+                    "true",
+                ]
+            )
         bin_dir = work / "bin"
         bin_dir.mkdir()
         self.counter = work / "ssh-calls"
@@ -96,10 +107,12 @@ class Fleet:
 
     def inventory(self, n: int) -> Path:
         path = self.work / f"hosts-{n}"
-        path.write_text("".join(
-            f"root@{s.address}:{s.port} ansible_python_interpreter={p}\n"
-            for s, p in zip(self.servers[:n], self.pythons[:n])
-        ))  # fmt: skip
+        path.write_text(
+            "".join(
+                f"root@{s.address}:{s.port} ansible_python_interpreter={p}\n"
+                for s, p in zip(self.servers[:n], self.pythons[:n])
+            )
+        )
         return path
 
     def stop(self) -> None:
@@ -111,12 +124,24 @@ def time_patcher(fleet: Fleet, n: int, forks: int, cache: Path) -> tuple[float, 
     """One `patcher apply`; `cache` is $PATCHER_CACHE (an empty folder: a cold run, whose codemods
     run; a used one: a warm run, whose transforms come from the cache)."""
     fleet.reset(n)
-    command = [*PATCHER, "apply", "--no-verify", "-q", "--no-retry-file",
-               "-i", str(fleet.inventory(n)), "--no-ansible-inventory", "--forks", str(forks),
-               "--ssh-config", str(fleet.client.config)]  # fmt: skip
+    command = [
+        *PATCHER,
+        "apply",
+        "--no-verify",
+        "-q",
+        "--no-retry-file",
+        "-i",
+        str(fleet.inventory(n)),
+        "--no-ansible-inventory",
+        "--forks",
+        str(forks),
+        "--ssh-config",
+        str(fleet.client.config),
+    ]
     cpu, started = machine_cpu_seconds(), time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env={**fleet.env, "PATCHER_CACHE": str(cache)},
-                          cwd=fleet.work)  # fmt: skip
+    done = subprocess.run(
+        command, capture_output=True, text=True, env={**fleet.env, "PATCHER_CACHE": str(cache)}, cwd=fleet.work
+    )
     elapsed = time.perf_counter() - started
     fleet.last_cpu = machine_cpu_seconds() - cpu
     if done.returncode != 0:
@@ -156,9 +181,29 @@ def time_manual(fleet: Fleet, n: int, script: Path) -> float:
     config = str(fleet.client.config)
     started = time.perf_counter()
     for server, python in zip(fleet.servers[:n], fleet.pythons[:n]):
-        sh(["scp", "-q", "-F", config, "-P", str(server.port), str(script), f"root@{server.address}:/tmp/patch-bench.py"])
-        sh(["ssh", "-F", config, "-p", str(server.port), f"root@{server.address}",
-            f"{python} /tmp/patch-bench.py apply --no-verify -q"])  # fmt: skip
+        sh(
+            [
+                "scp",
+                "-q",
+                "-F",
+                config,
+                "-P",
+                str(server.port),
+                str(script),
+                f"root@{server.address}:/tmp/patch-bench.py",
+            ]
+        )
+        sh(
+            [
+                "ssh",
+                "-F",
+                config,
+                "-p",
+                str(server.port),
+                f"root@{server.address}",
+                f"{python} /tmp/patch-bench.py apply --no-verify -q",
+            ]
+        )
     return time.perf_counter() - started
 
 
@@ -180,20 +225,29 @@ def time_ansible(fleet: Fleet, n: int, forks: int, playbook_bin: Path, patched: 
         (files / Path(rel).name).write_bytes(data)
     site = lambda python: str(site_file(python, ""))  # noqa: E731
     inventory = fleet.work / f"ansible-{n}.ini"
-    inventory.write_text("[gpus]\n" + "".join(
-        f"h{i} ansible_host={s.address} ansible_port={s.port} ansible_user=root ansible_python_interpreter={p} "
-        f"site={site(p)}\n"
-        for i, (s, p) in enumerate(zip(fleet.servers[:n], fleet.pythons[:n]))
-    ))  # fmt: skip
+    inventory.write_text(
+        "[gpus]\n"
+        + "".join(
+            f"h{i} ansible_host={s.address} ansible_port={s.port} ansible_user=root ansible_python_interpreter={p} "
+            f"site={site(p)}\n"
+            for i, (s, p) in enumerate(zip(fleet.servers[:n], fleet.pythons[:n]))
+        )
+    )
     tasks = "".join(
-        f"    - copy:\n        src: {files / Path(rel).name}\n        dest: \"{{{{ site }}}}/{rel}\"\n        backup: yes\n"
+        f'    - copy:\n        src: {files / Path(rel).name}\n        dest: "{{{{ site }}}}/{rel}"\n        backup: yes\n'
         for rel in TARGETS
     )
     play = fleet.work / "play.yml"
     play.write_text(f"- hosts: gpus\n  gather_facts: false\n  tasks:\n{tasks}")
-    env = {**os.environ, "ANSIBLE_SSH_ARGS": f"-F {fleet.client.config} -o ControlMaster=auto -o ControlPersist=60s",
-           "ANSIBLE_PIPELINING": "True", "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_RETRY_FILES_ENABLED": "False",
-           "ANSIBLE_LOCAL_TEMP": str(fleet.work / "ansible-tmp"), "ANSIBLE_NOCOLOR": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "ANSIBLE_SSH_ARGS": f"-F {fleet.client.config} -o ControlMaster=auto -o ControlPersist=60s",
+        "ANSIBLE_PIPELINING": "True",
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "ANSIBLE_LOCAL_TEMP": str(fleet.work / "ansible-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
     env.pop("SSH_AUTH_SOCK", None)
     started = time.perf_counter()
     sh([str(playbook_bin), "-i", str(inventory), "-f", str(forks), str(play)], env=env)
@@ -243,7 +297,9 @@ def main() -> None:
             point["ssh_control_per_host"] = runs[-1][2] / n
             fleet.check_patched(n, patched)
             point["forks_n_s"] = statistics.median(time_patcher(fleet, n, n, warm)[0] for _ in range(args.repeat))
-            point["manual_s"] = statistics.median(time_manual(fleet, n, script) for _ in range(max(1, args.repeat // 2)))
+            point["manual_s"] = statistics.median(
+                time_manual(fleet, n, script) for _ in range(max(1, args.repeat // 2))
+            )
             fleet.check_patched(n, patched)
             if playbook is not None:
                 point["ansible_s"] = statistics.median(
@@ -255,22 +311,28 @@ def main() -> None:
         fleet.stop()
         shutil.rmtree(work, ignore_errors=True)
     first = results["points"][0]
-    print(f"\npatcher apply --no-verify on loopback hosts, {results['cpus']} CPUs, --forks {args.forks}, "
-          f"median of {args.repeat}; ratios against 1 host in the same run")  # fmt: skip
-    header = (f"{'hosts':>5} {'cold':>7} {'ratio':>6} {'warm':>7} {'ratio':>6} {'forks=N':>8} {'ssh/host':>9} "
-              f"{'ssh-only':>9} {'warm/ssh-only':>14} {'cpu/host':>9} {'ssh cpu/host':>13} "
-              f"{'manual':>8} {'manual/warm':>12}")  # fmt: skip
+    print(
+        f"\npatcher apply --no-verify on loopback hosts, {results['cpus']} CPUs, --forks {args.forks}, "
+        f"median of {args.repeat}; ratios against 1 host in the same run"
+    )
+    header = (
+        f"{'hosts':>5} {'cold':>7} {'ratio':>6} {'warm':>7} {'ratio':>6} {'forks=N':>8} {'ssh/host':>9} "
+        f"{'ssh-only':>9} {'warm/ssh-only':>14} {'cpu/host':>9} {'ssh cpu/host':>13} "
+        f"{'manual':>8} {'manual/warm':>12}"
+    )
     if args.ansible:
         header += f" {'ansible':>8} {'ansible/warm':>13} {'ansible/cold':>13}"
     print(header)
     for p in results["points"]:
-        line = (f"{p['hosts']:>5} {p['patcher_cold_s']:>6.2f}s {p['patcher_cold_s'] / first['patcher_cold_s']:>5.2f}x "
-                f"{p['patcher_s']:>6.2f}s {p['patcher_s'] / first['patcher_s']:>5.2f}x {p['forks_n_s']:>7.2f}s "
-                f"{p['ssh_sessions_per_host']:>4.0f}+{p['ssh_control_per_host']:.0f}ctl "
-                f"{p['ssh_only_s']:>8.2f}s {p['patcher_s'] / p['ssh_only_s']:>13.2f}x "
-                f"{p['patcher_cpu_s'] / p['hosts'] * 1000:>6.0f} ms {p['ssh_only_cpu_s'] / p['hosts'] * 1000:>10.0f} ms "
-                f"{p['manual_s']:>7.2f}s "
-                f"{p['manual_s'] / p['patcher_s']:>11.1f}x")  # fmt: skip
+        line = (
+            f"{p['hosts']:>5} {p['patcher_cold_s']:>6.2f}s {p['patcher_cold_s'] / first['patcher_cold_s']:>5.2f}x "
+            f"{p['patcher_s']:>6.2f}s {p['patcher_s'] / first['patcher_s']:>5.2f}x {p['forks_n_s']:>7.2f}s "
+            f"{p['ssh_sessions_per_host']:>4.0f}+{p['ssh_control_per_host']:.0f}ctl "
+            f"{p['ssh_only_s']:>8.2f}s {p['patcher_s'] / p['ssh_only_s']:>13.2f}x "
+            f"{p['patcher_cpu_s'] / p['hosts'] * 1000:>6.0f} ms {p['ssh_only_cpu_s'] / p['hosts'] * 1000:>10.0f} ms "
+            f"{p['manual_s']:>7.2f}s "
+            f"{p['manual_s'] / p['patcher_s']:>11.1f}x"
+        )
         if args.ansible:
             line += f" {p['ansible_s']:>7.2f}s {p['ansible_s'] / p['patcher_s']:>12.1f}x {p['ansible_s'] / p['patcher_cold_s']:>12.1f}x"
         print(line)

@@ -150,7 +150,9 @@ def verification(repeat: int) -> list[dict]:
     from patcher.transport.local import LocalTransport
 
     with LocalTransport(str(target)) as transport:
-        facts = transport.call({"op": "facts", "names": condition_names(load_patches()), "files": target_files(load_patches())})
+        facts = transport.call(
+            {"op": "facts", "names": condition_names(load_patches()), "files": target_files(load_patches())}
+        )
         plan = plan_target(facts, load_patches())
         spec = {"files": plan.verify_files, "import_prefixes": ["vllm"]}
         times = []

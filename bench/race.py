@@ -31,7 +31,9 @@ from tests.support.sshd import SshClient, SshServer, why_no_sshd  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=300, help="rounds per way")
-    parser.add_argument("--ways", default="local,ssh,mixed", help="local, ssh (every run over ssh), mixed (each run either)")
+    parser.add_argument(
+        "--ways", default="local,ssh,mixed", help="local, ssh (every run over ssh), mixed (each run either)"
+    )
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     parser.add_argument("--max-offset-ms", type=float, default=80)
     parser.add_argument("--json", metavar="FILE", help="also write the figures here")

@@ -74,7 +74,9 @@ def newest_per_line() -> list[str]:
 
 
 def patcher_cli(*args: str) -> tuple[int, dict | None, str]:
-    proc = subprocess.run([sys.executable, "-m", "patcher.cli", *args, "--json"], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "patcher.cli", *args, "--json"], capture_output=True, text=True, cwd=ROOT
+    )
     doc = json.loads(proc.stdout) if proc.stdout.strip() else None
     return proc.returncode, doc, proc.stderr
 
@@ -121,7 +123,9 @@ def run_release(release: str, keep_env: bool) -> dict:
         pristine = target_hashes(target, paths)
         code, doc, _err = patcher_cli("apply", "--python", str(target))
         t = doc["targets"][0] if doc else {}
-        row["selected"] = [p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")]
+        row["selected"] = [
+            p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")
+        ]
         row["apply"] = f"exit {code}, {t.get('status', '?')}" + (f": {t.get('message', '')[:120]}" if code else "")
         row["apply_message"] = t.get("message", "")  # "N file(s) written, verified": verification ran
         row["versions_detected"] = t.get("versions", {})
@@ -139,8 +143,13 @@ def run_release(release: str, keep_env: bool) -> dict:
 
 
 def extract_row(target: Path, model: Path) -> dict:
-    proc = subprocess.run([str(target), str(EXTRACT), "--model", str(model), "--calls", "all"],
-                          capture_output=True, text=True, cwd=str(target.parent.parent), timeout=1800)  # fmt: skip
+    proc = subprocess.run(
+        [str(target), str(EXTRACT), "--model", str(model), "--calls", "all"],
+        capture_output=True,
+        text=True,
+        cwd=str(target.parent.parent),
+        timeout=1800,
+    )
     lines = [line for line in proc.stdout.strip().splitlines() if line.startswith("{")]  # workers may log after it
     if not lines:
         return {"error": proc.stderr.strip().splitlines()[-1][:200] if proc.stderr.strip() else "no report"}
@@ -149,7 +158,9 @@ def extract_row(target: Path, model: Path) -> dict:
         e = report["error"]
         # the root cause of a worker's failure is only in its log (0.11.2: "WorkerProc
         # initialization failed ... See stack trace for root cause"): keep the log's last 200 lines
-        tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-200:]  # 40 missed the worker's trace
+        tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][
+            -200:
+        ]  # 40 missed the worker's trace
         # vLLM's own logger writes to stdout: the worker's traceback and the warning that names
         # its cause are there (0.11.2: "Failed to import from vllm._C: ... CXXABI_1.3.15 not found")
         vllm_log = [line for line in proc.stdout.splitlines() if line.startswith(("WARNING ", "ERROR "))][-80:]
@@ -158,7 +169,8 @@ def extract_row(target: Path, model: Path) -> dict:
     return {
         "ok": report["ok"],
         "max_rel_diff": report.get("max_rel_diff"),
-        "rows_whole_in_order": all(p["status"] == "ok" for p in prompts) and len(report["calls"]) == report["planned_calls"],
+        "rows_whole_in_order": all(p["status"] == "ok" for p in prompts)
+        and len(report["calls"]) == report["planned_calls"],
         "prompts": len(prompts),
     }
 
@@ -169,15 +181,28 @@ def cell(row: dict) -> list[str]:
     largest = f"{extract['max_rel_diff']:.3f}" if extract.get("max_rel_diff") is not None else "-"
     whole = "yes" if extract.get("rows_whole_in_order") else ("-" if error or not extract else "no")
     return [
-        row["release"], f"{row.get('torch', '-')} / {row.get('transformers', '-')}", " ".join(row.get("selected", [])) or "-",
-        row.get("apply", "?") + (f"; run: {error}" if error else ""), largest, whole,
-        {True: "yes", False: "no"}.get(row.get("rollback_identical"), "-"), f"{row.get('minutes', '-')}",
-    ]  # fmt: skip
+        row["release"],
+        f"{row.get('torch', '-')} / {row.get('transformers', '-')}",
+        " ".join(row.get("selected", [])) or "-",
+        row.get("apply", "?") + (f"; run: {error}" if error else ""),
+        largest,
+        whole,
+        {True: "yes", False: "no"}.get(row.get("rollback_identical"), "-"),
+        f"{row.get('minutes', '-')}",
+    ]
 
 
 def table(rows: list[dict]) -> str:
-    head = ["vLLM", "torch / transformers", "patches selected", "apply", "largest rel. error", "rows whole, in order",
-            "rollback byte-identical", "minutes"]  # fmt: skip
+    head = [
+        "vLLM",
+        "torch / transformers",
+        "patches selected",
+        "apply",
+        "largest rel. error",
+        "rows whole, in order",
+        "rollback byte-identical",
+        "minutes",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell(r)) + " |" for r in rows]
     return "\n".join(lines)
@@ -196,8 +221,11 @@ def main() -> int:
     parser.add_argument("--keep-env", action="store_true", help="keep each release's environment")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     parser.add_argument("--list", action="store_true", help="the releases it would run, then exit")
-    parser.add_argument("--cached-only", action="store_true",
-                        help="run nothing: the table from the rows cached for these patches, the others 'not run'")  # fmt: skip
+    parser.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="run nothing: the table from the rows cached for these patches, the others 'not run'",
+    )
     args = parser.parse_args()
     releases = args.release or [*newest_per_line(), *ALSO, *NO_CPU_WHEEL]
     if args.list:

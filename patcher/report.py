@@ -45,7 +45,6 @@ class TargetReport:
     facts: Facts | None = field(default=None, repr=False)  # the agent's facts (not in the JSON)
     command_wrote: bool = False  # this run wrote files
 
-
     def as_json(self) -> dict:
         return {
             "target": self.target,

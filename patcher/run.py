@@ -137,8 +137,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
         return _fail(
             report,
             "usage",
-            f"{names} is not installed in {report.python}; name the environment's interpreter "
-            "with --python PATH",
+            f"{names} is not installed in {report.python}; name the environment's interpreter with --python PATH",
         )
     mode: Mode = "rollback" if options.command == "rollback" else "apply"
     plan = _plan(facts, patches, mode, options, report)
@@ -211,8 +210,10 @@ def _plan(facts: Facts, patches: Sequence[Patch], mode: Mode, options: RunOption
     report.notes = plan.notes
     if facts.get("lock") == "busy":
         report.notes = [
-            (f"another patcher run held the lock for {options.lock_timeout:g}s: this shows the "
-            "files as that run had left them so far")
+            (
+                f"another patcher run held the lock for {options.lock_timeout:g}s: this shows the "
+                "files as that run had left them so far"
+            )
         ] + report.notes
     report.files = [_file_entry(change, plan, options.diff) for change in plan.changes]
     return plan
@@ -248,8 +249,12 @@ def _nothing_to_write(
     """Every selected patch in place: at most the temporary files an interrupted run left go."""
     if plan.cleanup:
         cleanup: ApplyRequest = {
-            "op": "apply", "files": [], "cleanup": plan.cleanup, "expect": facts.get("snapshot"), "declared": declared
-        }  # fmt: skip
+            "op": "apply",
+            "files": [],
+            "cleanup": plan.cleanup,
+            "expect": facts.get("snapshot"),
+            "declared": declared,
+        }
         request, limits = options.write_call(cleanup)
         transport.call(request, **limits)
         report.status = "changed"
@@ -267,9 +272,7 @@ def _write(
     """Write and verify: one apply request; the agent writes every change atomically, verifies
     the result in a fresh interpreter (apply) and records it, or restores every file. Its answer."""
     verify = options.verify and mode == "apply" and bool(plan.verify_files)
-    options.progress(
-        f"{transport.label}: writing {len(plan.changes)} file(s)" + (" and verifying" if verify else "")
-    )
+    options.progress(f"{transport.label}: writing {len(plan.changes)} file(s)" + (" and verifying" if verify else ""))
     apply: ApplyRequest = {
         "op": "apply",
         "files": [change.as_request() for change in plan.changes],
@@ -278,7 +281,7 @@ def _write(
         "expect": facts.get("snapshot"),
         "written_by": f"patcher {__version__}",
         "declared": declared,
-    }  # fmt: skip
+    }
     request, limits = options.write_call(apply)
     fault = os.environ.get("PATCHER_FAULT")  # crash tests only: see remote/agent.py checkpoint()
     if fault:
@@ -311,7 +314,8 @@ def _record(
         restored = sum(1 for change in plan.changes if change.new_content is None)
         report.message = f"{restored} file(s) restored to their original bytes" + (
             f", {len(plan.changes) - restored} recomputed without the rolled-back patches"
-            if restored < len(plan.changes) else ""
+            if restored < len(plan.changes)
+            else ""
         )
     else:
         report.message = f"{len(plan.changes)} file(s) written" + (", verified" if verified else ", not verified")
@@ -335,7 +339,10 @@ def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptio
     """`patcher verify`: the static check (a fresh interpreter), then with --run the run check."""
     options.progress(f"{transport.label}: binding the patched files' vLLM calls in a fresh interpreter")
     assert report.facts is not None  # read before any plan
-    verify: VerifyRequest = {"op": "verify", "spec": {**_verify_spec(plan, report.facts), "timeout": options.verify_timeout}}
+    verify: VerifyRequest = {
+        "op": "verify",
+        "spec": {**_verify_spec(plan, report.facts), "timeout": options.verify_timeout},
+    }
     result: Verification = transport.call(
         verify,
         timeout=options.verify_timeout + 5,

@@ -2,9 +2,7 @@
 
 from patcher.model import TargetFile
 
-GENERATOR = TargetFile(
-    "speculators", "speculators/data_generation/vllm_hidden_states_generator.py"
-)
+GENERATOR = TargetFile("speculators", "speculators/data_generation/vllm_hidden_states_generator.py")
 WORKER = TargetFile("speculators", "speculators/data_generation/custom_worker.py")
 
 # speculators 0.4.0 carries upstream's own fix; 0.5.0 no longer ships these files.

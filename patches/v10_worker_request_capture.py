@@ -83,7 +83,7 @@ def _rows_by_request(captured, steps, request_tokens):
     ]
 '''
 
-STORE_ADDITION = '''\
+STORE_ADDITION = """\
 
 # Which request each row of this step belongs to, in vLLM's batch order
 # (vLLM reorders requests and splits long prompts across steps).
@@ -99,7 +99,7 @@ else:
     steps.append(
         sorted(scheduled.items(), key=lambda item: index.get(item[0], len(index)))
     )
-'''
+"""
 
 SET_METADATA_SOURCE = '''\
 def _set_request_metadata(self, request_metadata):
@@ -107,10 +107,10 @@ def _set_request_metadata(self, request_metadata):
     self._current_request_metadata = dict(request_metadata)
 '''
 
-RESET_ADDITION = '''\
+RESET_ADDITION = """\
 self._request_metadata = []
 self._current_request_metadata = None
-'''
+"""
 
 GET_SOURCE = '''\
 def _get_captured_states(self, request_tokens=None):
@@ -299,7 +299,10 @@ PATCH = Patch(
             answers="vLLM splits prompts across scheduler steps and orders a step's rows by its "
             "input batch (model_runner.input_batch.req_id_to_index)",
             fact=Fact(
-                "defines", "vllm.v1.worker.gpu_input_batch", "InputBatch", "req_id_to_index",
+                "defines",
+                "vllm.v1.worker.gpu_input_batch",
+                "InputBatch",
+                "req_id_to_index",
                 needs=(Fact("defines", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "input_batch"),),
             ),
         ),
@@ -313,6 +316,6 @@ PATCH = Patch(
     without_it="harmless alone (the old calls behave as before); v11 uses it. Without both, a prompt "
     "that vLLM splits across steps comes back cut and the prompts after it get rows of others",
     readme="(with v11) rows attributed to their own request, in the caller's order; a request with too few or too many rows raises instead of returning wrong data",
-    since='any',
-    on_fixed_in='anchor-missing',
+    since="any",
+    on_fixed_in="anchor-missing",
 )

@@ -43,14 +43,23 @@ def call_statement(call: m.Shape) -> m.Shape:
 
 
 ADD_REQUEST = m.SimpleStatementLine(
-    body=[m.Expr(value=m.Call(func=m.Attribute(value=SELF_SCHEDULER, attr=m.Name("add_request")), args=[m.Arg(value=m.Name())]))]
+    body=[
+        m.Expr(
+            value=m.Call(
+                func=m.Attribute(value=SELF_SCHEDULER, attr=m.Name("add_request")), args=[m.Arg(value=m.Name())]
+            )
+        )
+    ]
 )
 EXECUTE_MODEL = call_statement(m.Call(func=m.Attribute(value=SELF_EXECUTOR, attr=m.Name("execute_model"))))
 COLLECTIVE_RPC = m.Attribute(value=SELF_EXECUTOR, attr=m.Name("collective_rpc"))
 
 
 def rpc_named(name: str) -> m.Shape:
-    return m.Call(func=COLLECTIVE_RPC, args=[m.Arg(value=m.SimpleString(f'"{name}"') | m.SimpleString(f"'{name}'")), m.ZeroOrMore()])
+    return m.Call(
+        func=COLLECTIVE_RPC,
+        args=[m.Arg(value=m.SimpleString(f'"{name}"') | m.SimpleString(f"'{name}'")), m.ZeroOrMore()],
+    )
 
 
 SET_METADATA = call_statement(rpc_named("_set_request_metadata"))
@@ -152,7 +161,9 @@ class _Parts(cst.CSTTransformer):
                 else:
                     self.mark("init", "rewrote")
                     # The new statement takes over the blank lines and comments above the loop.
-                    out.append(cst.parse_statement(f"{TOKENS} = {{}}\n").with_changes(leading_lines=statement.leading_lines))
+                    out.append(
+                        cst.parse_statement(f"{TOKENS} = {{}}\n").with_changes(leading_lines=statement.leading_lines)
+                    )
                     statement = statement.with_changes(leading_lines=())
             # (3) metadata before execute_model
             if m.matches(statement, EXECUTE_MODEL):
@@ -162,7 +173,9 @@ class _Parts(cst.CSTTransformer):
                     call = m.findall(statement, m.Call(func=m.Attribute(attr=m.Name("execute_model"))))[0]
                     assert isinstance(call, cst.Call) and call.args
                     self.mark("metadata", "rewrote")
-                    out.append(metadata_statement(call.args[0].value).with_changes(leading_lines=statement.leading_lines))
+                    out.append(
+                        metadata_statement(call.args[0].value).with_changes(leading_lines=statement.leading_lines)
+                    )
                     statement = statement.with_changes(leading_lines=())
             out.append(statement)
             # (2) request_tokens[req.request_id] = ... after add_request
@@ -239,7 +252,9 @@ class PrefillAcrossSteps(PatchCodemod):
         self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
     ) -> cst.SimpleStatementLine:
         if self.functions:
-            seen = {name for name, shape in (("add", ADD_REQUEST), ("execute", EXECUTE_MODEL)) if m.matches(updated, shape)}
+            seen = {
+                name for name, shape in (("add", ADD_REQUEST), ("execute", EXECUTE_MODEL)) if m.matches(updated, shape)
+            }
             for frame in self.functions:
                 frame |= seen
         return updated
@@ -263,7 +278,7 @@ class PrefillAcrossSteps(PatchCodemod):
 # Every release: 0.3.0's own loop, wrong wherever vLLM v1 splits a prompt across steps.
 EVERY_RELEASE = {"vllm": ">=0.11.0"}
 
-BEFORE = '''\
+BEFORE = """\
 def generate(self, token_ids):
     for i, ids in enumerate(input_ids_list):
         req = Request(request_id=f"req_{self._request_counter}_{i}", prompt_token_ids=ids)
@@ -286,9 +301,9 @@ def generate(self, token_ids):
         unique_reply_rank=0,
     )
     return captured_states_list
-'''
+"""
 
-AFTER = '''\
+AFTER = """\
 def generate(self, token_ids):
     request_tokens = {}
     for i, ids in enumerate(input_ids_list):
@@ -329,7 +344,7 @@ def generate(self, token_ids):
         unique_reply_rank=0,
     )
     return captured_states_list
-'''
+"""
 
 PATCH = Patch(
     id="v11-multistep-prefill",
@@ -343,7 +358,10 @@ PATCH = Patch(
             answers="vLLM's scheduler splits a prompt across steps when a batch exceeds "
             "max_num_batched_tokens, and counts scheduled tokens in request.num_computed_tokens",
             fact=Fact(
-                "defines", "vllm.v1.request", "Request", "num_computed_tokens",
+                "defines",
+                "vllm.v1.request",
+                "Request",
+                "num_computed_tokens",
                 needs=(Fact("defines", "vllm.v1.core.sched.output", "SchedulerOutput", "num_scheduled_tokens"),),
             ),
         ),
@@ -357,6 +375,6 @@ PATCH = Patch(
     without_it="without it a batch over the step's token budget comes back wrong, silently: the prompt "
     "vLLM splits is cut (694 of 977 rows measured) and its neighbours get rows of others",
     readme="silently cut data: a prompt vLLM splits across scheduler steps (a batch over the step's 8192-token budget) comes back short (694 of 977 rows) and its neighbours get each other's rows; needs v10",
-    since='any',
-    on_fixed_in='anchor-missing',
+    since="any",
+    on_fixed_in="anchor-missing",
 )

@@ -84,7 +84,7 @@ class ImportFromKvCachePlanning(PatchCodemod):
         return updated.with_changes(body=out)
 
 
-BEFORE = '''\
+BEFORE = """\
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import (
@@ -95,9 +95,9 @@ from vllm.v1.core.kv_cache_utils import (
     unify_hybrid_kv_cache_specs,
 )
 from vllm.v1.request import Request
-'''
+"""
 
-AFTER = '''\
+AFTER = """\
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_planning import (
@@ -110,7 +110,7 @@ from vllm.v1.core.kv_cache_utils import (
     init_none_hash,
 )
 from vllm.v1.request import Request
-'''
+"""
 
 PATCH = Patch(
     id="v12-kv-cache-planning",
@@ -124,7 +124,9 @@ PATCH = Patch(
             answers="vllm.v1.core.kv_cache_planning defines get_kv_cache_config_from_groups, "
             "_get_kv_cache_groups_uniform_spec and unify_hybrid_kv_cache_specs",
             fact=Fact(
-                "defines", KV_CACHE_PLANNING, name="get_kv_cache_config_from_groups",
+                "defines",
+                KV_CACHE_PLANNING,
+                name="get_kv_cache_config_from_groups",
                 needs=(
                     Fact("defines", KV_CACHE_PLANNING, name="_get_kv_cache_groups_uniform_spec"),
                     Fact("defines", KV_CACHE_PLANNING, name="unify_hybrid_kv_cache_specs"),

@@ -55,7 +55,7 @@ PATCH = Patch(
         Example(
             before=(
                 "req = Request(\n"
-                "    request_id=f\"req_{self._request_counter}_{i}\",\n"
+                '    request_id=f"req_{self._request_counter}_{i}",\n'
                 "    prompt_token_ids=ids_list,\n"
                 "    sampling_params=SamplingParams(\n"
                 "        max_tokens=MAX_DECODE_TOKENS, temperature=SAMPLING_TEMPERATURE\n"
@@ -67,7 +67,7 @@ PATCH = Patch(
             ),
             after=(
                 "req = Request(\n"
-                "    request_id=f\"req_{self._request_counter}_{i}\",\n"
+                '    request_id=f"req_{self._request_counter}_{i}",\n'
                 "    prompt_token_ids=ids_list,\n"
                 "    sampling_params=SamplingParams(\n"
                 "        max_tokens=MAX_DECODE_TOKENS, temperature=SAMPLING_TEMPERATURE\n"
@@ -79,13 +79,11 @@ PATCH = Patch(
         ),
         # last on one line: the closing parenthesis follows the new last argument
         Example(
-            before="req = Request(request_id=\"r\", prompt_token_ids=[1], eos_token_id=2)\n",
-            after="req = Request(request_id=\"r\", prompt_token_ids=[1])\n",
+            before='req = Request(request_id="r", prompt_token_ids=[1], eos_token_id=2)\n',
+            after='req = Request(request_id="r", prompt_token_ids=[1])\n',
         ),
     ),
-    satisfied=(
-        "req = Request(request_id=\"r\", prompt_token_ids=[1], sampling_params=None, pooling_params=None)\n",
-    ),
+    satisfied=('req = Request(request_id="r", prompt_token_ids=[1], sampling_params=None, pooling_params=None)\n',),
     upstream="vLLM 0.17.0: vllm/v1/request.py (Request.__init__ without eos_token_id)",
     without_it="without it on vLLM 0.17 and later: TypeError: Request.__init__() got an unexpected keyword "
     "argument 'eos_token_id' at the first generate() (verification catches it and rolls back)",

@@ -51,9 +51,7 @@ RESOLVE_CALL = m.Call(func=m.Name(RESOLVE))
 INTERLEAVE_SIZE_REQUIRED_SINCE = {"vllm": ">=0.33.0"}
 SET_LAYOUT = "set_kv_cache_layout"
 INTERLEAVE_SIZE = "cp_kv_cache_interleave_size"
-SET_LAYOUT_STATEMENT = m.SimpleStatementLine(
-    body=[m.Expr(value=m.Call(func=m.Attribute(attr=m.Name(SET_LAYOUT))))]
-)
+SET_LAYOUT_STATEMENT = m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Attribute(attr=m.Name(SET_LAYOUT))))])
 
 # The engine core's two steps, with the generator's names (`{config}` is the expression the
 # generator passes as vllm_config); the specs narrow the candidates for hybrid models.
@@ -91,7 +89,9 @@ def binds_name(body, name: str) -> bool:
     return any(m.matches(s, target) for s in body)
 
 
-def import_after_last_vllm_import(body: list[cst.BaseStatement], statement: cst.BaseStatement) -> list[cst.BaseStatement]:
+def import_after_last_vllm_import(
+    body: list[cst.BaseStatement], statement: cst.BaseStatement
+) -> list[cst.BaseStatement]:
     """`statement` after the last top-level `from vllm... import`, else after the last import."""
     imports = [i for i, s in enumerate(body) if m.matches(s, m.SimpleStatementLine(body=[m.ImportFrom() | m.Import()]))]
     vllm = [
@@ -167,9 +167,7 @@ class PassInterleaveSize(PatchCodemod):
     argument (what vLLM 0.33's engine core passes). Patched: the call with two arguments, or
     with cp_kv_cache_interleave_size= (a layout call not preceded by a resolve is not ours)."""
 
-    ANCHOR = (
-        f"a statement X.{SET_LAYOUT}(layout_name) after {RESOLVE}(vllm_config, ...) in the same function body"
-    )
+    ANCHOR = f"a statement X.{SET_LAYOUT}(layout_name) after {RESOLVE}(vllm_config, ...) in the same function body"
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
         if not isinstance(updated.body, cst.IndentedBlock):
@@ -200,7 +198,7 @@ def with_interleave_size(statement: cst.SimpleStatementLine, call: cst.Call, con
     return cst.parse_statement(text).with_changes(leading_lines=statement.leading_lines)
 
 
-BEFORE = '''\
+BEFORE = """\
 from vllm.config import CacheConfig
 from vllm.v1.request import Request, RequestStatus
 
@@ -218,9 +216,9 @@ class VllmHiddenStatesGenerator:
             kv_cache_groups=kv_cache_groups,
             available_memory=cache_memory,
         )
-'''
+"""
 
-AFTER = '''\
+AFTER = """\
 from vllm.config import CacheConfig
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
@@ -249,7 +247,7 @@ class VllmHiddenStatesGenerator:
             kv_cache_groups=kv_cache_groups,
             available_memory=cache_memory,
         )
-'''
+"""
 
 PATCH = Patch(
     id="v14-kv-cache-layout",
@@ -263,7 +261,9 @@ PATCH = Patch(
             answers="vllm.v1.attention.backends.utils defines resolve_kv_cache_layout, and the executor "
             "publishes the layout with set_kv_cache_layout",
             fact=Fact(
-                "defines", LAYOUT_MODULE, name=RESOLVE,
+                "defines",
+                LAYOUT_MODULE,
+                name=RESOLVE,
                 needs=(
                     Fact("defines", "vllm.v1.executor.abstract", "Executor", "set_kv_cache_layout"),
                     Fact("defines", "vllm.v1.executor.abstract", "Executor", "get_supported_kv_cache_layouts"),
@@ -276,7 +276,10 @@ PATCH = Patch(
             answers="Executor.set_kv_cache_layout requires cp_kv_cache_interleave_size (the engine core "
             "passes parallel_config's)",
             fact=Fact(
-                "required-param", "vllm.v1.executor.abstract", "Executor.set_kv_cache_layout", INTERLEAVE_SIZE,
+                "required-param",
+                "vllm.v1.executor.abstract",
+                "Executor.set_kv_cache_layout",
+                INTERLEAVE_SIZE,
                 needs=(Fact("defines", "vllm.config.parallel", "ParallelConfig", INTERLEAVE_SIZE),),
             ),
         ),
@@ -315,11 +318,13 @@ PATCH = Patch(
     satisfied=(
         AFTER,
         # the interleave size by keyword, the layout resolved with another name
-        ("from vllm.v1.attention.backends.utils import resolve_kv_cache_layout\n"
-        "def build(self):\n"
-        "    layout = resolve_kv_cache_layout(vllm_config=self.vllm_config, supported=[['NHD']])\n"
-        "    self.executor.set_kv_cache_layout(layout.name, cp_kv_cache_interleave_size=1)\n"
-        "    kv_cache_config = get_kv_cache_config_from_groups(self.vllm_config, groups, memory)\n"),
+        (
+            "from vllm.v1.attention.backends.utils import resolve_kv_cache_layout\n"
+            "def build(self):\n"
+            "    layout = resolve_kv_cache_layout(vllm_config=self.vllm_config, supported=[['NHD']])\n"
+            "    self.executor.set_kv_cache_layout(layout.name, cp_kv_cache_interleave_size=1)\n"
+            "    kv_cache_config = get_kv_cache_config_from_groups(self.vllm_config, groups, memory)\n"
+        ),
     ),
     attribute_calls=(
         AttributeCall(
@@ -339,5 +344,5 @@ PATCH = Patch(
     "(Executor.set_kv_cache_layout(layout_name, cp_kv_cache_interleave_size))",
     without_it="without it on vLLM 0.29 and later: ValueError: KV cache layout has not been resolved yet, "
     "from get_kv_cache_config_from_groups while the generator is constructed",
-    readme='without it on vLLM 0.29 and later: `ValueError: KV cache layout has not been resolved yet` from `get_kv_cache_config_from_groups` (the engine core resolves the layout first; the generator drives the executor itself)',
+    readme="without it on vLLM 0.29 and later: `ValueError: KV cache layout has not been resolved yet` from `get_kv_cache_config_from_groups` (the engine core resolves the layout first; the generator drives the executor itself)",
 )

@@ -56,7 +56,9 @@ class CpuBlockSize(PatchCodemod):
         conditional = cst.parse_expression(f"{CPU_BLOCK_SIZE} if current_platform.is_cpu() else {value}")
         body[index] = statement.with_changes(body=[statement.body[0].with_changes(value=conditional)])
         if (PLATFORMS, "current_platform") not in imported_names(body):
-            body = import_after_last_vllm_import(body, cst.parse_statement(f"from {PLATFORMS} import current_platform\n"))
+            body = import_after_last_vllm_import(
+                body, cst.parse_statement(f"from {PLATFORMS} import current_platform\n")
+            )
         return updated.with_changes(body=body)
 
 
@@ -119,5 +121,5 @@ PATCH = Patch(
     "returns [MultipleOf(32)]), vllm/v1/worker/utils.py (select_common_block_size)",
     without_it="without it on vLLM's CPU build from 0.29: ValueError: No common block size for 16 "
     "(CPU_ATTN: [MultipleOf(32)]) while the workers start",
-    readme='without it on the CPU build from 0.29: `No common block size for 16 (CPU_ATTN: [MultipleOf(32)])` while the workers start (block size 32 on the CPU platform, 16 elsewhere)',
+    readme="without it on the CPU build from 0.29: `No common block size for 16 (CPU_ATTN: [MultipleOf(32)])` while the workers start (block size 32 on the CPU platform, 16 elsewhere)",
 )

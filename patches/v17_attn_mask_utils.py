@@ -1,4 +1,4 @@
-'''v17: speculators' EAGLE model without transformers.modeling_attn_mask_utils.
+"""v17: speculators' EAGLE model without transformers.modeling_attn_mask_utils.
 
 transformers 5.24.0 removed src/transformers/modeling_attn_mask_utils.py. speculators 0.3.0's
 speculators/models/eagle.py imports `_prepare_4d_causal_attention_mask` from it at module level,
@@ -7,7 +7,7 @@ imports any more. The function is used in one place, `EagleSpeculator.forward`, 
 mask. The import stays where it works; where it fails, a local function builds the same mask:
 causal (and, as transformers counts it, no further back than `sliding_window`), padded positions masked, the dtype's minimum where masked
 and 0 elsewhere, shape (batch, 1, query length, past + query length).
-'''
+"""
 
 from __future__ import annotations
 
@@ -119,5 +119,5 @@ PATCH = Patch(
     without_it="without it with transformers 5.24 or later: import speculators fails with "
     "ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'",
     readme="with transformers 5.24 or later: `import speculators` fails, `ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'` (a local causal-mask function where the import fails)",
-    since='transformers 5.24.0',
+    since="transformers 5.24.0",
 )

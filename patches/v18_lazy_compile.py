@@ -160,5 +160,5 @@ PATCH = Patch(
     without_it="without it, on a CUDA host every vLLM worker dies at start: RuntimeError 'Cannot "
     "re-initialize CUDA in forked subprocess' (gpu_worker.init_device)",
     readme="on a CUDA host every vLLM worker dies at start: `RuntimeError: Cannot re-initialize CUDA in forked subprocess` (gpu_worker.init_device; seen on an H200, vLLM 0.20.0, torch 2.11.0). `import speculators` ran `@torch.compile`, whose import of torch._inductor asks CUDA for its device count, so CUDA was initialised while `torch.cuda.is_initialized()` stayed False and vLLM kept fork. The decorator now compiles at the first call (as torch.compile does anyway). Chosen over spawning the workers, which would re-import every user's `__main__` (scripts without a `__name__` guard would start generators recursively); no environment variable needed. `tests/test_lazy_compile.py` counts the device-count calls of `import speculators` without a GPU: 1 before, 0 after",
-    since='any (torch >=2.0: a condition on torch)',
+    since="any (torch >=2.0: a condition on torch)",
 )

@@ -49,11 +49,7 @@ def _sets_switch(statement: cst.BaseStatement) -> bool:
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return False
     assign = statement.body[0]
-    return (
-        isinstance(assign, cst.Assign)
-        and len(assign.targets) == 1
-        and _source(assign.targets[0].target) == SWITCH
-    )
+    return isinstance(assign, cst.Assign) and len(assign.targets) == 1 and _source(assign.targets[0].target) == SWITCH
 
 
 class SelectV1ModelRunner(PatchCodemod):
@@ -92,6 +88,7 @@ class SelectV1ModelRunner(PatchCodemod):
             return updated
         self.rewrote()
         return imported
+
 
 BEFORE = '''\
 """Extract hidden states from intermediate layers during prefill using vLLM."""

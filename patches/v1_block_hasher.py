@@ -216,7 +216,7 @@ class RequestBlockHasher(PatchCodemod):
         return append_arg(updated, keyword_arg("block_hasher", cst.parse_expression("self.block_hasher")))
 
 
-BEFORE = '''\
+BEFORE = """\
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_utils import (
     _get_kv_cache_groups_uniform_spec,
@@ -247,9 +247,9 @@ class Generator:
             arrival_time=0.0,
         )
         self.scheduler.add_request(req)
-'''
+"""
 
-AFTER = '''\
+AFTER = """\
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import (
@@ -296,7 +296,7 @@ class Generator:
             block_hasher=self.block_hasher,
         )
         self.scheduler.add_request(req)
-'''
+"""
 
 PATCH = Patch(
     id="v1-block-hasher",
@@ -310,7 +310,11 @@ PATCH = Patch(
             answers="vllm.utils.hashing.get_hash_fn_by_name exists, and "
             "vllm.v1.core.kv_cache_utils has init_none_hash and get_request_block_hasher",
             fact=Fact(
-                "default-value", "vllm.config.cache", "CacheConfig", "enable_prefix_caching", value="True",
+                "default-value",
+                "vllm.config.cache",
+                "CacheConfig",
+                "enable_prefix_caching",
+                value="True",
                 needs=(
                     Fact("defines", "vllm.utils.hashing", name="get_hash_fn_by_name"),
                     Fact("defines", "vllm.v1.core.kv_cache_utils", name="get_request_block_hasher"),
@@ -323,7 +327,11 @@ PATCH = Patch(
             when=BLOCK_HASHER_SINCE,
             answers="Request.__init__ accepts block_hasher (needed: enable_prefix_caching defaults to True)",
             fact=Fact(
-                "default-value", "vllm.config.cache", "CacheConfig", "enable_prefix_caching", value="True",
+                "default-value",
+                "vllm.config.cache",
+                "CacheConfig",
+                "enable_prefix_caching",
+                value="True",
                 needs=(Fact("has-param", "vllm.v1.request", "Request.__init__", "block_hasher"),),
             ),
         ),
@@ -340,7 +348,7 @@ PATCH = Patch(
                 "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n"
                 "\n"
                 "    def add(self):\n"
-                "        return Request(request_id=\"r\", prompt_token_ids=[1], sampling_params=None)\n"
+                '        return Request(request_id="r", prompt_token_ids=[1], sampling_params=None)\n'
             ),
             after=(
                 "from vllm.utils.hashing import get_hash_fn_by_name\n"
@@ -350,11 +358,9 @@ PATCH = Patch(
                 "\n"
                 "class G:\n"
                 "    def __init__(self):\n"
-                "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n"
-                + SETUP_IN_INIT
-                + "\n"
+                "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n" + SETUP_IN_INIT + "\n"
                 "    def add(self):\n"
-                "        return Request(request_id=\"r\", prompt_token_ids=[1], sampling_params=None, "
+                '        return Request(request_id="r", prompt_token_ids=[1], sampling_params=None, '
                 "block_hasher=self.block_hasher)\n"
             ),
         ),
@@ -369,7 +375,7 @@ PATCH = Patch(
                 "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n"
                 "\n"
                 "    def add(self):\n"
-                "        return Request(request_id=\"r\")\n"
+                '        return Request(request_id="r")\n'
             ),
             after=(
                 '"""Generator."""\n'
@@ -380,31 +386,31 @@ PATCH = Patch(
                 "\n"
                 "class G:\n"
                 "    def __init__(self):\n"
-                "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n"
-                + SETUP_IN_INIT
-                + "\n"
+                "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n" + SETUP_IN_INIT + "\n"
                 "    def add(self):\n"
-                "        return Request(request_id=\"r\", block_hasher=self.block_hasher)\n"
+                '        return Request(request_id="r", block_hasher=self.block_hasher)\n'
             ),
         ),
     ),
     satisfied=(
         AFTER,
         # speculators 0.4.0's shape: the hasher after initialize_from_config, not after Scheduler
-        ("from vllm.utils.hashing import get_hash_fn_by_name\n"
-        "from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash\n"
-        "\n"
-        "\n"
-        "class G:\n"
-        "    def __init__(self):\n"
-        "        self.scheduler = Scheduler(vllm_config=self.vllm_config, block_size=16)\n"
-        "        self.executor.initialize_from_config(kv_cache_configs)\n"
-        "        caching_hash_fn = get_hash_fn_by_name(self.vllm_config.cache_config.prefix_caching_hash_algo)\n"
-        "        init_none_hash(caching_hash_fn)\n"
-        "        self.block_hasher = get_request_block_hasher(16, caching_hash_fn)\n"
-        "\n"
-        "    def add(self):\n"
-        "        return Request(request_id=\"r\", block_hasher=self.block_hasher)\n"),
+        (
+            "from vllm.utils.hashing import get_hash_fn_by_name\n"
+            "from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash\n"
+            "\n"
+            "\n"
+            "class G:\n"
+            "    def __init__(self):\n"
+            "        self.scheduler = Scheduler(vllm_config=self.vllm_config, block_size=16)\n"
+            "        self.executor.initialize_from_config(kv_cache_configs)\n"
+            "        caching_hash_fn = get_hash_fn_by_name(self.vllm_config.cache_config.prefix_caching_hash_algo)\n"
+            "        init_none_hash(caching_hash_fn)\n"
+            "        self.block_hasher = get_request_block_hasher(16, caching_hash_fn)\n"
+            "\n"
+            "    def add(self):\n"
+            '        return Request(request_id="r", block_hasher=self.block_hasher)\n'
+        ),
     ),
     upstream="vLLM 0.12.0: vllm/config/cache.py (enable_prefix_caching defaults to True), "
     "vllm/v1/request.py (block_hasher); https://github.com/vllm-project/vllm/pull/27151 "
@@ -413,6 +419,6 @@ PATCH = Patch(
     without_it="without it a bare AssertionError in block_pool.cache_full_blocks once a prompt fills "
     "a KV block (16 tokens). With it, prefix caching stays on: prompts sharing a prefix of 16+ "
     "tokens come back short or wrong unless prefix caching is also turned off (0.4.0 does)",
-    readme='bare `AssertionError` in `block_pool.cache_full_blocks` once a prompt fills a 16-token KV block — but only when v6 is left out too: with prefix caching off, no block is cached',
-    on_fixed_in='already-satisfied',
+    readme="bare `AssertionError` in `block_pool.cache_full_blocks` once a prompt fills a 16-token KV block — but only when v6 is left out too: with prefix caching off, no block is cached",
+    on_fixed_in="already-satisfied",
 )

@@ -60,7 +60,9 @@ class CapturedStatesSingleReply(PatchCodemod):
 NOT_STATES = m.UnaryOperation(operator=m.Not(), expression=m.Name(STATES))
 EMPTINESS_TEST = cst.parse_expression(f"{STATES} is None or len({STATES}) == 0")
 EMPTINESS_TEST_SHAPE = m.BooleanOperation(
-    left=m.Comparison(left=m.Name(STATES), comparisons=[m.ComparisonTarget(operator=m.Is(), comparator=m.Name("None"))]),
+    left=m.Comparison(
+        left=m.Name(STATES), comparisons=[m.ComparisonTarget(operator=m.Is(), comparator=m.Name("None"))]
+    ),
     operator=m.Or(),
     right=m.Comparison(
         left=m.Call(func=m.Name("len"), args=[m.Arg(value=m.Name(STATES))]),
@@ -140,7 +142,7 @@ PATCH = Patch(
         Example(
             before=(
                 "def states(self):\n"
-                "    captured_states_list = self.executor.collective_rpc(\"_get_captured_states\", unique_reply_rank=0)\n"
+                '    captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)\n'
                 "    aux_hidden_states = captured_states_list[0]\n"
                 "    if not aux_hidden_states:\n"
                 "        return []\n"
@@ -148,7 +150,7 @@ PATCH = Patch(
             ),
             after=(
                 "def states(self):\n"
-                "    captured_states_list = self.executor.collective_rpc(\"_get_captured_states\", unique_reply_rank=0)\n"
+                '    captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)\n'
                 "    aux_hidden_states = (\n"
                 "        captured_states_list[0]\n"
                 "        if isinstance(captured_states_list, (list, tuple))\n"
@@ -169,6 +171,6 @@ PATCH = Patch(
     fixed_in="speculators 0.4.0",
     without_it="without it generate() takes the first layer's tensor for the whole reply and fails: "
     "RuntimeError 'Boolean value of Tensor with more than one value is ambiguous'",
-    readme='`RuntimeError: Boolean value of Tensor with more than one value is ambiguous`',
-    on_fixed_in='anchor-missing',
+    readme="`RuntimeError: Boolean value of Tensor with more than one value is ambiguous`",
+    on_fixed_in="anchor-missing",
 )

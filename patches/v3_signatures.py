@@ -185,18 +185,22 @@ PATCH = Patch(
     ),
     satisfied=(
         # speculators 0.4.0's shape
-        ("VLLM_BLOCK_SIZE = 16\n"
-        "cfg = get_kv_cache_config_from_groups(\n"
-        "    vllm_config=c, kv_cache_groups=g, available_memory=m\n"
-        ")\n"
-        "sched = Scheduler(vllm_config=c, kv_cache_config=cfg, structured_output_manager=o, "
-        "block_size=VLLM_BLOCK_SIZE)\n"
-        "sc = SchedulerConfig(max_num_seqs=1, is_encoder_decoder=False)\n"),
+        (
+            "VLLM_BLOCK_SIZE = 16\n"
+            "cfg = get_kv_cache_config_from_groups(\n"
+            "    vllm_config=c, kv_cache_groups=g, available_memory=m\n"
+            ")\n"
+            "sched = Scheduler(vllm_config=c, kv_cache_config=cfg, structured_output_manager=o, "
+            "block_size=VLLM_BLOCK_SIZE)\n"
+            "sc = SchedulerConfig(max_num_seqs=1, is_encoder_decoder=False)\n"
+        ),
         # block_size passed positionally counts as given
-        ("VLLM_BLOCK_SIZE = 16\n"
-        "cfg = get_kv_cache_config_from_groups(c, g, m)\n"
-        "sched = Scheduler(c, cfg, o, 16)\n"
-        "sc = SchedulerConfig(is_encoder_decoder=False)\n"),
+        (
+            "VLLM_BLOCK_SIZE = 16\n"
+            "cfg = get_kv_cache_config_from_groups(c, g, m)\n"
+            "sched = Scheduler(c, cfg, o, 16)\n"
+            "sc = SchedulerConfig(is_encoder_decoder=False)\n"
+        ),
     ),
     upstream="vLLM 0.11.1: vllm/v1/core/sched/scheduler.py (Scheduler block_size); vLLM 0.12.0: "
     "vllm/config/scheduler.py (is_encoder_decoder), vllm/v1/core/kv_cache_utils.py "
@@ -204,8 +208,8 @@ PATCH = Patch(
     fixed_in="speculators 0.4.0",
     without_it="without it the generator cannot be constructed on vLLM 0.16: pydantic ValidationError "
     "'is_encoder_decoder Field required' at SchedulerConfig(...), then TypeError "
-    "\"unexpected keyword argument 'kv_cache_specs'\" and TypeError \"Scheduler.__init__() missing "
+    '"unexpected keyword argument \'kv_cache_specs\'" and TypeError "Scheduler.__init__() missing '
     "1 required positional argument: 'block_size'\"",
-    readme='`Scheduler` missing `block_size` (0.11.1); `SchedulerConfig` `is_encoder_decoder` Field required, `get_kv_cache_config_from_groups` unexpected `kv_cache_specs` (0.12.0)',
-    on_fixed_in='already-satisfied',
+    readme="`Scheduler` missing `block_size` (0.11.1); `SchedulerConfig` `is_encoder_decoder` Field required, `get_kv_cache_config_from_groups` unexpected `kv_cache_specs` (0.12.0)",
+    on_fixed_in="already-satisfied",
 )

@@ -126,15 +126,19 @@ PATCH = Patch(
     ),
     satisfied=(
         # speculators 0.4.0's shape
-        ("def generate(self):\n"
-        "    while self.scheduler.has_requests():\n"
-        "        model_output = self.executor.execute_model(scheduler_output)\n"
-        "        self.executor.sample_tokens(model_output)\n"),
+        (
+            "def generate(self):\n"
+            "    while self.scheduler.has_requests():\n"
+            "        model_output = self.executor.execute_model(scheduler_output)\n"
+            "        self.executor.sample_tokens(model_output)\n"
+        ),
         # vLLM's engine core shape
-        ("def step(self):\n"
-        "    model_output = self.executor.execute_model(scheduler_output)\n"
-        "    if model_output is None:\n"
-        "        model_output = self.executor.sample_tokens(grammar_output)\n"),
+        (
+            "def step(self):\n"
+            "    model_output = self.executor.execute_model(scheduler_output)\n"
+            "    if model_output is None:\n"
+            "        model_output = self.executor.sample_tokens(grammar_output)\n"
+        ),
     ),
     upstream="https://github.com/vllm-project/vllm/pull/26866 (vLLM 0.11.1: "
     "vllm/v1/executor/abstract.py, vllm/v1/worker/gpu_model_runner.py)",
@@ -153,6 +157,6 @@ PATCH = Patch(
     ),
     without_it="without it the second execute_model() in a process fails: RuntimeError "
     "'... State error: sample_tokens() must be called after execute_model() returns None.'",
-    readme='`RuntimeError: ... sample_tokens() must be called after execute_model() returns None.`',
-    on_fixed_in='already-satisfied',
+    readme="`RuntimeError: ... sample_tokens() must be called after execute_model() returns None.`",
+    on_fixed_in="already-satisfied",
 )

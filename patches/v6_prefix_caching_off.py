@@ -89,12 +89,14 @@ PATCH = Patch(
     ),
     satisfied=(
         # speculators 0.4.0's shape
-        ("cache_config = CacheConfig(\n"
-        "    block_size=VLLM_BLOCK_SIZE,\n"
-        "    gpu_memory_utilization=gpu_memory_utilization,\n"
-        "    # disable to prevent cache state leakage\n"
-        "    enable_prefix_caching=False,\n"
-        ")\n"),
+        (
+            "cache_config = CacheConfig(\n"
+            "    block_size=VLLM_BLOCK_SIZE,\n"
+            "    gpu_memory_utilization=gpu_memory_utilization,\n"
+            "    # disable to prevent cache state leakage\n"
+            "    enable_prefix_caching=False,\n"
+            ")\n"
+        ),
     ),
     upstream="vLLM 0.12.0: vllm/config/cache.py (enable_prefix_caching defaults to True); "
     "speculators fix https://github.com/vllm-project/speculators/pull/225",
@@ -104,6 +106,6 @@ PATCH = Patch(
     "64-token prompt sharing a 44-token prefix, 32 rows). Without v10/v11 that is silent: too few "
     "rows, or rows of another prompt; with them, RuntimeError 'request ...: captured 32 rows of "
     "hidden states, expected 64'",
-    readme='silently wrong data: a prompt sharing a 16+ token prefix with an earlier one comes back short (with v10/v11 in place: `RuntimeError ... captured 32 rows of hidden states, expected 64`)',
-    on_fixed_in='already-satisfied',
+    readme="silently wrong data: a prompt sharing a 16+ token prefix with an earlier one comes back short (with v10/v11 in place: `RuntimeError ... captured 32 rows of hidden states, expected 64`)",
+    on_fixed_in="already-satisfied",
 )

@@ -132,7 +132,7 @@ class PatchedForwardAcceptsKwargs(_InPatchedForward):
         return node.with_changes(params=params.with_changes(star_kwarg=star_kwarg))
 
 
-BEFORE = '''\
+BEFORE = """\
 def _patched_forward(
     self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
 ):
@@ -144,9 +144,9 @@ def _patched_forward(
         )
         residual = None
     return hidden_states
-'''
+"""
 
-AFTER = '''\
+AFTER = """\
 def _patched_forward(
     self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **_kwargs
 ):
@@ -158,7 +158,7 @@ def _patched_forward(
         )
         residual = None
     return hidden_states
-'''
+"""
 
 PATCH = Patch(
     id="v7-worker-embed-input-ids",
@@ -171,7 +171,10 @@ PATCH = Patch(
             when=EMBED_INPUT_IDS_SINCE,
             answers="models' get_input_embeddings() is named embed_input_ids()",
             fact=Fact(
-                "lacks", "vllm.model_executor.models.llama", "LlamaModel", "get_input_embeddings",
+                "lacks",
+                "vllm.model_executor.models.llama",
+                "LlamaModel",
+                "get_input_embeddings",
                 needs=(Fact("defines", "vllm.model_executor.models.llama", "LlamaModel", "embed_input_ids"),),
             ),
         ),
@@ -207,18 +210,20 @@ PATCH = Patch(
     ),
     satisfied=(
         # speculators 0.4.0's shape
-        ("def _patched_forward(\n"
-        "    self,\n"
-        "    input_ids,\n"
-        "    positions,\n"
-        "    intermediate_tensors=None,\n"
-        "    inputs_embeds=None,\n"
-        "    **_kwargs,\n"
-        "):\n"
-        "    hidden_states = (\n"
-        "        inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)\n"
-        "    )\n"
-        "    return hidden_states\n"),
+        (
+            "def _patched_forward(\n"
+            "    self,\n"
+            "    input_ids,\n"
+            "    positions,\n"
+            "    intermediate_tensors=None,\n"
+            "    inputs_embeds=None,\n"
+            "    **_kwargs,\n"
+            "):\n"
+            "    hidden_states = (\n"
+            "        inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)\n"
+            "    )\n"
+            "    return hidden_states\n"
+        ),
     ),
     upstream="vLLM 0.11.1: models' get_input_embeddings() renamed embed_input_ids() "
     "(vllm/model_executor/models/interfaces.py); speculators fix "
@@ -226,7 +231,7 @@ PATCH = Patch(
     fixed_in="speculators 0.4.0",
     without_it="without it the worker fails during vLLM's warm-up, before any prompt: AttributeError "
     "\"'LlamaModel' object has no attribute 'get_input_embeddings'\"",
-    readme='`AttributeError: ... get_input_embeddings` at start-up; the patched forward also accepts extra keyword arguments',
-    since='0.11.1',
-    on_fixed_in='already-satisfied',
+    readme="`AttributeError: ... get_input_embeddings` at start-up; the patched forward also accepts extra keyword arguments",
+    since="0.11.1",
+    on_fixed_in="already-satisfied",
 )

@@ -45,7 +45,7 @@ from .targets import SPECULATORS_0_3, WORKER
 PATCHED_FORWARD = "_patched_forward"
 KWARGS = "layer_kwargs"
 
-SCALING_SOURCE = '''\
+SCALING_SOURCE = """\
 # DeepSeek-V2-family layers take llama_4_scaling, computed once per forward from
 # config.llama_4_scaling as vLLM's DeepseekV2Model.forward does; other layers do not.
 layer_kwargs = {}
@@ -62,7 +62,7 @@ if llama_4_scaling is not None:
             )
         )
         layer_kwargs["llama_4_scaling"] = scaling[..., None, None]
-'''
+"""
 
 LAYER_CALL = m.Call(func=m.Name("layer"))
 KWARGS_INIT = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(KWARGS))])])
@@ -133,9 +133,7 @@ class DeepseekLayerScaling(PatchCodemod):
         self.rewrote()
         loop = body[index]
         new_block = block_statements(SCALING_SOURCE)
-        new_block[0] = new_block[0].with_changes(
-            leading_lines=[*loop.leading_lines, *new_block[0].leading_lines]
-        )
+        new_block[0] = new_block[0].with_changes(leading_lines=[*loop.leading_lines, *new_block[0].leading_lines])
         loop = loop.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         loop = m.replace(loop, LAYER_CALL, lambda call, extracted: with_star_kwargs(call, KWARGS))
         body[index : index + 1] = [*new_block, loop]
@@ -174,7 +172,7 @@ class Eagle3GuardAcceptsDecoderModels(PatchCodemod):
         )
 
 
-BEFORE = '''\
+BEFORE = """\
 def _patched_forward(
     self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
 ):
@@ -195,18 +193,18 @@ class HiddenStatesWorkerExtension:
             raise ValueError(
                 f"Model {type(model).__name__} does not support hidden state extraction"
             )
-'''
+"""
 
 AFTER = (
-    '''\
+    """\
 def _patched_forward(
     self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
 ):
     residual = None
 
-'''
+"""
     + textwrap.indent(SCALING_SOURCE, "    ").replace("\n    \n", "\n\n")
-    + '''
+    + """
     for idx, layer in enumerate(islice(self.layers, self.start_layer, self.end_layer)):
         hidden_states, residual = layer(
             hidden_states=hidden_states, positions=positions, residual=residual, **layer_kwargs
@@ -222,7 +220,7 @@ class HiddenStatesWorkerExtension:
             raise ValueError(
                 f"Model {type(model).__name__} does not support hidden state extraction"
             )
-'''
+"""
 )
 
 PATCH = Patch(
@@ -262,7 +260,7 @@ PATCH = Patch(
     "does not support hidden state extraction'), and with the guard relaxed alone, models whose "
     "config sets llama_4_scaling get hidden states without that scaling. Not needed for Llama "
     "models (the end-to-end run passes without it)",
-    readme='DeepSeek-V2-family models: `llama_4_scaling` not passed to their layers (0.12.0) and `supports_eagle3` rejecting them (before 0.18.0); not needed for Llama',
-    since='0.12.0 / <0.18.0',
-    on_fixed_in='anchor-missing',
+    readme="DeepSeek-V2-family models: `llama_4_scaling` not passed to their layers (0.12.0) and `supports_eagle3` rejecting them (before 0.18.0); not needed for Llama",
+    since="0.12.0 / <0.18.0",
+    on_fixed_in="anchor-missing",
 )

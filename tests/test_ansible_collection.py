@@ -37,22 +37,40 @@ def files(python: Path) -> dict[str, bytes]:
 def fleet(tmp_path_factory):
     work = tmp_path_factory.mktemp("ansible")
     built = work / "built"
-    done = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "build", str(ROOT / "remote" / "ansible"),
-                           "--output-path", str(built)], capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            str(BIN / "ansible-galaxy"),
+            "collection",
+            "build",
+            str(ROOT / "remote" / "ansible"),
+            "--output-path",
+            str(built),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     (tarball,) = built.glob("patcher-fleet-*.tar.gz")
     collections = work / "collections"
-    done = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", str(tarball), "-p", str(collections)],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", "install", str(tarball), "-p", str(collections)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     client = SshClient(work / "client")
-    servers = [SshServer(work / f"sshd{i}", f"127.0.0.{200 + i}", {"root": client.public_key}).start() for i in range(2)]
+    servers = [
+        SshServer(work / f"sshd{i}", f"127.0.0.{200 + i}", {"root": client.public_key}).start() for i in range(2)
+    ]
     envs = [light_env(work / f"host{i}") for i in range(2)]
     inventory = work / "hosts.ini"
-    inventory.write_text("[gpus]\n" + "".join(
-        f"gpu{i} ansible_host={s.address} ansible_port={s.port} ansible_user=root ansible_python_interpreter={e}\n"
-        for i, (s, e) in enumerate(zip(servers, envs))
-    ))  # fmt: skip
+    inventory.write_text(
+        "[gpus]\n"
+        + "".join(
+            f"gpu{i} ansible_host={s.address} ansible_port={s.port} ansible_user=root ansible_python_interpreter={e}\n"
+            for i, (s, e) in enumerate(zip(servers, envs))
+        )
+    )
     env = {
         **{k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"},
         "ANSIBLE_COLLECTIONS_PATH": str(collections),
@@ -81,14 +99,20 @@ def play(fleet, command: str, *flags: str) -> tuple[int, dict[str, dict], str]:
         "- hosts: gpus\n  gather_facts: false\n  tasks:\n"
         f"    - patcher.fleet.patch:\n        command: {command}\n        verify: false\n"
     )
-    done = subprocess.run([str(BIN / "ansible-playbook"), "-v", "-i", str(inventory), "-f", "8", *flags, str(book)],
-                          capture_output=True, text=True, env=env, cwd=work, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-v", "-i", str(inventory), "-f", "8", *flags, str(book)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        timeout=600,
+    )
     results = {}
     for line in done.stdout.splitlines():
         for status in ("ok", "changed", "fatal"):
             prefix = f"{status}: ["
             if line.startswith(prefix) and " => {" in line:  # `fatal: [h]: FAILED! => {...}`
-                host, _, rest = line[len(prefix):].partition("]")
+                host, _, rest = line[len(prefix) :].partition("]")
                 results[host] = {"status": status, **json.loads(rest.split("=> ", 1)[1])}
     return done.returncode, results, done.stdout + done.stderr
 
@@ -97,8 +121,11 @@ def test_playbook_check_apply_again_rollback_and_a_conflict(fleet, tmp_path: Pat
     _, _, envs, _ = fleet
     pristine = [files(e) for e in envs]
     reference = light_env(tmp_path / "reference")
-    subprocess.run([sys.executable, "-m", "patcher.cli", "apply", "--no-verify", "-q", "--python", str(reference)],
-                   check=True, env={**os.environ, "PATCHER_CACHE": str(tmp_path / "cache")})  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "patcher.cli", "apply", "--no-verify", "-q", "--python", str(reference)],
+        check=True,
+        env={**os.environ, "PATCHER_CACHE": str(tmp_path / "cache")},
+    )
     patched = files(reference)
 
     code, results, output = play(fleet, "apply", "--check", "--diff")

@@ -35,8 +35,9 @@ def files(python: Path) -> dict[str, bytes]:
 
 def run_bundle(bundle: Path, python: Path, *args: str) -> tuple[int, dict | None, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    proc = subprocess.run([str(python), str(bundle), *args], capture_output=True, text=True, env=env,
-                          cwd="/", timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [str(python), str(bundle), *args], capture_output=True, text=True, env=env, cwd="/", timeout=600
+    )
     doc = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else None
     return proc.returncode, doc, proc.stderr
 
@@ -158,7 +159,9 @@ def test_an_agent_error_exits_alike_through_patcher_and_a_bundle(bundle: Path, t
         with open(state / "lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             args = ("apply", "--no-verify", "--lock-timeout", "0.2", "--json")
-            code, doc, _err = patcher(*args, "--python", str(python)) if command is None else run_bundle(bundle, python, *args)
+            code, doc, _err = (
+                patcher(*args, "--python", str(python)) if command is None else run_bundle(bundle, python, *args)
+            )
         target = doc["targets"][0]
         got.append((code, target["status"], target["exit_code"], target["message"].replace(str(state), "STATE")))
     assert got[0] == got[1] and got[0][:3] == (5, "failed", 5), got
@@ -247,9 +250,7 @@ def test_interpreters_are_found_by_running_them(tmp_path: Path):
     nowhere = {"pyenv_root": str(tmp_path / "no-pyenv"), "system": ()}
     with pytest.raises(pytest.skip.Exception) as skipped:
         python_or_skip("3.9", search_path=str(shims), **nowhere)
-    assert str(skipped.value) == (
-        f"no python3.9 runs here: {shim}: exit 127 (pyenv: python3.9: command not found)"
-    )
+    assert str(skipped.value) == (f"no python3.9 runs here: {shim}: exit 127 (pyenv: python3.9: command not found)")
     real = python_or_skip("3.9")  # one that runs, wherever it is (pyenv's installs included)
     works = tmp_path / "bin"
     works.mkdir()
@@ -276,8 +277,9 @@ def test_a_vllm_version_outside_what_it_carries_is_refused(tmp_path: Path, bundl
     pristine = files(target)
     code, doc, err = run_bundle(trimmed, target, "apply", "--no-verify", "--json")
     assert code == 2, err
-    assert "holds no patched bytes for what these versions select (speculators 0.3.0, vllm 0.16.0)" in (
-        doc["targets"][0]["message"]
+    assert (
+        "holds no patched bytes for what these versions select (speculators 0.3.0, vllm 0.16.0)"
+        in (doc["targets"][0]["message"])
     )
     assert files(target) == pristine
 
@@ -286,8 +288,24 @@ def test_a_vllm_version_outside_what_it_carries_is_refused(tmp_path: Path, bundl
 
 _numbers = st.integers(min_value=0, max_value=12)
 _release = st.lists(_numbers, min_size=1, max_size=4).map(lambda parts: ".".join(map(str, parts)))
-_suffix = st.sampled_from(["", "a1", "b2", "rc1", "rc2", ".dev0", ".dev3", "rc1.dev2", ".post1", ".post2.dev1", "+cpu",
-                           "+cu121.x", "rc1+local", ".post1+l"])  # fmt: skip
+_suffix = st.sampled_from(
+    [
+        "",
+        "a1",
+        "b2",
+        "rc1",
+        "rc2",
+        ".dev0",
+        ".dev3",
+        "rc1.dev2",
+        ".post1",
+        ".post2.dev1",
+        "+cpu",
+        "+cu121.x",
+        "rc1+local",
+        ".post1+l",
+    ]
+)
 _versions = st.builds(lambda r, s: r + s, _release, _suffix)
 _operators = st.sampled_from(["<", "<=", ">", ">=", "==", "!=", "~="])
 

@@ -37,7 +37,11 @@ ONLY = {"speculators": SPECULATORS, "vllm": VLLM, "transformers": TRANSFORMERS}
 # Gates on vLLM releases beyond the ones this test reads (bench/check_upstream.py and the daily
 # workflow read them all): their facts hold in none of VLLM.
 LATER_VLLM = {
-    "v12-kv-cache-planning", "v13-request-eos-token-id", "v14-kv-cache-layout", "v15-cpu-block-size", "v19-v1-model-runner",
+    "v12-kv-cache-planning",
+    "v13-request-eos-token-id",
+    "v14-kv-cache-layout",
+    "v15-cpu-block-size",
+    "v19-v1-model-runner",
 }
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 # v16's file is still in speculators 0.5.0 (the data-generation files and eagle.py are not)
@@ -257,10 +261,18 @@ def check_upstream(*args: str, env: dict | None = None) -> subprocess.CompletedP
 def test_command_writes_json_and_markdown(report, tmp_path):
     markdown = tmp_path / "summary.md"
     done = check_upstream(
-        "--release", "speculators=" + ",".join(SPECULATORS), "--release", "vllm=" + ",".join(VLLM),
-        "--release", "transformers=" + ",".join(TRANSFORMERS),
-        "--cache", str(cache()), "--json", "--markdown", str(markdown),
-    )  # fmt: skip
+        "--release",
+        "speculators=" + ",".join(SPECULATORS),
+        "--release",
+        "vllm=" + ",".join(VLLM),
+        "--release",
+        "transformers=" + ",".join(TRANSFORMERS),
+        "--cache",
+        str(cache()),
+        "--json",
+        "--markdown",
+        str(markdown),
+    )
     document = json.loads(done.stdout)
     assert document["schema_version"] == 1 and document["command"] == "check-upstream"
     assert done.returncode == document["exit_code"] == (EXIT_OK if not report.problems else EXIT_WRONG_GATE)
@@ -275,14 +287,16 @@ def test_command_writes_json_and_markdown(report, tmp_path):
 
 def test_unreachable_index_is_one_clear_line_and_exit_4(tmp_path):
     done = check_upstream(
-        "--cache", str(tmp_path), "--quiet",
+        "--cache",
+        str(tmp_path),
+        "--quiet",
         env={
             "PIP_CONFIG_FILE": os.devnull,
             "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
             "PIP_EXTRA_INDEX_URL": "",
             "PIP_FIND_LINKS": "",
         },
-    )  # fmt: skip
+    )
     assert done.returncode == EXIT_UNREACHABLE, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cannot reach the package index"), lines

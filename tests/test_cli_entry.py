@@ -18,7 +18,9 @@ def run(args: list[str], columns: int, *, entry: bool = True) -> subprocess.Comp
     module = "patcher.cli.entry" if entry else "patcher.cli.commands"
     code = f"import sys; sys.argv[0] = 'patcher'; from {module} import main; main()"
     env = {**os.environ, "COLUMNS": str(columns)}
-    return subprocess.run([sys.executable, "-X", "importtime", "-c", code, *args], capture_output=True, text=True, env=env)
+    return subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code, *args], capture_output=True, text=True, env=env
+    )
 
 
 def imported(importtime: str, module: str) -> bool:
@@ -26,7 +28,9 @@ def imported(importtime: str, module: str) -> bool:
 
 
 def test_kept_help_is_what_click_renders_now():
-    assert HELP == render_help(), "the CLI changed: regenerate patcher/cli/help_text.py with `python scripts/write_help_text.py`"
+    assert HELP == render_help(), (
+        "the CLI changed: regenerate patcher/cli/help_text.py with `python scripts/write_help_text.py`"
+    )
 
 
 def test_help_text_file_is_what_the_script_writes():
@@ -48,7 +52,9 @@ def test_python_dash_m_runs_the_cli():
         assert version.stdout.startswith("patcher, version "), (module, version.stderr)
     before = (ROOT / "patcher" / "cli" / "help_text.py").stat().st_mtime_ns
     subprocess.run([sys.executable, "-m", "patcher.cli.entry", "--help"], capture_output=True, check=True)
-    assert (ROOT / "patcher" / "cli" / "help_text.py").stat().st_mtime_ns == before, "running the CLI wrote help_text.py"
+    assert (ROOT / "patcher" / "cli" / "help_text.py").stat().st_mtime_ns == before, (
+        "running the CLI wrote help_text.py"
+    )
 
 
 def test_help_and_version_match_click_and_do_not_import_it():

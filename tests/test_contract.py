@@ -23,8 +23,20 @@ GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 
 # README "Exit codes".
 EXIT = {"ok": 0, "failed": 1, "usage": 2, "conflict": 3, "unreachable": 4, "locked": 5, "pending": 6}
-TARGET_KEYS = {"target", "python", "versions", "distributions", "status", "exit_code", "message", "notes",
-               "problems", "state_dir", "files", "patches"}  # fmt: skip
+TARGET_KEYS = {
+    "target",
+    "python",
+    "versions",
+    "distributions",
+    "status",
+    "exit_code",
+    "message",
+    "notes",
+    "problems",
+    "state_dir",
+    "files",
+    "patches",
+}
 STATUSES = {"ok", "changed", "failed", "unreachable", "rolled-back", "skipped"}
 STATES = {"applied", "pending", "not-selected", "already-satisfied", "modified", "anchor-missing", "stale", "failed"}
 

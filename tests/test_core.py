@@ -28,8 +28,15 @@ SPECS = [spec("v1-a"), spec("v2-b", requires={"vllm": ">=2.0"}), spec("v3-c", ne
 
 
 def facts(content: str = "x = 1\n", vllm: str = "2.0", record: dict | None = None, original: str | None = None) -> dict:
-    info = {"exists": True, "root": "/site", "sha256": sha(content), "record_sha256": sha(original or content),
-            "content": content, "original": original, "original_intact": original is not None}  # fmt: skip
+    info = {
+        "exists": True,
+        "root": "/site",
+        "sha256": sha(content),
+        "record_sha256": sha(original or content),
+        "content": content,
+        "original": original,
+        "original_intact": original is not None,
+    }
     return {
         "distributions": {"pkg": {"name": "pkg", "version": "1.0"}, "vllm": {"name": "vllm", "version": vllm}},
         "files": {GEN: info},
@@ -41,9 +48,11 @@ def facts(content: str = "x = 1\n", vllm: str = "2.0", record: dict | None = Non
 def transformed(d: core.Draft) -> dict:
     """Every request answered as a codemod would: the pristine text plus one line per patch."""
     return {
-        r.path: core.TransformResult(r.pristine + "".join(f"# {pid}\n" for pid, _ in r.steps), {pid: "applied" for pid, _ in r.steps})
+        r.path: core.TransformResult(
+            r.pristine + "".join(f"# {pid}\n" for pid, _ in r.steps), {pid: "applied" for pid, _ in r.steps}
+        )
         for r in d.requests
-    }  # fmt: skip
+    }
 
 
 def states(plan: core.TargetPlan) -> dict:
@@ -95,21 +104,35 @@ def test_skip_leaves_out_what_needs_it():
 
 def test_stale_then_removed_by_this_run():
     applied = "x = 1\n# v1-a\n# v2-b\n"
-    record = {"patched_sha256": sha(applied), "original_sha256": sha("x = 1\n"), "patches": ["v1-a", "v2-b"],
-              "edits": {"v1-a": ["Edit"], "v2-b": ["Edit"]}}  # fmt: skip
+    record = {
+        "patched_sha256": sha(applied),
+        "original_sha256": sha("x = 1\n"),
+        "patches": ["v1-a", "v2-b"],
+        "edits": {"v1-a": ["Edit"], "v2-b": ["Edit"]},
+    }
     d = core.draft(facts(applied, vllm="1.5", record=record, original="x = 1\n"), SPECS, condition_holds)
     plan = core.finish(d, transformed(d))
     stale = plan.patches[1]
-    assert (stale.state, stale.reason) == ("stale", "no longer selected: vllm 1.5 does not satisfy >=2.0; apply removes it")
+    assert (stale.state, stale.reason) == (
+        "stale",
+        "no longer selected: vllm 1.5 does not satisfy >=2.0; apply removes it",
+    )
     assert plan.changes[0].new_content == "x = 1\n# v1-a\n# v3-c\n"
     removed = core.after_write(plan.patches, plan.changes, "apply")[1]
-    assert (removed.state, removed.reason) == ("not-selected", "no longer selected: vllm 1.5 does not satisfy >=2.0; removed by this run")
+    assert (removed.state, removed.reason) == (
+        "not-selected",
+        "no longer selected: vllm 1.5 does not satisfy >=2.0; removed by this run",
+    )
 
 
 def test_nothing_to_do_needs_no_transform_and_rollback_restores():
     applied = "x = 1\n# v1-a\n# v3-c\n"
-    record = {"patched_sha256": sha(applied), "original_sha256": sha("x = 1\n"), "patches": ["v1-a", "v3-c"],
-              "edits": {"v1-a": ["Edit"], "v3-c": ["Edit"]}}  # fmt: skip
+    record = {
+        "patched_sha256": sha(applied),
+        "original_sha256": sha("x = 1\n"),
+        "patches": ["v1-a", "v3-c"],
+        "edits": {"v1-a": ["Edit"], "v3-c": ["Edit"]},
+    }
     target = facts(applied, vllm="1.5", record=record, original="x = 1\n")
     d = core.draft(target, SPECS, condition_holds)
     assert d.requests == []
@@ -121,7 +144,9 @@ def test_nothing_to_do_needs_no_transform_and_rollback_restores():
 
 def test_modified_and_anchor_missing_are_conflicts():
     d = core.draft(facts("x = 2\n", original=None) | {}, SPECS, condition_holds)
-    d2 = core.draft({**facts(), "files": {GEN: {**facts()["files"][GEN], "record_sha256": "other"}}}, SPECS, condition_holds)
+    d2 = core.draft(
+        {**facts(), "files": {GEN: {**facts()["files"][GEN], "record_sha256": "other"}}}, SPECS, condition_holds
+    )
     assert [c.kind for c in core.finish(d2, {}).conflicts] == ["modified"]
     missing = {GEN: core.TransformResult("", {}, [("v2-b", "anchor not found")])}
     plan = core.finish(d, missing)
@@ -138,13 +163,19 @@ def test_core_is_standard_library_only_and_imports_nothing_of_patcher():
     for module in (core, errors, protocol):
         tree = ast.parse(Path(module.__file__).read_text())
         # What runs: an `if TYPE_CHECKING:` block is the type checker's only (TYPE_CHECKING is False there).
-        for block in [n for n in ast.walk(tree) if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"]:
+        for block in [
+            n for n in ast.walk(tree) if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"
+        ]:
             block.body = []
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
         assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), module.__name__
         assert imported <= {"__future__", "dataclasses", "json", "difflib"}, (module.__name__, imported)
-        flags = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "TYPE_CHECKING"]
+        flags = [
+            n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "TYPE_CHECKING"
+        ]
         assert all(isinstance(v, ast.Constant) and v.value is False for v in flags), module.__name__
 
 
@@ -152,19 +183,25 @@ def test_agent_error_kinds_agree_with_the_table():
     source = (ROOT / "remote" / "agent.py").read_text()
     tree = ast.parse(source)
     mirror = next(
-        ast.literal_eval(n.value) for n in tree.body
+        ast.literal_eval(n.value)
+        for n in tree.body
         if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "AGENT_KINDS"
-    )  # fmt: skip
+    )
     assert mirror == errors.AGENT_KINDS
     raised = {
-        n.args[0].value for n in ast.walk(tree)
+        n.args[0].value
+        for n in ast.walk(tree)
         if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "AgentError" and isinstance(n.args[0], ast.Constant)
-    }  # fmt: skip
+    }
     answered = {
-        n.values[0].value for n in ast.walk(tree)
-        if isinstance(n, ast.Dict) and n.keys and isinstance(n.keys[0], ast.Constant) and n.keys[0].value == "kind"
+        n.values[0].value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Dict)
+        and n.keys
+        and isinstance(n.keys[0], ast.Constant)
+        and n.keys[0].value == "kind"
         and isinstance(n.values[0], ast.Constant)
-    }  # fmt: skip
+    }
     assert raised | answered <= set(mirror), (raised | answered) - set(mirror)
     assert set(errors.AGENT_KINDS) <= set(errors.ERROR_KINDS)
     assert errors.outcome("stale-plan") == ("failed", errors.EXIT_CONFLICT)

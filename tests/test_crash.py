@@ -34,13 +34,20 @@ def reference(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("reference")
     python = light_env(root)
     original = files(python)
-    code, doc, err = patcher("apply", "--python", str(python), "--no-verify", "--json",
-                             env={"PATCHER_FAULT": json.dumps({"at": "(enumerate)"})})
+    code, doc, err = patcher(
+        "apply",
+        "--python",
+        str(python),
+        "--no-verify",
+        "--json",
+        env={"PATCHER_FAULT": json.dumps({"at": "(enumerate)"})},
+    )
     assert code == 0, err
     apply_points = doc["targets"][0]["checkpoints"]
     patched = files(python)
-    code, doc, err = patcher("rollback", "--python", str(python), "--json",
-                             env={"PATCHER_FAULT": json.dumps({"at": "(enumerate)"})})
+    code, doc, err = patcher(
+        "rollback", "--python", str(python), "--json", env={"PATCHER_FAULT": json.dumps({"at": "(enumerate)"})}
+    )
     assert code == 0, err
     return {
         "original": original,

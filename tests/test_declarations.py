@@ -29,7 +29,9 @@ def _script(name: str):
 def test_readme_patch_table_is_generated_from_the_declarations():
     script = _script("readme_patch_table")
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert script.rewritten(text) == text, "README's patch table is out of date: run `python scripts/readme_patch_table.py`"
+    assert script.rewritten(text) == text, (
+        "README's patch table is out of date: run `python scripts/readme_patch_table.py`"
+    )
     assert all(f"| {p.id} |" in script.table() for p in PATCHES)
 
 
@@ -48,10 +50,16 @@ def test_needs_name_known_patches_declared_before():
 
 def _declare(**changes) -> Patch:
     fields = {
-        "id": "v99-example", "title": "t", "target": GENERATOR, "requires": SPECULATORS_0_3,
-        "edits": (Edit(codemod=object, when={"vllm": ">=0.12.0"}),), "examples": (Example("a\\n", "b\\n"),),
-        "satisfied": (), "upstream": "u", "without_it": "w",
-    }  # fmt: skip
+        "id": "v99-example",
+        "title": "t",
+        "target": GENERATOR,
+        "requires": SPECULATORS_0_3,
+        "edits": (Edit(codemod=object, when={"vllm": ">=0.12.0"}),),
+        "examples": (Example("a\\n", "b\\n"),),
+        "satisfied": (),
+        "upstream": "u",
+        "without_it": "w",
+    }
     fields.update(changes)
     return Patch(**fields)
 

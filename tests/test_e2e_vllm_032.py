@@ -74,7 +74,9 @@ def test_the_run_check_passes_on_the_patched_environment(target: Path):
     assert check["device"] == "cpu" and check["whole_and_in_order"] is True
     assert check["calls"] == 4 and check["prompts"] == check["prompts_ok"] >= 25
     assert 0 < check["max_rel_diff"] <= check["tolerance"] == 0.25
-    print(f"\nrun check on 0.32: {check['timings']}, peak {check['peak_rss_mib']} MiB, max rel {check['max_rel_diff']:.3f}")
+    print(
+        f"\nrun check on 0.32: {check['timings']}, peak {check['peak_rss_mib']} MiB, max rel {check['max_rel_diff']:.3f}"
+    )
 
 
 def test_without_v13_request_refuses_eos_token_id(target: Path, model: Path):

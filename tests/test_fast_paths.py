@@ -61,9 +61,12 @@ def test_reading_the_index_imports_neither_libcst_nor_a_patch_module(cache):
     load_patches()  # writes the index
     code = "from patcher.patchset.registry import load_patches; print(len(load_patches()))"
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
-        env={**os.environ, "PATCHER_CACHE": str(cache)}, check=True,
-    )  # fmt: skip
+        [sys.executable, "-X", "importtime", "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATCHER_CACHE": str(cache)},
+        check=True,
+    )
     modules = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
     assert int(done.stdout) == len(import_patches())
     assert "libcst" not in modules
@@ -93,7 +96,18 @@ def test_any_change_to_the_patch_package_is_a_new_index(tmp_path):
 
 def test_no_op_apply_imports_no_libcst(tmp_path, cache):
     python = light_env(tmp_path)
-    apply = [sys.executable, "-X", "importtime", "-m", "patcher.cli", "apply", "--python", str(python), "--no-verify", "--quiet"]
+    apply = [
+        sys.executable,
+        "-X",
+        "importtime",
+        "-m",
+        "patcher.cli",
+        "apply",
+        "--python",
+        str(python),
+        "--no-verify",
+        "--quiet",
+    ]
     env = {**os.environ, "PATCHER_CACHE": str(cache)}
     first = subprocess.run(apply, capture_output=True, text=True, env=env)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -112,7 +126,10 @@ def test_agent_finds_the_distributions_importlib_metadata_finds():
 
     python = build_demo_env(progress=lambda message: None)
     names = ["vllm", "speculators", "torch", "transformers", "numpy", "nosuchpackage"]
-    files = [{"distribution": "vllm", "path": "vllm/v1/request.py"}, {"distribution": "torch", "path": "torch/__init__.py"}]
+    files = [
+        {"distribution": "vllm", "path": "vllm/v1/request.py"},
+        {"distribution": "torch", "path": "torch/__init__.py"},
+    ]
     with LocalTransport(str(python)) as transport:
         facts = transport.call({"op": "facts", "names": names, "files": files})
     reference = subprocess.run(
@@ -169,7 +186,18 @@ def test_transforms_cached_from_another_environment_are_the_same_bytes(tmp_path,
     env = {**os.environ, "PATCHER_CACHE": str(cache)}
 
     def apply(python: Path, **extra: str) -> set[str]:
-        command = [sys.executable, "-X", "importtime", "-m", "patcher.cli", "apply", "--python", str(python), "--no-verify", "--quiet"]
+        command = [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "patcher.cli",
+            "apply",
+            "--python",
+            str(python),
+            "--no-verify",
+            "--quiet",
+        ]
         done = subprocess.run(command, capture_output=True, text=True, env={**env, **extra})
         assert done.returncode == 0, done.stderr[-2000:]
         return {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}

@@ -42,8 +42,10 @@ def test_two_runs_at_once_never_interleave(env: Path):
     slow = subprocess.Popen(
         [sys.executable, "-m", "patcher.cli", "apply", "--python", str(env), "--no-verify"],
         env={**os.environ, "PATCHER_FAULT": json.dumps({"at": "intent-recorded", "action": "pause", "seconds": 20})},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     state = state_dir(env) / "state.json"
     deadline = time.monotonic() + 60
     while not (state.exists() and "pending" in state.read_text()):
@@ -163,10 +165,23 @@ def test_user_without_write_access_gets_a_clear_error(env: Path):
     before = files(env)
     drop = "-dac_override,-fowner,-dac_read_search"
     proc = subprocess.run(
-        ["setpriv", "--bounding-set", drop, "--inh-caps", drop,
-         sys.executable, "-m", "patcher.cli", "apply", "--python", str(env), "--no-verify"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            "setpriv",
+            "--bounding-set",
+            drop,
+            "--inh-caps",
+            drop,
+            sys.executable,
+            "-m",
+            "patcher.cli",
+            "apply",
+            "--python",
+            str(env),
+            "--no-verify",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "run as a user who can write" in proc.stderr
     assert len([line for line in proc.stderr.splitlines() if "error:" in line]) == 1
@@ -224,7 +239,11 @@ def test_random_sequences_keep_the_promise(tmp_path_factory, ops):
         code, doc, err = patcher(*args)
         assert code in ((3,) if edited else (0,)), (ops, op, err)
         assert "Traceback" not in err
-        record = json.loads((state_dir(python) / "state.json").read_text()) if (state_dir(python) / "state.json").exists() else {}
+        record = (
+            json.loads((state_dir(python) / "state.json").read_text())
+            if (state_dir(python) / "state.json").exists()
+            else {}
+        )
         allowed = expected_bytes(original, record)
         for rel, data in files(python).items():
             if rel not in edited:

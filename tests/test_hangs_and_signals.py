@@ -154,8 +154,16 @@ def test_a_python_that_never_reads_its_input_times_out_whatever_the_request_size
 
 def test_the_agent_ends_itself_when_writing_takes_too_long(tmp_path: Path, patched_bytes):
     python = light_env(tmp_path)
-    code, doc, err, elapsed = patcher_run("apply", "--no-verify", "--python", str(python), "--write-timeout", "2",
-                                          "--json", env={"PATCHER_FAULT": paused_at(GENERATOR)})  # fmt: skip
+    code, doc, err, elapsed = patcher_run(
+        "apply",
+        "--no-verify",
+        "--python",
+        str(python),
+        "--write-timeout",
+        "2",
+        "--json",
+        env={"PATCHER_FAULT": paused_at(GENERATOR)},
+    )
     assert code == 4, err
     target = doc["targets"][0]
     assert target["status"] == "timed-out"
@@ -198,7 +206,7 @@ def test_banner_lines_on_stdout_are_not_taken_for_answers(tmp_path: Path):
     noisy.write_text(
         "#!/bin/sh\n"
         "echo '{ welcome to gpu01 }'\n"
-        "echo '{\"ok\": false, \"error\": {\"kind\": \"locked\", \"message\": \"not the agent\"}}'\n"
+        'echo \'{"ok": false, "error": {"kind": "locked", "message": "not the agent"}}\'\n'
         f'exec {real} "$@"\n'
     )
     noisy.chmod(0o755)
@@ -245,10 +253,14 @@ def interrupt_when(proc: subprocess.Popen, condition, what: str) -> tuple[dict, 
 def test_ctrl_c_during_a_local_apply(tmp_path: Path, patched_bytes):
     python = light_env(tmp_path)
     pristine, patched = patched_bytes["pristine"], patched_bytes["patched"]
-    proc = subprocess.Popen(patcher_argv("apply", "--no-verify", "--python", str(python), "--json"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=patcher_env({"PATCHER_FAULT": paused_at(GENERATOR)}, clean_ssh=True),
-                            preexec_fn=sigint_as_at_a_terminal)  # noqa: PLW1509  # fmt: skip
+    proc = subprocess.Popen(
+        patcher_argv("apply", "--no-verify", "--python", str(python), "--json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=patcher_env({"PATCHER_FAULT": paused_at(GENERATOR)}, clean_ssh=True),
+        preexec_fn=sigint_as_at_a_terminal,  # noqa: PLW1509
+    )
     doc, err, took = interrupt_when(
         proc, lambda: files(python)[GENERATOR] == patched[GENERATOR], "the agent to write the first file"
     )
@@ -279,12 +291,13 @@ def test_banner_printed_at_login_over_ssh(tmp_path: Path, client, host_env):
     wrapper.write_text(
         "#!/bin/sh\n"
         "echo '{ Authorized use only }'\n"
-        "echo '{\"ok\": true, \"result\": {\"status\": \"changed\"}}'\n"
+        'echo \'{"ok": true, "result": {"status": "changed"}}\'\n'
         'exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n'
     )
     wrapper.chmod(0o755)
-    server = SshServer(tmp_path / "sshd", next_address(), {"root": client.public_key},
-                       extra_config=f"ForceCommand {wrapper}\n").start()  # fmt: skip
+    server = SshServer(
+        tmp_path / "sshd", next_address(), {"root": client.public_key}, extra_config=f"ForceCommand {wrapper}\n"
+    ).start()
     try:
         env = host_env()
         via = ("--host", spec(server), *client.args())
@@ -303,8 +316,20 @@ def test_banner_printed_at_login_over_ssh(tmp_path: Path, client, host_env):
 def test_a_remote_python_that_never_answers(tmp_path: Path, client, servers):
     server = servers()
     fake = never_answers(tmp_path / "remote-bin")
-    code, doc, err, elapsed = patcher_run("status", "--host", spec(server), "--python", str(fake), "--facts-timeout", "2",
-                                          "--connect-timeout", "5", *client.args(), "--json", timeout=60)  # fmt: skip
+    code, doc, err, elapsed = patcher_run(
+        "status",
+        "--host",
+        spec(server),
+        "--python",
+        str(fake),
+        "--facts-timeout",
+        "2",
+        "--connect-timeout",
+        "5",
+        *client.args(),
+        "--json",
+        timeout=60,
+    )
     assert code == 4, err
     target = doc["targets"][0]
     assert target["status"] == "timed-out"
@@ -329,8 +354,17 @@ def test_no_remote_agent_survives_its_session(tmp_path: Path, client, servers, h
 
     # 1. the agent's own limit
     env = host_env()
-    code, doc, err, _elapsed = patcher_run("apply", "--no-verify", *via, "--python", str(env), "--write-timeout", "2",
-                                          "--json", env={"PATCHER_FAULT": paused_at(GENERATOR)})  # fmt: skip
+    code, doc, err, _elapsed = patcher_run(
+        "apply",
+        "--no-verify",
+        *via,
+        "--python",
+        str(env),
+        "--write-timeout",
+        "2",
+        "--json",
+        env={"PATCHER_FAULT": paused_at(GENERATOR)},
+    )
     assert code == 4, err
     assert doc["targets"][0]["status"] == "timed-out"
     assert doc["targets"][0]["message"].startswith("writing the files took longer than 2s (--write-timeout)")
@@ -340,12 +374,20 @@ def test_no_remote_agent_survives_its_session(tmp_path: Path, client, servers, h
     # 2. the local ssh killed (the connection gone), 3. patcher killed (its ssh sees its input end)
     for victim in ("ssh", "patcher"):
         env = host_env()
-        proc = subprocess.Popen(patcher_argv("apply", "--no-verify", *via, "--python", str(env), "--json"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                                env=patcher_env({"PATCHER_FAULT": paused_at(GENERATOR)}, clean_ssh=True))  # fmt: skip
+        proc = subprocess.Popen(
+            patcher_argv("apply", "--no-verify", *via, "--python", str(env), "--json"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=patcher_env({"PATCHER_FAULT": paused_at(GENERATOR)}, clean_ssh=True),
+        )
         try:
-            wait_until(lambda env=env, proc=proc: files(env)[GENERATOR] == patched[GENERATOR] or proc.poll() is not None, 120,
-                       "the remote agent to write the first file")  # fmt: skip
+            wait_until(
+                lambda env=env, proc=proc: files(env)[GENERATOR] == patched[GENERATOR] or proc.poll() is not None,
+                120,
+                "the remote agent to write the first file",
+            )
             assert proc.poll() is None, proc.communicate()
             assert processes_of(env), "the agent is not running"
             ssh = [pid for pid in children(proc.pid) if comm(pid) == "ssh"]
@@ -395,10 +437,15 @@ def test_ctrl_c_during_a_fleet_apply(tmp_path: Path, client, servers, host_env, 
     envs = [host_env() for _ in hosts]
     inventory = tmp_path / "hosts"
     inventory.write_text("".join(f"{spec(s)} ansible_python_interpreter={e}\n" for s, e in zip(hosts, envs)))
-    proc = subprocess.Popen(patcher_argv("apply", "--no-verify", "-i", str(inventory), "--forks", "2", *client.args(),
-                                    "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, env=patcher_env({"PATCHER_FAULT": paused_at(GENERATOR)}, clean_ssh=True),
-                            preexec_fn=sigint_as_at_a_terminal)  # noqa: PLW1509  # fmt: skip
+    proc = subprocess.Popen(
+        patcher_argv("apply", "--no-verify", "-i", str(inventory), "--forks", "2", *client.args(), "--json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=patcher_env({"PATCHER_FAULT": paused_at(GENERATOR)}, clean_ssh=True),
+        preexec_fn=sigint_as_at_a_terminal,  # noqa: PLW1509
+    )
     doc, err, took = interrupt_when(
         proc, lambda: all(files(e)[GENERATOR] == patched[GENERATOR] for e in envs[:2]), "both agents to pause"
     )
@@ -438,14 +485,20 @@ def test_ssh_usage_errors_are_refused_before_any_connection(tmp_path: Path):
     (fake_bin / "ssh").chmod(0o755)
     path = {"PATH": f"{fake_bin}:{os.environ['PATH']}"}
     cases = [
-        (["--ssh-config", str(tmp_path / "nonexistent")],
-         (f"error: --ssh-config {tmp_path / 'nonexistent'}: no such file; name an ssh client configuration file "
-         "(as for ssh -F)")),
-        (["--ssh-option", "Port=x"], ("error: --ssh-option Port=x: ssh refuses it (command-line line 0: Bad port 'x'); "
-                                     "fix or drop it")),
+        (
+            ["--ssh-config", str(tmp_path / "nonexistent")],
+            (
+                f"error: --ssh-config {tmp_path / 'nonexistent'}: no such file; name an ssh client configuration file "
+                "(as for ssh -F)"
+            ),
+        ),
+        (
+            ["--ssh-option", "Port=x"],
+            ("error: --ssh-option Port=x: ssh refuses it (command-line line 0: Bad port 'x'); fix or drop it"),
+        ),
         (["--serial", "50%%"], "error: --serial 50%%: expected a number of hosts (1 or more) or a percentage like 25%"),
         (["--serial", "half"], "error: --serial half: expected a number of hosts (1 or more) or a percentage like 25%"),
-    ]  # fmt: skip
+    ]
     for args, message in cases:
         code, _, err, _ = patcher_run("apply", "--host", "root@127.0.0.9", *args, env=path)
         assert code == 2, (args, err)
@@ -474,8 +527,22 @@ def test_proxyjump_with_an_unknown_jump_host_key(tmp_path: Path, client, servers
         f"to known_hosts (ssh-keyscan -p {jump.port} {jump.address}), or log in to it once with ssh"
     )
     # the advice works: the jump host's key known, the target's is accepted through it
-    subprocess.run(["ssh", *("-F", str(client.config)), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
-                    "-p", str(jump.port), f"root@{jump.address}", "true"], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            "ssh",
+            *("-F", str(client.config)),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=accept-new",
+            "-p",
+            str(jump.port),
+            f"root@{jump.address}",
+            "true",
+        ],
+        check=True,
+        capture_output=True,
+    )
     code, doc, err, _ = patcher_run("status", *via, "--json")
     assert code == 0, err
     jump.new_host_key()

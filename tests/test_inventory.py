@@ -24,7 +24,9 @@ def test_host_strings():
 
 def test_plain_list_and_ini_inventory(tmp_path: Path):
     plain = tmp_path / "hosts"
-    plain.write_text("# GPU hosts\nroot@10.1.2.3\n\n10.1.2.4:2222   # the odd one\ngpu-07 ansible_python_interpreter='/root/ml env/bin/python3'\n")
+    plain.write_text(
+        "# GPU hosts\nroot@10.1.2.3\n\n10.1.2.4:2222   # the odd one\ngpu-07 ansible_python_interpreter='/root/ml env/bin/python3'\n"
+    )
     hosts = read_inventory(plain)
     assert [h.name for h in hosts] == ["root@10.1.2.3", "10.1.2.4", "gpu-07"]  # `host:port` is host and port
     assert hosts[1].port == 2222
@@ -110,7 +112,9 @@ def test_remote_command_quotes_every_word():
     assert argv.index("BatchMode=yes") < argv.index("StrictHostKeyChecking=accept-new")
     home = SshTransport(parse_host("gpu.lab"), "~/ml-env/bin/python3", SshSettings()).remote_command()
     assert home.startswith('"$HOME"/ml-env/bin/python3 -c ')
-    user_first = SshTransport(parse_host("gpu.lab"), None, SshSettings(options=("StrictHostKeyChecking=yes",))).command()
+    user_first = SshTransport(
+        parse_host("gpu.lab"), None, SshSettings(options=("StrictHostKeyChecking=yes",))
+    ).command()
     assert user_first.index("StrictHostKeyChecking=yes") < user_first.index("StrictHostKeyChecking=accept-new")
 
 

@@ -97,14 +97,24 @@ CORPUS = [
         },
     ),
     Case("private-key-modern-name", {"hosts": "gpu1 ansible_private_key_file=~/.ssh/gpu\n"}),
-    Case("ssh-spelling-wins-over-plain", {"hosts": "h1 ansible_port=2000 ansible_ssh_port=2001 ansible_user=a ansible_ssh_user=b "
-                                                   "ansible_host=127.0.0.5 ansible_ssh_host=127.0.0.6\n"}),
-    Case("legacy-ssh-names", {"hosts": "h1 ansible_ssh_host=127.0.0.7 ansible_ssh_port=2022 ansible_ssh_user=legacy\n"}),
+    Case(
+        "ssh-spelling-wins-over-plain",
+        {
+            "hosts": "h1 ansible_port=2000 ansible_ssh_port=2001 ansible_user=a ansible_ssh_user=b "
+            "ansible_host=127.0.0.5 ansible_ssh_host=127.0.0.6\n"
+        },
+    ),
+    Case(
+        "legacy-ssh-names", {"hosts": "h1 ansible_ssh_host=127.0.0.7 ansible_ssh_port=2022 ansible_ssh_user=legacy\n"}
+    ),
     Case("letter-range", {"hosts": "[nodes]\nnode[a:c].lab\n"}),
     Case("step-range-and-padding", {"hosts": "[w]\nw[1:5:2]\ngpu[01:10:3]\n"}),
     Case("nested-ranges", {"hosts": "db[1:2]-[a:b]\n"}),
-    Case("yaml-ranges-and-port-key", {"fleet.yml": "all:\n  hosts:\n    gpu[1:3]:\n    web2:2242:\n      ansible_user: u\n"},
-         source="fleet.yml"),
+    Case(
+        "yaml-ranges-and-port-key",
+        {"fleet.yml": "all:\n  hosts:\n    gpu[1:3]:\n    web2:2242:\n      ansible_user: u\n"},
+        source="fleet.yml",
+    ),
     Case(
         "local-host-left-out-by-limit",
         {"hosts": "localhost ansible_connection=local\n[gpus]\ngpu1\ngpu2\n"},
@@ -117,14 +127,28 @@ CORPUS = [
     ),
     Case(
         "jinja-variable-references",
-        {"hosts": "[all:vars]\nbase_port=2300\nteam=ml\n[gpus]\ngpu1 ansible_port='{{ base_port }}' ansible_user='{{ team }}-ops'\n"},
+        {
+            "hosts": "[all:vars]\nbase_port=2300\nteam=ml\n[gpus]\ngpu1 ansible_port='{{ base_port }}' ansible_user='{{ team }}-ops'\n"
+        },
         rendered=("ansible_port", "ansible_user"),
     ),
     Case(
         "limit-patterns",
         {"hosts": GROUPED},
-        limits=("web:db", "prod:!db", "prod:&canary", "web[0]", "web[1:]", "web[-1]", "~web[12]", "~^d", "w*", "db1,web3",
-                "web,!canary", "all"),
+        limits=(
+            "web:db",
+            "prod:!db",
+            "prod:&canary",
+            "web[0]",
+            "web[1:]",
+            "web[-1]",
+            "~web[12]",
+            "~^d",
+            "w*",
+            "db1,web3",
+            "web,!canary",
+            "all",
+        ),
     ),
     Case(
         "yaml-nested-children-precedence",
@@ -138,18 +162,43 @@ CORPUS = [
         source="fleet.yml",
         limits=("gpus", "big", "gpus[0]"),
     ),
-    Case("yaml-without-suffix", {"hosts": "all:\n  children:\n    gpus:\n      hosts:\n        gpu1:\n        gpu2: {ansible_port: 2202}\n"}),
-    Case("same-depth-groups-by-name", {"hosts": "[b]\nh1\n[a]\nh1\n[a:vars]\nansible_user=from-a\n[b:vars]\nansible_user=from-b\n"}),
-    Case("group-priority", {"hosts": "[b]\nh1\n[a]\nh1\n[a:vars]\nansible_user=from-a\nansible_group_priority=5\n"
-                                      "[b:vars]\nansible_user=from-b\n"}),
+    Case(
+        "yaml-without-suffix",
+        {"hosts": "all:\n  children:\n    gpus:\n      hosts:\n        gpu1:\n        gpu2: {ansible_port: 2202}\n"},
+    ),
+    Case(
+        "same-depth-groups-by-name",
+        {"hosts": "[b]\nh1\n[a]\nh1\n[a:vars]\nansible_user=from-a\n[b:vars]\nansible_user=from-b\n"},
+    ),
+    Case(
+        "group-priority",
+        {
+            "hosts": "[b]\nh1\n[a]\nh1\n[a:vars]\nansible_user=from-a\nansible_group_priority=5\n"
+            "[b:vars]\nansible_user=from-b\n"
+        },
+    ),
     Case("children-declared-first", {"hosts": "[prod:children]\nweb\n[prod:vars]\nansible_port=2500\n[web]\nweb1\n"}),
     Case("host-in-two-groups", {"hosts": "[a]\nh1\n[b]\nh1 ansible_port=2600\nh2\n[a:vars]\nansible_user=ua\n"}),
-    Case("become-variants", {"hosts": "[gpus]\ngpu1\ngpu2 ansible_become=false\ngpu3 ansible_become=yes ansible_become_method=sudo\n"
-                                        "[gpus:vars]\nansible_become=true\n"}),
-    Case("interpreter-discovery", {"hosts": "gpu1 ansible_python_interpreter=auto_silent\ngpu2 ansible_python_interpreter=/x/python3\n"}),
+    Case(
+        "become-variants",
+        {
+            "hosts": "[gpus]\ngpu1\ngpu2 ansible_become=false\ngpu3 ansible_become=yes ansible_become_method=sudo\n"
+            "[gpus:vars]\nansible_become=true\n"
+        },
+    ),
+    Case(
+        "interpreter-discovery",
+        {"hosts": "gpu1 ansible_python_interpreter=auto_silent\ngpu2 ansible_python_interpreter=/x/python3\n"},
+    ),
     Case("plain-list-with-comments", {"hosts": "# GPU hosts\n127.0.0.2\n\ngpu-07   # the odd one\n127.0.0.3:2222\n"}),
-    Case("ungrouped-and-all-hosts-yaml", {"fleet.yaml": "all:\n  hosts:\n    a1:\n  children:\n    ungrouped:\n      hosts:\n        u1:\n"
-                                                        "    g:\n      hosts:\n        a1:\n"}, source="fleet.yaml"),
+    Case(
+        "ungrouped-and-all-hosts-yaml",
+        {
+            "fleet.yaml": "all:\n  hosts:\n    a1:\n  children:\n    ungrouped:\n      hosts:\n        u1:\n"
+            "    g:\n      hosts:\n        a1:\n"
+        },
+        source="fleet.yaml",
+    ),
     Case(
         "constructed-plugin",
         {
@@ -161,7 +210,9 @@ CORPUS = [
     ),
     Case(
         "script-inventory",
-        {"inventory.sh": "#!/bin/sh\necho '{\"gpus\": {\"hosts\": [\"gpu1\"], \"vars\": {\"ansible_port\": 2800}}, \"_meta\": {\"hostvars\": {}}}'\n"},
+        {
+            "inventory.sh": '#!/bin/sh\necho \'{"gpus": {"hosts": ["gpu1"], "vars": {"ansible_port": 2800}}, "_meta": {"hostvars": {}}}\'\n'
+        },
         source="inventory.sh",
         executable=("inventory.sh",),
     ),
@@ -197,9 +248,14 @@ def materialize(case: Case, root: Path) -> Path:
 
 
 def ansible(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
-           "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True",
-           "ANSIBLE_LOCAL_TEMP": str(cwd / ".ansible-tmp"), "ANSIBLE_HOME": str(cwd / ".ansible-home")}  # fmt: skip
+    env = {
+        **os.environ,
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
+        "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True",
+        "ANSIBLE_LOCAL_TEMP": str(cwd / ".ansible-tmp"),
+        "ANSIBLE_HOME": str(cwd / ".ansible-home"),
+    }
     done = subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
     return done
 
@@ -226,8 +282,14 @@ print(json.dumps(out))
 
 
 def ansible_limits(source: Path, patterns: tuple[str, ...], cwd: Path) -> dict[str, list[str]]:
-    done = subprocess.run([sys.executable, "-c", _LIMITS, str(source), *patterns], capture_output=True, text=True,
-                          cwd=cwd, timeout=300, env={**os.environ, "ANSIBLE_HOME": str(cwd / ".ansible-home")})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _LIMITS, str(source), *patterns],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={**os.environ, "ANSIBLE_HOME": str(cwd / ".ansible-home")},
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -237,10 +299,19 @@ def ansible_rendered(source: Path, variables: tuple[str, ...], cwd: Path) -> dic
     expression = "{{ {" + ", ".join(f"'{v}': {v}" for v in variables) + "} }}"
     done = subprocess.run(
         [str(BIN / "ansible"), "all", "-i", str(source), "-m", "debug", "-a", f"msg={expression}"],
-        capture_output=True, text=True, cwd=cwd, timeout=300,
-        env={**os.environ, "ANSIBLE_STDOUT_CALLBACK": "oneline", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_NOCOLOR": "1",
-             "ANSIBLE_LOCAL_TEMP": str(cwd / ".ansible-tmp"), "ANSIBLE_HOME": str(cwd / ".ansible-home")},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={
+            **os.environ,
+            "ANSIBLE_STDOUT_CALLBACK": "oneline",
+            "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_LOCAL_TEMP": str(cwd / ".ansible-tmp"),
+            "ANSIBLE_HOME": str(cwd / ".ansible-home"),
+        },
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     found = {}
     for line in done.stdout.splitlines():
@@ -293,9 +364,14 @@ def what_ansible_connects_with(name: str, variables: dict) -> dict:
 
 def what_patcher_connects_with(host) -> dict:
     return {
-        "address": host.address, "port": host.port, "user": host.user, "key_file": host.key_file,
-        "ssh_args": host.ssh_args, "python": host.python, "become": host.become,
-    }  # fmt: skip
+        "address": host.address,
+        "port": host.port,
+        "user": host.user,
+        "key_file": host.key_file,
+        "ssh_args": host.ssh_args,
+        "python": host.python,
+        "become": host.become,
+    }
 
 
 def compare(case: Case, root: Path, reader: str | None = None) -> list[str]:

@@ -83,5 +83,7 @@ def test_every_package_is_installed():
 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {module_name(init.parent / "__init__.py") for top in INSTALLED_AS for init in (ROOT / top).rglob("__init__.py")}
+    found = {
+        module_name(init.parent / "__init__.py") for top in INSTALLED_AS for init in (ROOT / top).rglob("__init__.py")
+    }
     assert found - listed == set(), "add them to [tool.setuptools] packages in pyproject.toml"

@@ -12,14 +12,23 @@ BIN = Path(sys.executable).parent  # the environment running the tests has both
 
 def _run(tool: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(BIN / tool), *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+        [str(BIN / tool), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "NO_COLOR": "1"},
-    )  # fmt: skip
+    )
 
 
 def test_ruff_check_passes():
     done = _run("ruff", "check", "--no-fix", "--output-format", "concise", ".")
     assert done.returncode == 0, f"ruff check failed (fix what it says):\n{done.stdout}{done.stderr}"
+
+
+def test_ruff_format_changes_nothing():
+    done = _run("ruff", "format", "--check", ".")
+    assert done.returncode == 0, f"not formatted (run `ruff format .`):\n{done.stdout}{done.stderr}"
 
 
 def test_mypy_passes():
@@ -32,4 +41,6 @@ def test_zizmor_finds_nothing_in_the_workflows():
     # --offline: no GitHub API calls (CI reaches only the package index); the pedantic persona
     # also reports the informational findings, so nothing is let through quietly.
     done = _run("zizmor", "--offline", "--persona", "pedantic", "--no-progress", ".github/workflows")
-    assert done.returncode == 0, f"zizmor found problems in .github/workflows (fix what it says):\n{done.stdout}{done.stderr}"
+    assert done.returncode == 0, (
+        f"zizmor found problems in .github/workflows (fix what it says):\n{done.stdout}{done.stderr}"
+    )

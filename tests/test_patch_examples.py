@@ -8,14 +8,10 @@ from patcher.transform.transforms import transform_source
 
 PATCHES = load_patches()
 EXAMPLES = [
-    pytest.param(patch, example, id=f"{patch.id}-{i}")
-    for patch in PATCHES
-    for i, example in enumerate(patch.examples)
+    pytest.param(patch, example, id=f"{patch.id}-{i}") for patch in PATCHES for i, example in enumerate(patch.examples)
 ]
 SATISFIED = [
-    pytest.param(patch, source, id=f"{patch.id}-{i}")
-    for patch in PATCHES
-    for i, source in enumerate(patch.satisfied)
+    pytest.param(patch, source, id=f"{patch.id}-{i}") for patch in PATCHES for i, source in enumerate(patch.satisfied)
 ]
 
 

@@ -57,7 +57,9 @@ def test_every_class_is_a_typed_dict_and_every_agent_operation_has_a_request():
                 if key == "op":
                     ops |= {e.value for e in ast.walk(ast.parse(annotation)) if isinstance(e, ast.Constant)}
     tree = ast.parse((ROOT / "remote" / "agent.py").read_text(encoding="utf-8"))
-    table = next(n.value for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "OPERATIONS")
+    table = next(
+        n.value for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "OPERATIONS"
+    )
     assert isinstance(table, ast.Dict)
     assert ops == {k.value for k in table.keys if isinstance(k, ast.Constant)}
 

@@ -55,8 +55,11 @@ def start(*args: str, fault: dict | None = None) -> subprocess.Popen:
         env["PATCHER_FAULT"] = json.dumps(fault)
     return subprocess.Popen(
         [sys.executable, "-m", "patcher.cli", *args, "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, dict, str]:
@@ -104,8 +107,9 @@ def test_apply_that_waited_for_a_rollback_leaves_every_patch_in_place(tmp_path: 
     assert run_cli("apply", *target, "--no-verify")[0] == 0
     release = tmp_path / "release"
     rollback = start("rollback", *target, fault=paused_at(f"file-written:{GENERATOR}", release))
-    wait_for(lambda: files(python)[GENERATOR] == reference["pristine"][GENERATOR], "the generator restored",
-             proc=rollback)  # fmt: skip
+    wait_for(
+        lambda: files(python)[GENERATOR] == reference["pristine"][GENERATOR], "the generator restored", proc=rollback
+    )
     assert files(python)[WORKER] == reference["patched"][WORKER]  # the rollback is half way
     apply = start("apply", *target, "--no-verify", "--lock-timeout", "60")
     # Its agent has opened the lock (it waits for it): whatever it read, it read by now.
@@ -121,9 +125,7 @@ def test_apply_that_waited_for_a_rollback_leaves_every_patch_in_place(tmp_path: 
     assert set(applied(status).values()) == {"applied"}, applied(status)
 
 
-def test_status_during_a_run_does_not_take_its_temporary_file_for_an_interrupted_runs(
-    tmp_path: Path, reference: dict
-):
+def test_status_during_a_run_does_not_take_its_temporary_file_for_an_interrupted_runs(tmp_path: Path, reference: dict):
     """A live run's temporary file (written, not yet renamed) was reported as left by an
     interrupted run, and the half-written transaction as interrupted: status waits for the run."""
     python = light_env(tmp_path)

@@ -56,7 +56,11 @@ SUBSETS = [
 # the shape they rewrite gone and leave the file alone (anchor-missing). The reasons are in each
 # patch module, beside its on_fixed_in.
 EXPECTED_ON_0_4_0 = {
-    **{p.id: p.on_fixed_in for p in PATCHES if p.on_fixed_in and p.fixed_in and p.fixed_in.startswith("speculators 0.4.0")},
+    **{
+        p.id: p.on_fixed_in
+        for p in PATCHES
+        if p.on_fixed_in and p.fixed_in and p.fixed_in.startswith("speculators 0.4.0")
+    },
     # 0.4.0 decorates with its own conditional_torch_compile (which asks torch.cuda.is_available()
     # at class definition: it touches CUDA as 0.3.0 does). v18 is not fixed upstream (no fixed_in),
     # so its declaration cannot carry on_fixed_in; its codemod still must leave 0.4.0's file alone.
@@ -132,7 +136,9 @@ def check_subset(source: str, target, subset) -> None:
     together = apply_together(pristine, steps, target.path)
     assert together is not None, [p.short_id for p in subset]
     assert together[0].code == tree.code, [p.short_id for p in subset]
-    assert [(o.outcome, o.edits) for o in together[1]] == [("applied", {e.name: "applied" for e in p.edits}) for p, _ in steps]
+    assert [(o.outcome, o.edits) for o in together[1]] == [
+        ("applied", {e.name: "applied" for e in p.edits}) for p, _ in steps
+    ]
 
 
 @pytest.mark.parametrize("target,subset", SUBSETS)
@@ -142,7 +148,9 @@ def test_subset_applies_and_compiles(speculators_0_3_0, target, subset):
     check_subset(speculators_0_3_0[target.path], target, subset)
 
 
-@pytest.mark.parametrize("target,patches", [(GENERATOR, GENERATOR_PATCHES), (WORKER, WORKER_PATCHES)], ids=["generator", "worker"])
+@pytest.mark.parametrize(
+    "target,patches", [(GENERATOR, GENERATOR_PATCHES), (WORKER, WORKER_PATCHES)], ids=["generator", "worker"]
+)
 def test_sampled_subsets_apply_and_compile(speculators_0_3_0, target, patches):
     """Subsets of any size, drawn by hypothesis (shrunk to the smallest failing one)."""
     from hypothesis import HealthCheck, given, settings

@@ -37,8 +37,12 @@ def test_the_demo_refuses_a_release_without_a_cpu_build():
 
 
 def test_a_row_is_stale_only_when_its_own_patches_or_recipe_differ(tmp_path):
-    row = {"release": "0.32.0", "apply": "exit 0, changed", "rollback_identical": True,
-           "extract": {"ok": True, "max_rel_diff": 0.01, "rows_whole_in_order": True}}  # fmt: skip
+    row = {
+        "release": "0.32.0",
+        "apply": "exit 0, changed",
+        "rollback_identical": True,
+        "extract": {"ok": True, "max_rel_diff": 0.01, "rows_whole_in_order": True},
+    }
     current = patch_set_hash("0.32.0")
     assert current and current != patch_set_hash("0.31.0")  # each release's own recipe
     (tmp_path / f"0.32.0-{current}.json").write_text(json.dumps(row))

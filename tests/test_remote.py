@@ -90,8 +90,13 @@ def test_several_hosts_json_per_host_retry_file_and_rerun_from_it(tmp_path: Path
     down_env = host_env()
     inventory = tmp_path / "hosts.ini"
     lines = ["[gpus]"] + [f"{spec(s)} ansible_python_interpreter={e}" for s, e in zip(up, envs)]
-    lines += ["[late]", (f"gpu-late ansible_host={down_address} ansible_port={down_port} ansible_user=root "
-              f"ansible_python_interpreter={down_env}")]  # fmt: skip
+    lines += [
+        "[late]",
+        (
+            f"gpu-late ansible_host={down_address} ansible_port={down_port} ansible_user=root "
+            f"ansible_python_interpreter={down_env}"
+        ),
+    ]
     inventory.write_text("\n".join(lines) + "\n")
     pristine = files(down_env)
 
@@ -108,8 +113,10 @@ def test_several_hosts_json_per_host_retry_file_and_rerun_from_it(tmp_path: Path
     retry = (tmp_path / "patcher.retry").read_text()
     hosts_in_retry = [line for line in retry.splitlines() if line and not line.startswith("#")]
     assert hosts_in_retry == [
-        (f"gpu-late ansible_host={down_address} ansible_user=root ansible_port={down_port} "
-        f"ansible_python_interpreter={down_env}")
+        (
+            f"gpu-late ansible_host={down_address} ansible_user=root ansible_port={down_port} "
+            f"ansible_python_interpreter={down_env}"
+        )
     ]
     assert "unreachable 1" in err  # the per-host summary on stderr
 
@@ -147,14 +154,16 @@ def test_yaml_inventory_with_nested_groups_and_per_host_python(tmp_path: Path, c
         "          vars:\n"
         f"            ansible_python_interpreter: {env_second}\n"
     )
-    code, doc, err = patcher("status", "-i", str(inventory), *client.args(), "--python", "/nonexistent", "--json",
-                             cwd=tmp_path)  # fmt: skip
+    code, doc, err = patcher(
+        "status", "-i", str(inventory), *client.args(), "--python", "/nonexistent", "--json", cwd=tmp_path
+    )
     assert code == 0, err
     assert {t["target"]: t["python"] for t in doc["targets"]} == {"one": str(env_first), "two": str(env_second)}
     # --limit by group (a nested one), by name with a wildcard, and by exclusion: only those hosts are contacted
     for pattern, expected in (("special", ["two"]), ("o*", ["one"]), ("gpus,!special", ["one"])):
-        code, doc, err = patcher("status", "-i", str(inventory), "--limit", pattern, *client.args(), "--json",
-                                 cwd=tmp_path)  # fmt: skip
+        code, doc, err = patcher(
+            "status", "-i", str(inventory), "--limit", pattern, *client.args(), "--json", cwd=tmp_path
+        )
         assert code == 0, err
         assert [t["target"] for t in doc["targets"]] == expected, pattern
     code, doc, err = patcher("status", "-i", str(inventory), "--limit", "gpu", *client.args(), cwd=tmp_path)
@@ -174,8 +183,19 @@ def test_serial_batches_and_max_fail_stop_the_rollout(tmp_path: Path, client, se
     pythons = [envs[0], "/nonexistent/bin/python3", envs[2], envs[3]]  # the second host is broken
     inventory.write_text("".join(f"{spec(s)} ansible_python_interpreter={p}\n" for s, p in zip(hosts, pythons)))
 
-    code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), "--serial", "2", "--max-fail", "0",
-                             *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    code, doc, err = patcher(
+        "apply",
+        "--no-verify",
+        "-i",
+        str(inventory),
+        "--serial",
+        "2",
+        "--max-fail",
+        "0",
+        *client.args(),
+        "--json",
+        cwd=tmp_path,
+    )
     assert code == 2, err  # the worst host: no python there (usage)
     statuses = [t["status"] for t in doc["targets"]]
     assert statuses == ["changed", "failed", "skipped", "skipped"]
@@ -184,13 +204,28 @@ def test_serial_batches_and_max_fail_stop_the_rollout(tmp_path: Path, client, se
     assert "rollout stopped" in doc["targets"][2]["message"] and "--max-fail 0%" in doc["targets"][2]["message"]
     assert files(envs[2]) == pristine and files(envs[3]) == pristine  # never touched
     assert doc["summary"]["skipped"] == 2
-    retry = [line.split()[0] for line in (tmp_path / "patcher.retry").read_text().splitlines() if not line.startswith("#")]
+    retry = [
+        line.split()[0] for line in (tmp_path / "patcher.retry").read_text().splitlines() if not line.startswith("#")
+    ]
     assert retry == [spec(s) for s in hosts[1:]]
     assert "skipped" in err
 
     # 1 of 2 failing is 50%: not above --max-fail 50, so every batch runs
-    code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), "--serial", "2", "--max-fail", "50",
-                             "--forks", "1", *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    code, doc, err = patcher(
+        "apply",
+        "--no-verify",
+        "-i",
+        str(inventory),
+        "--serial",
+        "2",
+        "--max-fail",
+        "50",
+        "--forks",
+        "1",
+        *client.args(),
+        "--json",
+        cwd=tmp_path,
+    )
     assert code == 2, err
     assert [t["status"] for t in doc["targets"]] == ["ok", "failed", "changed", "changed"]
 
@@ -216,19 +251,34 @@ def test_hostile_host_strings_and_paths_are_refused_before_any_ssh(tmp_path: Pat
     ]
     env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
     for host in hostile:
-        proc = subprocess.run([sys.executable, "-m", "patcher.cli", "status", "--host", host],
-                              capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "patcher.cli", "status", "--host", host],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+        )
         assert proc.returncode == 2, (host, proc.stderr)
         assert "refusing" in proc.stderr or "error" in proc.stderr, host
         assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr
     inventory = tmp_path / "bad.ini"
     inventory.write_text("good.example\nevil ansible_host='x;reboot'\n")
-    proc = subprocess.run([sys.executable, "-m", "patcher.cli", "apply", "-i", str(inventory)],
-                          capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "patcher.cli", "apply", "-i", str(inventory)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.returncode == 2 and "evil" in proc.stderr and "refusing host 'x;reboot'" in proc.stderr
     for option in ("-oProxyCommand=x", "ProxyCommand", "BatchMode=no"):
-        proc = subprocess.run([sys.executable, "-m", "patcher.cli", "status", "--host", "h.example",
-                               "--ssh-option", option], capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "patcher.cli", "status", "--host", "h.example", "--ssh-option", option],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+        )
         assert proc.returncode == 2, (option, proc.stderr)
     assert not marker.exists()
 
@@ -236,8 +286,9 @@ def test_hostile_host_strings_and_paths_are_refused_before_any_ssh(tmp_path: Pat
     server = servers()
     trap = tmp_path / "trap"
     python = f"/nonexistent dir/$(touch {trap})/`touch {trap}`;touch {trap}/python3"
-    code, doc, err = patcher("status", "--host", spec(server), "--python", python, *client.args(), "--json",
-                             cwd=tmp_path)  # fmt: skip
+    code, doc, err = patcher(
+        "status", "--host", spec(server), "--python", python, *client.args(), "--json", cwd=tmp_path
+    )
     assert code == 2, err
     assert "no python at" in doc["targets"][0]["message"]
     assert not trap.exists()
@@ -257,10 +308,21 @@ def test_unreachable_hosts_fail_fast_while_the_others_finish(tmp_path: Path, cli
     try:
         started = time.monotonic()
         code, doc, err = patcher(
-            "status", "--host", spec(good), "--host", f"root@{closed}:{free_port(closed)}",
-            "--host", f"root@{silent_address}:{silent.getsockname()[1]}",
-            "--python", str(env), "--connect-timeout", "2", *client.args(), "--json", cwd=tmp_path,
-        )  # fmt: skip
+            "status",
+            "--host",
+            spec(good),
+            "--host",
+            f"root@{closed}:{free_port(closed)}",
+            "--host",
+            f"root@{silent_address}:{silent.getsockname()[1]}",
+            "--python",
+            str(env),
+            "--connect-timeout",
+            "2",
+            *client.args(),
+            "--json",
+            cwd=tmp_path,
+        )
         elapsed = time.monotonic() - started
     finally:
         silent.close()
@@ -276,8 +338,9 @@ def test_refused_authentication(tmp_path: Path, client, servers, host_env):
     stranger = SshClient(tmp_path / "stranger")
     server = servers(public_key=stranger.public_key)  # the server knows another key
     env = host_env()
-    code, doc, err = patcher("apply", "--host", spec(server), "--python", str(env), *client.args(), "--json",
-                             cwd=tmp_path)  # fmt: skip
+    code, doc, err = patcher(
+        "apply", "--host", spec(server), "--python", str(env), *client.args(), "--json", cwd=tmp_path
+    )
     assert code == 4, err
     target = doc["targets"][0]
     assert target["status"] == "unreachable"
@@ -294,8 +357,9 @@ def test_changed_host_key_is_refused_and_says_how_to_fix_it(tmp_path: Path, clie
     pristine = files(env)
     server.new_host_key()
     inventory = tmp_path / "two"
-    inventory.write_text(f"{spec(server)} ansible_python_interpreter={env}\n"
-                         f"{spec(other)} ansible_python_interpreter={other_env}\n")  # fmt: skip
+    inventory.write_text(
+        f"{spec(server)} ansible_python_interpreter={env}\n{spec(other)} ansible_python_interpreter={other_env}\n"
+    )
     code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path)
     assert code == 4, err
     changed, fine = doc["targets"]
@@ -307,15 +371,26 @@ def test_changed_host_key_is_refused_and_says_how_to_fix_it(tmp_path: Path, clie
     assert files(env) == pristine
     # strict checking asked for by the user wins over patcher's accept-new
     newcomer = servers()
-    code, doc, err = patcher("status", "--host", spec(newcomer), "--python", str(env), *client.args(),
-                             "--ssh-option", "StrictHostKeyChecking=yes", "--json", cwd=tmp_path)  # fmt: skip
+    code, doc, err = patcher(
+        "status",
+        "--host",
+        spec(newcomer),
+        "--python",
+        str(env),
+        *client.args(),
+        "--ssh-option",
+        "StrictHostKeyChecking=yes",
+        "--json",
+        cwd=tmp_path,
+    )
     assert code == 4 and "host key unknown" in doc["targets"][0]["message"], err
 
 
 def test_missing_remote_python(tmp_path: Path, client, servers):
     server = servers()
-    code, doc, err = patcher("apply", "--host", spec(server), "--python", "/opt/nowhere/bin/python3",
-                             *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    code, doc, err = patcher(
+        "apply", "--host", spec(server), "--python", "/opt/nowhere/bin/python3", *client.args(), "--json", cwd=tmp_path
+    )
     assert code == 2, err
     assert doc["targets"][0]["message"].startswith("no python at /opt/nowhere/bin/python3 on 127.0.0.")
     assert "--python" in doc["targets"][0]["message"]
@@ -348,11 +423,27 @@ def test_connection_dropped_during_apply(tmp_path: Path, client, servers, host_e
     state = lock.parent / "state.json"
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "patcher.cli", "apply", "--no-verify", "--host", spec(server),
-             "--python", str(env), "--lock-timeout", "60", *client.args(), "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            [
+                sys.executable,
+                "-m",
+                "patcher.cli",
+                "apply",
+                "--no-verify",
+                "--host",
+                spec(server),
+                "--python",
+                str(env),
+                "--lock-timeout",
+                "60",
+                *client.args(),
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
             env={**os.environ, "PATCHER_FAULT": json.dumps(fault)},
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + 60
         while not (state.exists() and "pending" in state.read_text()) and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
@@ -379,8 +470,9 @@ def test_connection_dropped_during_apply(tmp_path: Path, client, servers, host_e
     for rel in TARGETS:
         assert files(env)[rel] in (pristine[rel], patched[rel]), rel
     assert not [p for p in site_file(env, "speculators").rglob(".patcher-*")]
-    code, _doc, err = patcher("apply", "--no-verify", "--host", spec(server), "--python", str(env),
-                             *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    code, _doc, err = patcher(
+        "apply", "--no-verify", "--host", spec(server), "--python", str(env), *client.args(), "--json", cwd=tmp_path
+    )
     assert code == 0, err
     assert files(env) == patched
     code, _doc, err = patcher("rollback", "--host", spec(server), "--python", str(env), *client.args(), cwd=tmp_path)
@@ -415,17 +507,36 @@ def test_environment_not_writable_for_the_login_user(tmp_path: Path, client, ser
     ensure_user("patcher-plain")
     server = servers(users=("patcher-plain",))
     pristine = files(shared_env)
-    code, doc, err = patcher("apply", "--no-verify", "--host", spec(server, "patcher-plain"),
-                             "--python", str(shared_env), *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    code, doc, err = patcher(
+        "apply",
+        "--no-verify",
+        "--host",
+        spec(server, "patcher-plain"),
+        "--python",
+        str(shared_env),
+        *client.args(),
+        "--json",
+        cwd=tmp_path,
+    )
     assert code == 1, err
     target = doc["targets"][0]
     assert target["status"] == "failed"
-    assert "not writable" in target["message"] or "cannot create" in target["message"] or "Permission" in target["message"]
+    assert (
+        "not writable" in target["message"] or "cannot create" in target["message"] or "Permission" in target["message"]
+    )
     assert target["message"].endswith("try --sudo")
     assert files(shared_env) == pristine
     # status needs no write: it works for the same user
-    code, doc, err = patcher("status", "--host", spec(server, "patcher-plain"), "--python", str(shared_env),
-                             *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    code, doc, err = patcher(
+        "status",
+        "--host",
+        spec(server, "patcher-plain"),
+        "--python",
+        str(shared_env),
+        *client.args(),
+        "--json",
+        cwd=tmp_path,
+    )
     assert code == 0, err
     assert doc["targets"][0]["versions"] == {"speculators": "0.3.0", "vllm": "0.16.0"}
 
@@ -434,20 +545,49 @@ def test_sudo_runs_the_remote_side_as_root_without_prompting(tmp_path: Path, cli
     ensure_user("patcher-plain")
     server = servers(users=(sudoer, "patcher-plain"))
     pristine = files(shared_env)
-    code, doc, err = patcher("apply", "--no-verify", "--sudo", "--host", spec(server, sudoer),
-                             "--python", str(shared_env), *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    code, doc, err = patcher(
+        "apply",
+        "--no-verify",
+        "--sudo",
+        "--host",
+        spec(server, sudoer),
+        "--python",
+        str(shared_env),
+        *client.args(),
+        "--json",
+        cwd=tmp_path,
+    )
     assert code == 0, err
     assert doc["targets"][0]["status"] == "changed"
     assert files(shared_env) != pristine
     target = site_file(shared_env, TARGETS[0])
     assert target.stat().st_uid == 0  # owner kept
     # a user without sudo rights: refused at once, never a password prompt
-    code, doc, err = patcher("rollback", "--sudo", "--host", spec(server, "patcher-plain"),
-                             "--python", str(shared_env), *client.args(), "--json", cwd=tmp_path, timeout=60)  # fmt: skip
+    code, doc, err = patcher(
+        "rollback",
+        "--sudo",
+        "--host",
+        spec(server, "patcher-plain"),
+        "--python",
+        str(shared_env),
+        *client.args(),
+        "--json",
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert code == 2, err
     assert doc["targets"][0]["message"].startswith("sudo -n refused")
-    code, doc, err = patcher("rollback", "--sudo", "--host", spec(server, sudoer), "--python", str(shared_env),
-                             *client.args(), "--json", cwd=tmp_path)  # fmt: skip
+    code, doc, err = patcher(
+        "rollback",
+        "--sudo",
+        "--host",
+        spec(server, sudoer),
+        "--python",
+        str(shared_env),
+        *client.args(),
+        "--json",
+        cwd=tmp_path,
+    )
     assert code == 0, err
     assert files(shared_env) == pristine
 
@@ -475,16 +615,31 @@ def test_inventory_connection_variables_from_ansible_inventory_and_built_in(tmp_
         f"gpu2 ansible_host={down_address} ansible_port={free_port(down_address)} ansible_user=root\n"
     )
     for reader in ([], ["--no-ansible-inventory"]):
-        code, doc, err = patcher("status", "-i", str(inventory), "--limit", "gpus", *reader, *client.args(),
-                                 "--connect-timeout", "5", "--json", cwd=tmp_path)  # fmt: skip
+        code, doc, err = patcher(
+            "status",
+            "-i",
+            str(inventory),
+            "--limit",
+            "gpus",
+            *reader,
+            *client.args(),
+            "--connect-timeout",
+            "5",
+            "--json",
+            cwd=tmp_path,
+        )
         assert code == 4, err
-        assert doc["inventory"]["reader"] == ("built-in" if reader else f"ansible-inventory ({Path(sys.executable).parent}/ansible-inventory)")
+        assert doc["inventory"]["reader"] == (
+            "built-in" if reader else f"ansible-inventory ({Path(sys.executable).parent}/ansible-inventory)"
+        )
         gpu1, gpu2 = doc["targets"]
         assert (gpu1["target"], gpu1["status"], gpu1["python"]) == ("gpu1", "ok", str(env)), gpu1["message"]
         assert "inventory variables patcher ignores for this host: ansible_ssh_pass" in gpu1["notes"]
         assert gpu2["status"] == "unreachable"
     retry = [line for line in (tmp_path / "patcher.retry").read_text().splitlines() if not line.startswith("#")]
-    assert retry == [f"gpu2 ansible_host={down_address} ansible_user=root ansible_port={retry[0].split('ansible_port=')[1]}"]
+    assert retry == [
+        f"gpu2 ansible_host={down_address} ansible_user=root ansible_port={retry[0].split('ansible_port=')[1]}"
+    ]
     # without --limit the local host is refused, with the way out
     code, _, err = patcher("status", "-i", str(inventory), *client.args(), cwd=tmp_path)
     assert code == 2 and "ansible_connection=local is not supported" in err and "--limit" in err

@@ -13,11 +13,31 @@ from patcher.cli.commands import remote_options
 from patcher.fleet.options import RemoteOptions
 
 EVERY_FLAG = [
-    "--host", "root@10.0.0.1:2222", "--inventory", "hosts.ini", "--ansible-inventory", "/opt/ansible-inventory",
-    "--no-ansible-inventory", "--limit", "web", "--forks", "3", "--serial", "25%", "--max-fail", "10", "--sudo",
-    "--ssh-option", "IdentityFile=~/.ssh/gpu", "--ssh-config", "ssh.cfg", "--connect-timeout", "5",
-    "--retry-file", "failed.retry",
-]  # fmt: skip
+    "--host",
+    "root@10.0.0.1:2222",
+    "--inventory",
+    "hosts.ini",
+    "--ansible-inventory",
+    "/opt/ansible-inventory",
+    "--no-ansible-inventory",
+    "--limit",
+    "web",
+    "--forks",
+    "3",
+    "--serial",
+    "25%",
+    "--max-fail",
+    "10",
+    "--sudo",
+    "--ssh-option",
+    "IdentityFile=~/.ssh/gpu",
+    "--ssh-config",
+    "ssh.cfg",
+    "--connect-timeout",
+    "5",
+    "--retry-file",
+    "failed.retry",
+]
 
 
 def given(args: list[str]) -> RemoteOptions:
@@ -36,10 +56,20 @@ def given(args: list[str]) -> RemoteOptions:
 def test_every_flag_reaches_its_field():
     remote = given(EVERY_FLAG)
     assert remote == RemoteOptions(
-        hosts=("root@10.0.0.1:2222",), inventories=("hosts.ini",), ansible_inventory="/opt/ansible-inventory",
-        no_ansible_inventory=True, limit="web", forks=3, serial="25%", max_fail=10.0, sudo=True,
-        ssh_options=("IdentityFile=~/.ssh/gpu",), ssh_config="ssh.cfg", connect_timeout=5, retry_file="failed.retry",
-    )  # fmt: skip
+        hosts=("root@10.0.0.1:2222",),
+        inventories=("hosts.ini",),
+        ansible_inventory="/opt/ansible-inventory",
+        no_ansible_inventory=True,
+        limit="web",
+        forks=3,
+        serial="25%",
+        max_fail=10.0,
+        sudo=True,
+        ssh_options=("IdentityFile=~/.ssh/gpu",),
+        ssh_config="ssh.cfg",
+        connect_timeout=5,
+        retry_file="failed.retry",
+    )
     untouched = [f.name for f in fields(RemoteOptions) if getattr(remote, f.name) == getattr(RemoteOptions(), f.name)]
     assert untouched == [], "a RemoteOptions field no flag sets: map it in remote_options"
     assert remote.is_fleet

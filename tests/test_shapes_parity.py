@@ -30,8 +30,13 @@ print(json.dumps(out))
 
 
 def examples_through(matcher: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", RUN_EXAMPLES, matcher], capture_output=True, text=True, timeout=600,
-                          env={"PATCHER_NO_TRANSFORM_CACHE": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_EXAMPLES, matcher],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATCHER_NO_TRANSFORM_CACHE": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 

@@ -40,9 +40,13 @@ COMMANDS = (
 
 def run(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "patcher.cli", *args], capture_output=True, text=True, timeout=300, cwd=cwd,
+        [sys.executable, "-m", "patcher.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
         env={k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"},
-    )  # fmt: skip
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -165,9 +169,13 @@ def test_the_agent_never_returns_a_file_outside_the_declared_set(env: Path, outs
     record.write_text(json.dumps(state))
     with LocalTransport(str(env)) as transport:
         facts = transport.call(
-            {"op": "facts", "names": condition_names(PATCHES), "files": target_files(PATCHES),
-             "declared": target_files(PATCHES)}
-        )  # fmt: skip
+            {
+                "op": "facts",
+                "names": condition_names(PATCHES),
+                "files": target_files(PATCHES),
+                "declared": target_files(PATCHES),
+            }
+        )
     assert SECRET not in json.dumps(facts)
     assert "state record" in facts["state_error"]
 
@@ -386,9 +394,15 @@ def test_retry_file_is_written_new_or_over_a_retry_file_only(tmp_path: Path, unr
 def test_retry_file_refuses_what_patcher_did_not_write(tmp_path: Path, unreachable, kind: str):
     host, ssh = unreachable
     inventory = tmp_path / "hosts.ini"
-    inventory.write_text(f"[gpus]\n{host.split('@')[1].split(':')[0]} ansible_port={host.rsplit(':', 1)[1]} ansible_user=root\n")
-    victim = {"inventory": inventory, "other-file": tmp_path / "notes.txt", "folder": tmp_path / "folder",
-              "link": tmp_path / "link"}[kind]  # fmt: skip
+    inventory.write_text(
+        f"[gpus]\n{host.split('@')[1].split(':')[0]} ansible_port={host.rsplit(':', 1)[1]} ansible_user=root\n"
+    )
+    victim = {
+        "inventory": inventory,
+        "other-file": tmp_path / "notes.txt",
+        "folder": tmp_path / "folder",
+        "link": tmp_path / "link",
+    }[kind]
     if kind == "other-file":
         victim.write_text("my notes\n")
     elif kind == "folder":

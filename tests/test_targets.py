@@ -29,8 +29,9 @@ def interpreter(minor: str) -> str:
 def test_target_on_python_3_9(tmp_path: Path, monkeypatch):
     monkeypatch.setattr("tests.support.envs.PYTHON_FOR_TARGETS", interpreter("3.9"))
     python = light_env(tmp_path)
-    version = subprocess.run([str(python), "-c", "import sys; print(sys.version_info[:2])"],
-                             capture_output=True, text=True, check=True).stdout
+    version = subprocess.run(
+        [str(python), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True, check=True
+    ).stdout
     assert version.strip() == "(3, 9)"
     code, doc, err = patcher("apply", "--python", str(python), "--no-verify", "--json")
     assert code == 0, err

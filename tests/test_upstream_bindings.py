@@ -85,7 +85,12 @@ def test_every_patch_in_place_binds_on_every_release(index, tmp_path):
     assert requirements["0.11.0"]["transformers"]["releases"] == TRANSFORMERS
     against = {(b.release, b.file): b for b in report.bindings if b.allowed_by}
     assert {r for r, _ in against} == {
-        "transformers 4.57.6", "transformers 5.19.0", "transformers 5.24.0", "torch 2.8.0", "torch 2.9.1", "torch 2.10.0",
+        "transformers 4.57.6",
+        "transformers 5.19.0",
+        "transformers 5.24.0",
+        "torch 2.8.0",
+        "torch 2.9.1",
+        "torch 2.10.0",
     }
     eagle = against[("transformers 5.24.0", EAGLE)]
     assert eagle.patches == ["v17-attn-mask-utils"] and eagle.allowed_by == ["0.11.0"] and eagle.checked >= 5
@@ -100,8 +105,10 @@ def test_without_v17_only_the_vllm_releases_allowing_transformers_5_24_fail(inde
     failing = failing_releases(check(index, tmp_path, without=("v17",)))
     assert failing == {
         "0.11.0": [
-            (f"{EAGLE}:24: from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask: "
-            "no module transformers.modeling_attn_mask_utils in transformers 5.24.0")
+            (
+                f"{EAGLE}:24: from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask: "
+                "no module transformers.modeling_attn_mask_utils in transformers 5.24.0"
+            )
         ]
     }, failing
 
@@ -111,8 +118,10 @@ def test_without_the_request_patch_0_17_fails_on_eos_token_id(index, tmp_path):
     failing = failing_releases(report)
     assert list(failing) == ["0.17.0"], failing
     assert failing["0.17.0"] == [
-        (f"{GENERATOR}:284: vllm.v1.request.Request(...): got an unexpected keyword argument 'eos_token_id' "
-        "in vllm 0.17.0")
+        (
+            f"{GENERATOR}:284: vllm.v1.request.Request(...): got an unexpected keyword argument 'eos_token_id' "
+            "in vllm 0.17.0"
+        )
     ]
     assert report.exit_code == EXIT_DRIFT
     assert any("eos_token_id" in p and p.startswith("binding (speculators 0.3.0;") for p in report.problems)
@@ -156,25 +165,39 @@ def test_without_v12_only_0_33_fails_on_the_moved_planning_helpers(index, tmp_pa
     assert without_v12.get("0.32.0", set()) == full.get("0.32.0", set())
     assert sorted(p.split(":")[0] for p in without_v12["0.33.0"] - full.get("0.33.0", set())) == [
         f"from vllm.v1.core.kv_cache_utils import {name}"
-        for name in ("_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups", "unify_hybrid_kv_cache_specs")
+        for name in (
+            "_get_kv_cache_groups_uniform_spec",
+            "get_kv_cache_config_from_groups",
+            "unify_hybrid_kv_cache_specs",
+        )
     ]
 
 
 def test_release_matrix_results_shown_and_never_run_named(index, tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
-    (runs / "a.json").write_text(json.dumps(
-        {"schema_version": 1, "vllm": "0.16.0", "ok": True, "finished": "2026-11-30T10:00:00Z", "summary": "old"}
-    ))  # fmt: skip
-    (runs / "b.json").write_text(json.dumps(
-        {"schema_version": 1, "vllm": "0.16.0", "ok": False, "finished": "2026-11-30T11:00:00Z", "summary": "new"}
-    ))  # fmt: skip
+    (runs / "a.json").write_text(
+        json.dumps(
+            {"schema_version": 1, "vllm": "0.16.0", "ok": True, "finished": "2026-11-30T10:00:00Z", "summary": "old"}
+        )
+    )
+    (runs / "b.json").write_text(
+        json.dumps(
+            {"schema_version": 1, "vllm": "0.16.0", "ok": False, "finished": "2026-11-30T11:00:00Z", "summary": "new"}
+        )
+    )
     (runs / "broken.json").write_text("{")
     # bench/releases.py's own row format (releases branch)
-    (runs / "0.17.0-0123456789ab.json").write_text(json.dumps({
-        "release": "0.17.0", "apply": "exit 0, changed", "rollback_identical": True,
-        "extract": {"ok": True, "max_rel_diff": 0.02, "rows_whole_in_order": True, "prompts": 27},
-    }))  # fmt: skip
+    (runs / "0.17.0-0123456789ab.json").write_text(
+        json.dumps(
+            {
+                "release": "0.17.0",
+                "apply": "exit 0, changed",
+                "rollback_identical": True,
+                "extract": {"ok": True, "max_rel_diff": 0.02, "rows_whole_in_order": True, "prompts": 27},
+            }
+        )
+    )
     loaded = load_runs(runs)
     assert set(loaded) == {"0.16.0", "0.17.0"} and loaded["0.17.0"].ok
     report = check(index, tmp_path)
@@ -216,7 +239,9 @@ def patched_0_16():
 
 
 def bind(variant, files) -> list[str]:
-    return bind_file(variant.code, variant.path, SourceTree(files, "vllm"), "synthetic", variant.attribute_calls).problems
+    return bind_file(
+        variant.code, variant.path, SourceTree(files, "vllm"), "synthetic", variant.attribute_calls
+    ).problems
 
 
 def edited(real: ReleaseFiles, path: str, old: str, new: str) -> dict[str, str]:
@@ -243,17 +268,25 @@ def test_planted_dropped_keyword_is_caught(patched_0_16):
 def test_planted_new_required_argument_is_caught(patched_0_16):
     variant, real = patched_0_16
     changes = edited(
-        real, "vllm/v1/core/sched/scheduler.py", "        block_size: int,\n", "        block_size: int,\n        lanes: int,\n"
+        real,
+        "vllm/v1/core/sched/scheduler.py",
+        "        block_size: int,\n",
+        "        block_size: int,\n        lanes: int,\n",
     )
     problems = bind(variant, Synthetic(real, changes))
-    assert len(problems) == 1 and "vllm.v1.core.sched.scheduler.Scheduler(...): missing a required argument: 'lanes'" in problems[0]
+    assert (
+        len(problems) == 1
+        and "vllm.v1.core.sched.scheduler.Scheduler(...): missing a required argument: 'lanes'" in problems[0]
+    )
 
 
 def test_planted_moved_module_is_caught(patched_0_16):
     variant, real = patched_0_16
     text = real.read("vllm/v1/request.py")
     problems = bind(variant, Synthetic(real, {"vllm/v1/request.py": None, "vllm/v1/requests.py": text}))
-    assert any("from vllm.v1.request import Request: no module vllm.v1.request in synthetic" in p for p in problems), problems
+    assert any("from vllm.v1.request import Request: no module vllm.v1.request in synthetic" in p for p in problems), (
+        problems
+    )
 
 
 def test_planted_required_argument_of_a_declared_attribute_call_is_caught(patched_0_16):
@@ -261,10 +294,11 @@ def test_planted_required_argument_of_a_declared_attribute_call_is_caught(patche
     # v5 declares self.executor.sample_tokens(...) as MultiprocExecutor.sample_tokens.
     assert any(c["method"] == "sample_tokens" for c in variant.attribute_calls)
     changes = edited(
-        real, "vllm/v1/executor/multiproc_executor.py",
+        real,
+        "vllm/v1/executor/multiproc_executor.py",
         "self, grammar_output: GrammarOutput | None, non_block: bool = False",
         "self, grammar_output: GrammarOutput | None, deadline: float, non_block: bool = False",
-    )  # fmt: skip
+    )
     problems = bind(variant, Synthetic(real, changes))
     assert problems and all(
         "self.executor.sample_tokens(...): missing a required argument: 'deadline' in synthetic" in p for p in problems
@@ -282,7 +316,9 @@ def eagle_files():
     with ReleaseFiles(cache(), "speculators", "0.3.0") as files:
         pristine = files.read(EAGLE)
         allowed = {"0.11.0": {"transformers": ["4.57.6", "5.24.0"], "torch": ["2.10.0"]}}
-        found = variants(patches, "speculators", "0.3.0", files, ["0.11.0"], allowed=allowed, targets=[p.target for p in patches])
+        found = variants(
+            patches, "speculators", "0.3.0", files, ["0.11.0"], allowed=allowed, targets=[p.target for p in patches]
+        )
     by_where = {(v.path, v.releases_of("transformers")): v for v in found["0.11.0"]}
     patched = by_where[(EAGLE, ("5.24.0",))]
     assert patched.patches == ("v17-attn-mask-utils",) and by_where[(EAGLE, ("4.57.6",))].code == pristine
@@ -310,24 +346,30 @@ def test_planted_removed_transformers_module_is_caught_where_v17_is_not_applied(
     pristine, patched, _, transformers, _ = eagle_files
     gone = Synthetic(transformers, {"transformers/modeling_attn_mask_utils.py": None})
     assert bind_to(pristine, EAGLE, gone, "transformers") == [
-        (f"{EAGLE}:24: from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask: "
-        "no module transformers.modeling_attn_mask_utils in synthetic")
+        (
+            f"{EAGLE}:24: from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask: "
+            "no module transformers.modeling_attn_mask_utils in synthetic"
+        )
     ]
     # v17's file: the import is guarded, and the call binds to the file's own fallback instead
     assert bind_to(patched, EAGLE, gone, "transformers") == []
     narrower = patched.replace("past_key_values_length, sliding_window=None\n", "past_key_values_length\n")
     assert narrower != patched
     problems = bind_to(narrower, EAGLE, gone, "transformers")
-    assert len(problems) == 1 and "_prepare_4d_causal_attention_mask(...): got an unexpected keyword argument 'sliding_window'" in problems[0], problems
+    assert (
+        len(problems) == 1
+        and "_prepare_4d_causal_attention_mask(...): got an unexpected keyword argument 'sliding_window'" in problems[0]
+    ), problems
 
 
 def test_planted_dropped_transformers_keyword_is_caught(eagle_files):
     pristine, _, _, transformers, _ = eagle_files
     changes = edited(
-        transformers, "transformers/modeling_attn_mask_utils.py",
-        "    past_key_values_length: int,\n    sliding_window: Optional[int] = None,\n):\n    \"\"\"\n    Creates a causal 4D mask",
-        "    past_key_values_length: int,\n):\n    \"\"\"\n    Creates a causal 4D mask",
-    )  # fmt: skip
+        transformers,
+        "transformers/modeling_attn_mask_utils.py",
+        '    past_key_values_length: int,\n    sliding_window: Optional[int] = None,\n):\n    """\n    Creates a causal 4D mask',
+        '    past_key_values_length: int,\n):\n    """\n    Creates a causal 4D mask',
+    )
     problems = bind_to(pristine, EAGLE, Synthetic(transformers, changes), "transformers")
     assert len(problems) == 1 and problems[0].endswith(
         "transformers.modeling_attn_mask_utils._prepare_4d_causal_attention_mask(...): "
@@ -341,7 +383,7 @@ def test_planted_dropped_transformers_keyword_is_caught(eagle_files):
     start = text.index("class CausalLMOutputWithPast(ModelOutput):")
     field = "    past_key_values: Optional[Cache] = None\n"
     at = text.index(field, start)
-    dropped = {outputs: text[:at] + text[at + len(field):]}
+    dropped = {outputs: text[:at] + text[at + len(field) :]}
     problems = bind_to(pristine, EAGLE, Synthetic(transformers, dropped), "transformers")
     assert len(problems) == 1 and problems[0].endswith(
         "transformers.modeling_outputs.CausalLMOutputWithPast(...): "
@@ -356,15 +398,22 @@ def test_planted_torch_drift_is_caught(eagle_files):
     start = text.index("def create_block_mask(")
     signature = text[start : text.index(")", start)]
     assert "    device: DeviceLikeType" in signature, signature
-    dropped = {flex: text.replace(signature, signature.replace("    device: DeviceLikeType", "    _device: DeviceLikeType"), 1)}
+    dropped = {
+        flex: text.replace(signature, signature.replace("    device: DeviceLikeType", "    _device: DeviceLikeType"), 1)
+    }
     problems = bind_to(core, EAGLE3_CORE, Synthetic(torch, dropped), "torch")
-    assert len(problems) == 1 and "create_block_mask(...): got an unexpected keyword argument 'device'" in problems[0], problems
+    assert (
+        len(problems) == 1 and "create_block_mask(...): got an unexpected keyword argument 'device'" in problems[0]
+    ), problems
     # a module attribute call: torch.compile (v18's helper) gains a required argument
     init = torch.read("torch/__init__.py")
     last = init.rindex("def compile(")  # the definition after the two @overload stubs
     head, tail = init[:last], init[last:]
     assert tail.count("    *,\n    fullgraph", 0, 200) == 1
-    required = {"torch/__init__.py": head + tail.replace("    *,\n    fullgraph", "    *,\n    backend_id: int,\n    fullgraph", 1)}
+    required = {
+        "torch/__init__.py": head
+        + tail.replace("    *,\n    fullgraph", "    *,\n    backend_id: int,\n    fullgraph", 1)
+    }
     problems = bind_to(core, EAGLE3_CORE, Synthetic(torch, required), "torch")
     assert any("torch.compile(...): missing a required argument: 'backend_id'" in p for p in problems), problems
 
@@ -373,7 +422,12 @@ def test_planted_drift_in_a_torch_stub_is_caught(eagle_files):
     # torch.masked_select is compiled: torch/_C/_VariableFunctions.pyi says its signature
     _, _, core, _, torch = eagle_files
     stub = "torch/_C/_VariableFunctions.pyi"
-    changes = edited(torch, stub, "def masked_select(\n    input: Tensor,\n    mask: Tensor,\n", "def masked_select(\n    input: Tensor,\n")
+    changes = edited(
+        torch,
+        stub,
+        "def masked_select(\n    input: Tensor,\n    mask: Tensor,\n",
+        "def masked_select(\n    input: Tensor,\n",
+    )
     problems = bind_to(core, EAGLE3_CORE, Synthetic(torch, changes), "torch")
     assert problems == [f"{EAGLE3_CORE}:74: torch.masked_select(...): too many positional arguments in synthetic"]
     # torch.cat has two @overload stubs: a call binds when one of them takes it

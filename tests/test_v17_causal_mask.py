@@ -12,7 +12,7 @@ from patcher.patches.v17_attn_mask_utils import FALLBACK
 
 pytestmark = pytest.mark.vllm
 
-PROBE = '''
+PROBE = """
 import torch
 from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask as real
 namespace = {"torch": torch}
@@ -33,13 +33,15 @@ for dtype in (torch.float32, torch.bfloat16):
                 assert torch.equal(got, expected), (dtype, batch, length, past, window, got, expected)
                 checked += 1
 print(checked)
-'''
+"""
 
 
 def test_fallback_mask_equals_transformers_own():
     from patcher.demo.environment import build_demo_env
 
     python = build_demo_env(progress=lambda message: None)
-    proc = subprocess.run([str(python), "-c", f"FALLBACK = {FALLBACK!r}\n" + PROBE], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(python), "-c", f"FALLBACK = {FALLBACK!r}\n" + PROBE], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(proc.stdout.strip().splitlines()[-1]) == 24

@@ -31,11 +31,22 @@ PART = 60 * 1024 * 1024  # one carried folder; the call's 64 MiB also holds the 
 
 # The GPU machine: Python 3.12, x86_64, glibc new enough for manylinux_2_35 (vLLM's CUDA wheels).
 PLATFORM = [
-    "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-    "--platform", "manylinux_2_35_x86_64", "--platform", "manylinux_2_31_x86_64",
-    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
-    "--platform", "manylinux2014_x86_64",
-]  # fmt: skip
+    "--only-binary=:all:",
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--platform",
+    "manylinux_2_35_x86_64",
+    "--platform",
+    "manylinux_2_31_x86_64",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+]
 
 
 def sha256(path: Path) -> str:
@@ -127,8 +138,12 @@ def stage(wheel_sets: dict[str, list[Path]], out: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("releases", nargs="*", help="vLLM releases, each with a list bench/gpu/vllm-RELEASE.txt")
-    parser.add_argument("--run-only", action="store_true", help="only refresh DEST/run (gpu_run.py and the patcher wheel)")
-    parser.add_argument("--dest", type=Path, default=REPO / ".gpu", help="where wheels-*/, stage-*/ and run/ go (default: .gpu)")
+    parser.add_argument(
+        "--run-only", action="store_true", help="only refresh DEST/run (gpu_run.py and the patcher wheel)"
+    )
+    parser.add_argument(
+        "--dest", type=Path, default=REPO / ".gpu", help="where wheels-*/, stage-*/ and run/ go (default: .gpu)"
+    )
     args = parser.parse_args()
     pack_run(args.dest / "run")
     print(f"{args.dest / 'run'}: gpu_run.py and {next((args.dest / 'run').glob('patcher-*.whl')).name}")

@@ -56,7 +56,9 @@ class Run:
         self.log.write(text + "\n")
         self.log.flush()
 
-    def step(self, name: str, command: list[str], env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    def step(
+        self, name: str, command: list[str], env: dict | None = None, timeout: int = 900
+    ) -> subprocess.CompletedProcess:
         self.say(f"== {name}: {' '.join(command)}")
         started = time.monotonic()
         try:
@@ -135,7 +137,7 @@ def pristine_matches_record(pristine: dict[str, str]) -> bool:
         for line in (info / "RECORD").read_text().splitlines():
             path, digest, _ = line.rsplit(",", 2)
             if digest.startswith("sha256="):
-                raw = digest[len("sha256="):]
+                raw = digest[len("sha256=") :]
                 record[path] = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).hex()
     return bool(pristine) and all(record.get(path) == digest for path, digest in pristine.items())
 
@@ -148,15 +150,27 @@ def extract(run: Run, label: str, tp: int, calls: str = "all", timeout: int = 42
         # vLLM's symmetric-memory all-reduce needs: a rule of this machine, not of the patches.
         env.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
     command = [
-        sys.executable, str(SITE / "patcher" / "demo" / "extract.py"), "--model", str(MODEL),
-        "--calls", calls, "--tensor-parallel-size", str(tp), "--report", str(report_path),
-    ]  # fmt: skip
+        sys.executable,
+        str(SITE / "patcher" / "demo" / "extract.py"),
+        "--model",
+        str(MODEL),
+        "--calls",
+        calls,
+        "--tensor-parallel-size",
+        str(tp),
+        "--report",
+        str(report_path),
+    ]
     done = run.step(f"e2e-{label}", command, env=env, timeout=timeout)
     try:
         report = json.loads(report_path.read_text())
     except (OSError, ValueError):
         lines = (done.stdout or "").strip().splitlines()
-        report = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {"ok": False, "error": {"message": done.stderr[-2000:]}}
+        report = (
+            json.loads(lines[-1])
+            if lines and lines[-1].startswith("{")
+            else {"ok": False, "error": {"message": done.stderr[-2000:]}}
+        )
     # Keep what comes back small: the per-prompt rows stay in the file, the summary keeps figures.
     error = report.get("error") or {}
     run.summary["steps"][f"e2e-{label}"].update(
@@ -167,7 +181,9 @@ def extract(run: Run, label: str, tp: int, calls: str = "all", timeout: int = 42
         prompts_ok=report.get("prompts_ok"),
         prompts_checked=report.get("prompts_checked"),
         timings=report.get("timings"),
-        error=f"{error.get('type')}: {error.get('message', '')[:300]} ({error.get('phase')} at {error.get('where')})" if error else None,
+        error=f"{error.get('type')}: {error.get('message', '')[:300]} ({error.get('phase')} at {error.get('where')})"
+        if error
+        else None,
     )
     run.save()
     return report
@@ -178,9 +194,25 @@ def run_check(run: Run, key: str, step: str) -> None:
     checked, verified = patcher_json(run, step, "verify", "--run")
     target = (verified or {}).get("targets", [{}])[0]
     check = target.get("run_check") or {}
-    run.summary[key] = {"exit": checked, "message": target.get("message"), **{k: check.get(k) for k in (
-        "ok", "device", "max_rel_diff", "whole_and_in_order", "prompts", "prompts_ok", "problems",
-        "cannot_run", "timings", "peak_rss_mib")}}  # fmt: skip
+    run.summary[key] = {
+        "exit": checked,
+        "message": target.get("message"),
+        **{
+            k: check.get(k)
+            for k in (
+                "ok",
+                "device",
+                "max_rel_diff",
+                "whole_and_in_order",
+                "prompts",
+                "prompts_ok",
+                "problems",
+                "cannot_run",
+                "timings",
+                "peak_rss_mib",
+            )
+        },
+    }
     run.say(f"{key}: exit {checked}, {run.summary[key]}")
 
 
@@ -188,11 +220,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", type=Path, required=True, help="folder holding manifest.json and the staged folders")
     parser.add_argument("--release", help="which staged release to install (default: the only one staged)")
-    parser.add_argument("--run-dir", type=Path, default=HERE, help="folder holding the patcher wheel (default: this script's)")
+    parser.add_argument(
+        "--run-dir", type=Path, default=HERE, help="folder holding the patcher wheel (default: this script's)"
+    )
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu-out")))
-    parser.add_argument("--tp", default="1,2", help="tensor parallel sizes to check (default 1,2; those over the GPU count are skipped)")
-    parser.add_argument("--leave-out", default="", help="then check with this patch left out (e.g. v18), and roll back again")
-    parser.add_argument("--run-check", action="store_true", help="also `patcher verify --run` once applied (the run check, on CUDA)")
+    parser.add_argument(
+        "--tp", default="1,2", help="tensor parallel sizes to check (default 1,2; those over the GPU count are skipped)"
+    )
+    parser.add_argument(
+        "--leave-out", default="", help="then check with this patch left out (e.g. v18), and roll back again"
+    )
+    parser.add_argument(
+        "--run-check", action="store_true", help="also `patcher verify --run` once applied (the run check, on CUDA)"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     run = Run(args.out)
@@ -213,8 +253,23 @@ def main() -> int:
     wheels += sorted(args.run_dir.glob("patcher-*.whl"))  # this checkout's patcher, carried with the script
     if SITE.exists():
         shutil.rmtree(SITE)
-    done = run.step("install", [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                                "--disable-pip-version-check", "--target", str(SITE), *map(str, wheels)])  # fmt: skip
+    done = run.step(
+        "install",
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "--target",
+            str(SITE),
+            *map(str, wheels),
+        ],
+    )
     if done.returncode != 0:
         run.say(done.stderr[-3000:])
         return 1
@@ -270,8 +325,13 @@ def main() -> int:
     run.summary["results"] = results
     checked = run.summary.get("run_check", {}).get("ok") if args.run_check else None
     ran = bool(results) or checked is not None  # `--tp ""` with --run-check: the run check alone
-    run.summary["ok"] = bool(run.summary["apply_ok"] and ran and all(results.values()) and checked is not False
-                             and run.summary["rollback_identical"])  # fmt: skip
+    run.summary["ok"] = bool(
+        run.summary["apply_ok"]
+        and ran
+        and all(results.values())
+        and checked is not False
+        and run.summary["rollback_identical"]
+    )
     run.summary["minutes"] = round((time.monotonic() - started) / 60, 2)
     run.save()
 
@@ -279,10 +339,14 @@ def main() -> int:
     applied_ids = ",".join(p.split("-")[0] for p, s in states.items() if s == "applied")
     for tp, ok in results.items():
         step = run.summary["steps"][f"e2e-tp{tp}"]
-        run.say(f"{run.summary['release']} | {gpus} | {tp} | {applied_ids} | {'match' if ok else 'FAIL'} | "
-                f"{step.get('max_rel_diff')} | {step['seconds'] / 60:.1f}")  # fmt: skip
-    run.say(f"rollback byte-identical: {run.summary['rollback_identical']}; all ok: {run.summary['ok']}; "
-            f"{run.summary['minutes']} min in all")  # fmt: skip
+        run.say(
+            f"{run.summary['release']} | {gpus} | {tp} | {applied_ids} | {'match' if ok else 'FAIL'} | "
+            f"{step.get('max_rel_diff')} | {step['seconds'] / 60:.1f}"
+        )
+    run.say(
+        f"rollback byte-identical: {run.summary['rollback_identical']}; all ok: {run.summary['ok']}; "
+        f"{run.summary['minutes']} min in all"
+    )
     return 0 if run.summary["ok"] else 1
 
 

@@ -105,8 +105,9 @@ def _run_local(command: str, local, options, out: Output) -> None:
 
         local.interrupt()
         local.close()
-        report = TargetReport(target=local.label, status="interrupted", exit_code=EXIT_INTERRUPTED,
-                              message=local.interrupted_message())  # fmt: skip
+        report = TargetReport(
+            target=local.label, status="interrupted", exit_code=EXIT_INTERRUPTED, message=local.interrupted_message()
+        )
     reports = [report]
     if out.json_mode:
         click.echo(json.dumps(document(command, reports), indent=2))
@@ -116,76 +117,122 @@ def _run_local(command: str, local, options, out: Output) -> None:
 
 
 python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP)
-json_option = click.option("--json", "json_mode", is_flag=True, help="print the JSON report (schema_version 1) on stdout")
+json_option = click.option(
+    "--json", "json_mode", is_flag=True, help="print the JSON report (schema_version 1) on stdout"
+)
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress, only errors")
 only_option = click.option("--only", multiple=True, metavar="ID", help="only this patch (vN or full id); repeatable")
-skip_option = click.option("--skip", multiple=True, metavar="ID", help="leave this patch out (vN or full id); repeatable")
+skip_option = click.option(
+    "--skip", multiple=True, metavar="ID", help="leave this patch out (vN or full id); repeatable"
+)
 lock_option = click.option(
     "--lock-timeout", default=10.0, show_default=True, metavar="SECONDS", help="wait this long for another run's lock"
 )
 _SECONDS = click.FloatRange(min=0, min_open=True)
 facts_timeout_option = click.option(
-    "--facts-timeout", default=60.0, show_default=True, type=_SECONDS, metavar="SECONDS",
+    "--facts-timeout",
+    default=60.0,
+    show_default=True,
+    type=_SECONDS,
+    metavar="SECONDS",
     help="time limit for the target to start and report its versions and files (over ssh, --connect-timeout "
     "comes on top)",
-)  # fmt: skip
+)
 write_timeout_option = click.option(
-    "--write-timeout", default=120.0, show_default=True, type=_SECONDS, metavar="SECONDS",
+    "--write-timeout",
+    default=120.0,
+    show_default=True,
+    type=_SECONDS,
+    metavar="SECONDS",
     help="time limit for the writes once the lock is held (backups, files, record)",
-)  # fmt: skip
+)
 verify_timeout_option = click.option(
-    "--verify-timeout", default=600.0, show_default=True, type=_SECONDS, metavar="SECONDS",
+    "--verify-timeout",
+    default=600.0,
+    show_default=True,
+    type=_SECONDS,
+    metavar="SECONDS",
     help="time limit for the verification in a fresh target interpreter (past it: verification failed, files restored)",
-)  # fmt: skip
+)
 
 
 REMOTE_OPTIONS = [
     click.option(
-        "--host", "hosts", multiple=True, metavar="[USER@]HOST[:PORT]",
+        "--host",
+        "hosts",
+        multiple=True,
+        metavar="[USER@]HOST[:PORT]",
         help="a remote host, reached with the system ssh (e.g. root@10.1.2.3); repeatable",
     ),
     click.option(
-        "--inventory", "-i", "inventories", multiple=True, metavar="FILE",
+        "--inventory",
+        "-i",
+        "inventories",
+        multiple=True,
+        metavar="FILE",
         help="hosts from an Ansible inventory (file, directory, script or plugin) or a plain list; repeatable",
     ),
     click.option(
-        "--ansible-inventory", metavar="PATH",
+        "--ansible-inventory",
+        metavar="PATH",
         help="read inventories with this ansible-inventory (default: the one installed beside patcher, if any)",
     ),
     click.option(
-        "--no-ansible-inventory", is_flag=True,
+        "--no-ansible-inventory",
+        is_flag=True,
         help="read inventories with patcher's built-in reader even where ansible-core is installed",
     ),
     click.option(
-        "--limit", "-l", metavar="PATTERN",
+        "--limit",
+        "-l",
+        metavar="PATTERN",
         help="only these hosts, as Ansible's --limit: host or group names, ',' or ':' between terms, "
         "wildcards, ~regex, group[0]; !x drops, &x intersects",
     ),
     click.option(
-        "--forks", "-f", default=DEFAULT_FORKS, show_default=True, type=click.IntRange(1, 1024), metavar="N",
+        "--forks",
+        "-f",
+        default=DEFAULT_FORKS,
+        show_default=True,
+        type=click.IntRange(1, 1024),
+        metavar="N",
         help="hosts worked on at the same time",
     ),
-    click.option("--serial", metavar="N|N%", help="roll out in batches of N hosts (or N% of them), one batch after another"),
     click.option(
-        "--max-fail", type=click.FloatRange(0, 100), metavar="PERCENT",
+        "--serial", metavar="N|N%", help="roll out in batches of N hosts (or N% of them), one batch after another"
+    ),
+    click.option(
+        "--max-fail",
+        type=click.FloatRange(0, 100),
+        metavar="PERCENT",
         help="stop starting hosts once more than PERCENT of a batch did not succeed (0: at the first failure)",
     ),
     click.option("--sudo", is_flag=True, help="run the remote side through `sudo -n` (never prompts)"),
     click.option(
-        "--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE",
+        "--ssh-option",
+        "ssh_options",
+        multiple=True,
+        metavar="KEY=VALUE",
         help="an ssh -o option, e.g. IdentityFile=~/.ssh/gpu; wins over patcher's defaults; repeatable",
     ),
     click.option("--ssh-config", metavar="FILE", help="ssh -F FILE instead of ~/.ssh/config"),
     click.option(
-        "--connect-timeout", default=DEFAULT_CONNECT_TIMEOUT, show_default=True, type=click.IntRange(1, 3600), metavar="SECONDS",
+        "--connect-timeout",
+        default=DEFAULT_CONNECT_TIMEOUT,
+        show_default=True,
+        type=click.IntRange(1, 3600),
+        metavar="SECONDS",
         help="ssh ConnectTimeout",
     ),
     click.option(
-        "--retry-file", default=DEFAULT_RETRY_FILE, show_default=True, metavar="FILE",
+        "--retry-file",
+        default=DEFAULT_RETRY_FILE,
+        show_default=True,
+        metavar="FILE",
         help="where to list the hosts that did not succeed (an inventory for the next run)",
     ),
     click.option("--no-retry-file", is_flag=True, help="write no retry file"),
-]  # fmt: skip
+]
 
 
 def remote_options(f):
@@ -193,14 +240,39 @@ def remote_options(f):
     the one place where these flags become its fields."""
 
     @functools.wraps(f)
-    def wrapper(*args, hosts, inventories, ansible_inventory, no_ansible_inventory, limit, forks, serial, max_fail, sudo, ssh_options, ssh_config,
-                connect_timeout, retry_file, no_retry_file, **kwargs):  # fmt: skip
+    def wrapper(
+        *args,
+        hosts,
+        inventories,
+        ansible_inventory,
+        no_ansible_inventory,
+        limit,
+        forks,
+        serial,
+        max_fail,
+        sudo,
+        ssh_options,
+        ssh_config,
+        connect_timeout,
+        retry_file,
+        no_retry_file,
+        **kwargs,
+    ):
         remote = RemoteOptions(
-            hosts=tuple(hosts), inventories=tuple(inventories), ansible_inventory=ansible_inventory,
-            no_ansible_inventory=no_ansible_inventory, limit=limit, forks=forks, serial=serial, max_fail=max_fail,
-            sudo=sudo, ssh_options=tuple(ssh_options), ssh_config=ssh_config, connect_timeout=connect_timeout,
+            hosts=tuple(hosts),
+            inventories=tuple(inventories),
+            ansible_inventory=ansible_inventory,
+            no_ansible_inventory=no_ansible_inventory,
+            limit=limit,
+            forks=forks,
+            serial=serial,
+            max_fail=max_fail,
+            sudo=sudo,
+            ssh_options=tuple(ssh_options),
+            ssh_config=ssh_config,
+            connect_timeout=connect_timeout,
             retry_file=None if no_retry_file else retry_file,
-        )  # fmt: skip
+        )
         return f(*args, remote=remote, **kwargs)
 
     for option in reversed(REMOTE_OPTIONS):
@@ -211,7 +283,10 @@ def remote_options(f):
 class _Commands(click.Group):
     """The commands; those in LAZY are imported only when they run (or help lists them)."""
 
-    LAZY: ClassVar[dict[str, str]] = {"demo": "patcher.demo.command:demo", "check-upstream": "patcher.upstream.command:check_upstream"}
+    LAZY: ClassVar[dict[str, str]] = {
+        "demo": "patcher.demo.command:demo",
+        "check-upstream": "patcher.upstream.command:check_upstream",
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.LAZY])
@@ -298,8 +373,18 @@ def status(python, remote, facts_timeout, json_mode, quiet) -> None:
 @quiet_option
 def plan(python, remote, diff, only, skip, force, facts_timeout, json_mode, quiet) -> None:
     """What apply would change; writes nothing. Exit 6 when changes are pending, 0 when none."""
-    _run("plan", python, json_mode, quiet, remote, diff=diff, only=only, skip=skip, force=force,
-         facts_timeout=facts_timeout)  # fmt: skip
+    _run(
+        "plan",
+        python,
+        json_mode,
+        quiet,
+        remote,
+        diff=diff,
+        only=only,
+        skip=skip,
+        force=force,
+        facts_timeout=facts_timeout,
+    )
 
 
 @main.command()
@@ -309,10 +394,11 @@ def plan(python, remote, diff, only, skip, force, facts_timeout, json_mode, quie
 @skip_option
 @click.option("--no-verify", is_flag=True, help="skip verification in a fresh target interpreter")
 @click.option(
-    "--run-check", is_flag=True,
+    "--run-check",
+    is_flag=True,
     help="then run a tiny model through speculators and vLLM there and compare with transformers "
     "(minutes; not under the lock; a failure exits 1, files stay written)",
-)  # fmt: skip
+)
 @click.option(
     "--force",
     is_flag=True,
@@ -324,13 +410,37 @@ def plan(python, remote, diff, only, skip, force, facts_timeout, json_mode, quie
 @verify_timeout_option
 @json_option
 @quiet_option
-def apply(python, remote, only, skip, no_verify, run_check, force, lock_timeout, facts_timeout, write_timeout,
-          verify_timeout, json_mode, quiet) -> None:  # fmt: skip
+def apply(
+    python,
+    remote,
+    only,
+    skip,
+    no_verify,
+    run_check,
+    force,
+    lock_timeout,
+    facts_timeout,
+    write_timeout,
+    verify_timeout,
+    json_mode,
+    quiet,
+) -> None:
     """Apply the selected patches, verify, record; on a failed verification, restore."""
     _run(
-        "apply", python, json_mode, quiet, remote, only=only, skip=skip, verify=not no_verify, force=force,
-        lock_timeout=lock_timeout, facts_timeout=facts_timeout, write_timeout=write_timeout,
-        verify_timeout=verify_timeout, run_check=run_check,
+        "apply",
+        python,
+        json_mode,
+        quiet,
+        remote,
+        only=only,
+        skip=skip,
+        verify=not no_verify,
+        force=force,
+        lock_timeout=lock_timeout,
+        facts_timeout=facts_timeout,
+        write_timeout=write_timeout,
+        verify_timeout=verify_timeout,
+        run_check=run_check,
     )
 
 
@@ -338,18 +448,28 @@ def apply(python, remote, only, skip, no_verify, run_check, force, lock_timeout,
 @python_option
 @remote_options
 @click.option(
-    "--run", "run_check", is_flag=True,
+    "--run",
+    "run_check",
+    is_flag=True,
     help="also run a tiny random Llama through speculators and vLLM in the target and compare the "
     "hidden states with transformers (minutes; writes nothing of the environment's)",
-)  # fmt: skip
+)
 @facts_timeout_option
 @verify_timeout_option
 @json_option
 @quiet_option
 def verify(python, remote, run_check, facts_timeout, verify_timeout, json_mode, quiet) -> None:
     """Check the installed files as they are: imports and vLLM call bindings; --run runs them."""
-    _run("verify", python, json_mode, quiet, remote, run_check=run_check, facts_timeout=facts_timeout,
-         verify_timeout=verify_timeout)  # fmt: skip
+    _run(
+        "verify",
+        python,
+        json_mode,
+        quiet,
+        remote,
+        run_check=run_check,
+        facts_timeout=facts_timeout,
+        verify_timeout=verify_timeout,
+    )
 
 
 @main.command()
@@ -363,8 +483,17 @@ def verify(python, remote, run_check, facts_timeout, verify_timeout, json_mode, 
 @quiet_option
 def rollback(python, remote, only, lock_timeout, facts_timeout, write_timeout, json_mode, quiet) -> None:
     """Restore the original files (byte-identical); --only takes out single patches."""
-    _run("rollback", python, json_mode, quiet, remote, only=only, lock_timeout=lock_timeout,
-         facts_timeout=facts_timeout, write_timeout=write_timeout)  # fmt: skip
+    _run(
+        "rollback",
+        python,
+        json_mode,
+        quiet,
+        remote,
+        only=only,
+        lock_timeout=lock_timeout,
+        facts_timeout=facts_timeout,
+        write_timeout=write_timeout,
+    )
 
 
 @main.command()
@@ -378,17 +507,31 @@ def rollback(python, remote, only, lock_timeout, facts_timeout, write_timeout, j
 @quiet_option
 def forget(python, remote, forget_all, lock_timeout, facts_timeout, write_timeout, json_mode, quiet) -> None:
     """Clear the records of files pip has replaced since patcher wrote them."""
-    _run("forget", python, json_mode, quiet, remote, forget_all=forget_all, lock_timeout=lock_timeout,
-         facts_timeout=facts_timeout, write_timeout=write_timeout)  # fmt: skip
+    _run(
+        "forget",
+        python,
+        json_mode,
+        quiet,
+        remote,
+        forget_all=forget_all,
+        lock_timeout=lock_timeout,
+        facts_timeout=facts_timeout,
+        write_timeout=write_timeout,
+    )
 
 
 @main.command()
 @click.option("-o", "--output", required=True, metavar="FILE", help="where to write the bundle (a Python file)")
 @click.option(
-    "--release", "releases", multiple=True, metavar="NAME==VERSION",
+    "--release",
+    "releases",
+    multiple=True,
+    metavar="NAME==VERSION",
     help="a release whose pristine files the bundle knows (default: those the patches are written for)",
-)  # fmt: skip
-@click.option("--wheel", "wheels", multiple=True, metavar="FILE", help="take the pristine files from this wheel (offline)")
+)
+@click.option(
+    "--wheel", "wheels", multiple=True, metavar="FILE", help="take the pristine files from this wheel (offline)"
+)
 @quiet_option
 def bundle(output, releases, wheels, quiet) -> None:
     """Write one self-contained Python file for hosts patcher cannot reach.

@@ -20,6 +20,7 @@ def escape(text: str) -> str:
 
     return rich_escape(text)
 
+
 STYLE = {**STATUS_STYLE, SKIPPED: "yellow"}
 SHOWN_WHEN_NONE = {"ok", "changed", "failed", "unreachable", "rolled-back"}  # the others only when they occur
 
@@ -151,7 +152,9 @@ def render_summary(command: str, results: list[HostResult]) -> None:
     console.print(table)
     counts = tally(results)
     console.print(
-        "  ".join(f"[{STYLE.get(s, '')}]{_label(s)}[/] {counts[s]}" for s in TALLY_ORDER if counts[s] or s in SHOWN_WHEN_NONE)
+        "  ".join(
+            f"[{STYLE.get(s, '')}]{_label(s)}[/] {counts[s]}" for s in TALLY_ORDER if counts[s] or s in SHOWN_WHEN_NONE
+        )
     )
 
 
@@ -159,8 +162,9 @@ class TerminalFleetView:
     """The fleet command's output (patcher.fleet.command.FleetView): progress and errors on
     stderr through the CLI's `note` and `error`, the JSON document and --diff on stdout."""
 
-    def __init__(self, note: Callable[[str], None], error: Callable[[str], None], json_mode: bool, quiet: bool,
-                 diff: bool) -> None:  # fmt: skip
+    def __init__(
+        self, note: Callable[[str], None], error: Callable[[str], None], json_mode: bool, quiet: bool, diff: bool
+    ) -> None:
         self.note, self.error = note, error
         self.json_mode, self.quiet, self.diff = json_mode, quiet, diff
 

@@ -15,9 +15,14 @@ STATE_STYLE = {
     "failed": "red",
 }
 STATUS_STYLE = {
-    "ok": "green", "changed": "green", "failed": "red", "unreachable": "red", "timed-out": "red", "rolled-back": "red",
+    "ok": "green",
+    "changed": "green",
+    "failed": "red",
+    "unreachable": "red",
+    "timed-out": "red",
+    "rolled-back": "red",
     "interrupted": "yellow",
-}  # fmt: skip
+}
 
 
 def _console():

@@ -43,9 +43,18 @@ ERROR_KINDS = {
 
 # The kinds remote/agent.py may answer with (it keeps the same tuple: tests/test_core.py).
 AGENT_KINDS = (
-    "locked", "stale-plan", "corrupt-state", "backup-missing", "hostile-path",
-    "not-writable", "os-error", "python-too-old", "usage", "internal", "timeout",
-)  # fmt: skip
+    "locked",
+    "stale-plan",
+    "corrupt-state",
+    "backup-missing",
+    "hostile-path",
+    "not-writable",
+    "os-error",
+    "python-too-old",
+    "usage",
+    "internal",
+    "timeout",
+)
 
 
 def outcome(kind: str) -> tuple[str, int]:

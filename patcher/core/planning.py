@@ -46,18 +46,28 @@ class PatchSpec:
 
     def as_json(self) -> dict:
         return {
-            "id": self.id, "file": self.file, "distribution": self.distribution, "module": self.module,
-            "requires": dict(self.requires), "edits": [[name, dict(when)] for name, when in self.edits],
-            "needs": list(self.needs), "attribute_calls": [dict(c) for c in self.attribute_calls],
-        }  # fmt: skip
+            "id": self.id,
+            "file": self.file,
+            "distribution": self.distribution,
+            "module": self.module,
+            "requires": dict(self.requires),
+            "edits": [[name, dict(when)] for name, when in self.edits],
+            "needs": list(self.needs),
+            "attribute_calls": [dict(c) for c in self.attribute_calls],
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> PatchSpec:
         return cls(
-            data["id"], data["file"], data["distribution"], data["module"], dict(data["requires"]),
-            tuple((name, dict(when)) for name, when in data["edits"]), tuple(data.get("needs", ())),
+            data["id"],
+            data["file"],
+            data["distribution"],
+            data["module"],
+            dict(data["requires"]),
+            tuple((name, dict(when)) for name, when in data["edits"]),
+            tuple(data.get("needs", ())),
             tuple(dict(c) for c in data.get("attribute_calls", ())),
-        )  # fmt: skip
+        )
 
     def conditions(self) -> dict:
         """Every distribution the patch or one of its edits looks at, with its specifiers."""
@@ -241,19 +251,28 @@ class FileChange:
         new = self.new_content if self.new_content is not None else (original or "")
         return "".join(
             difflib.unified_diff(
-                self.current.splitlines(keepends=True), new.splitlines(keepends=True),
-                fromfile=f"a/{self.path}", tofile=f"b/{self.path}",
+                self.current.splitlines(keepends=True),
+                new.splitlines(keepends=True),
+                fromfile=f"a/{self.path}",
+                tofile=f"b/{self.path}",
             )
-        )  # fmt: skip
+        )
 
     def as_request(self) -> ApplyItem:
         return {
-            "path": self.path, "root": self.root, "distribution": self.distribution,
-            "distribution_version": self.distribution_version, "expected_sha256": self.expected_sha256,
-            "original_sha256": self.original_sha256, "new_content": self.new_content,
-            "restore_original": self.new_content is None, "patches": self.patches, "edits": self.edits,
-            "outcomes": self.outcomes, "versions": self.versions,
-        }  # fmt: skip
+            "path": self.path,
+            "root": self.root,
+            "distribution": self.distribution,
+            "distribution_version": self.distribution_version,
+            "expected_sha256": self.expected_sha256,
+            "original_sha256": self.original_sha256,
+            "new_content": self.new_content,
+            "restore_original": self.new_content is None,
+            "patches": self.patches,
+            "edits": self.edits,
+            "outcomes": self.outcomes,
+            "versions": self.versions,
+        }
 
 
 @dataclass
@@ -343,8 +362,13 @@ class Draft:
 
 
 def draft(
-    facts: PlanningFacts, specs: Iterable[PatchSpec], holds: Holds, mode: str = "apply", only: Sequence[str] = (),
-    skip: Sequence[str] = (), force: bool = False,
+    facts: PlanningFacts,
+    specs: Iterable[PatchSpec],
+    holds: Holds,
+    mode: str = "apply",
+    only: Sequence[str] = (),
+    skip: Sequence[str] = (),
+    force: bool = False,
 ) -> Draft:
     """Classify every target file, choose what each should carry, and name the transforms."""
     specs = list(specs)
@@ -373,7 +397,9 @@ def _file_work(d: Draft, target: TargetFile, force: bool) -> FileWork | None:
     if not info.get("exists"):
         for pid in ids:
             sel = d.selection[pid]
-            d.states[pid] = PatchState(pid, "not-selected", sel.reason if not sel.selected else f"{rel} is not installed", rel)
+            d.states[pid] = PatchState(
+                pid, "not-selected", sel.reason if not sel.selected else f"{rel} is not installed", rel
+            )
         return None
     record = d.facts["state"]["files"].get(rel)
     # Read under the lock, what a run left half done is an interrupted run's; read while
@@ -392,11 +418,13 @@ def _file_work(d: Draft, target: TargetFile, force: bool) -> FileWork | None:
         return None
     original = info.get("original")  # the pristine backup's text (intact: it is there)
     if cls.kind == "patched" and not (info.get("original_intact") and original is not None):
-        d.conflicts.append(Conflict(
-            "backup-missing",
-            f"the pristine backup of {rel} is missing or damaged; reinstall the package "
-            "(pip install --force-reinstall) and run `patcher forget`",
-        ))  # fmt: skip
+        d.conflicts.append(
+            Conflict(
+                "backup-missing",
+                f"the pristine backup of {rel} is missing or damaged; reinstall the package "
+                "(pip install --force-reinstall) and run `patcher forget`",
+            )
+        )
         return None
     if cls.kind == "patched" and record is not None and original is not None:  # patched: a record says so
         pristine, original_sha = original, record["original_sha256"]
@@ -439,7 +467,9 @@ def _desired(d: Draft, work: FileWork, only: Sequence[str], skip: Sequence[str])
     it carries, less those --only names (all of them without --only)."""
     applied, sel = work.cls.applied, d.selection
     if d.mode == "apply":
-        requested = [pid for pid in work.spec_ids if sel[pid].selected and (not only or pid in only) and pid not in skip]
+        requested = [
+            pid for pid in work.spec_ids if sel[pid].selected and (not only or pid in only) and pid not in skip
+        ]
         kept = [pid for pid in applied if pid in sel and sel[pid].selected]
         order = list(d.specs)
         return sorted(set(requested) | set(kept), key=order.index)
@@ -478,9 +508,11 @@ def _unchanged(work: FileWork) -> bool:
     """The file already carries exactly the desired patches and edits: nothing to parse."""
     cls = work.cls
     return (
-        cls.kind == "patched" and not cls.interrupted and work.desired == cls.applied
+        cls.kind == "patched"
+        and not cls.interrupted
+        and work.desired == cls.applied
         and work.edits == {k: cls.applied_edits.get(k) for k in work.desired}
-    )  # fmt: skip
+    )
 
 
 # --------------------------------------------------------------------------- finish
@@ -507,9 +539,14 @@ def finish(d: Draft, results: dict) -> TargetPlan:
     return TargetPlan(
         versions=d.versions,
         distributions={k: v["name"] for k, v in d.facts["distributions"].items()},
-        patches=ordered, changes=changes, conflicts=d.conflicts, notes=d.notes,
-        verify_files=verify_files, cleanup=d.cleanup, originals=d.originals,
-    )  # fmt: skip
+        patches=ordered,
+        changes=changes,
+        conflicts=d.conflicts,
+        notes=d.notes,
+        verify_files=verify_files,
+        cleanup=d.cleanup,
+        originals=d.originals,
+    )
 
 
 def _anchor_missing(d: Draft, work: FileWork, result: TransformResult) -> None:
@@ -579,12 +616,20 @@ def _change(d: Draft, work: FileWork, new_content: str | None, outcomes: dict) -
         return None
     dist = work.target["distribution"]
     return FileChange(
-        path=work.target["path"], root=info["root"], distribution=dist,
-        distribution_version=d.facts["distributions"][dist]["version"], expected_sha256=info["sha256"],
-        original_sha256=work.original_sha, current=info["content"], new_content=new_content,
-        patches=work.desired, edits=work.edits, outcomes=outcomes,
-        versions={k: v for k, v in d.versions.items() if v is not None}, module=work.target["module"],
-    )  # fmt: skip
+        path=work.target["path"],
+        root=info["root"],
+        distribution=dist,
+        distribution_version=d.facts["distributions"][dist]["version"],
+        expected_sha256=info["sha256"],
+        original_sha256=work.original_sha,
+        current=info["content"],
+        new_content=new_content,
+        patches=work.desired,
+        edits=work.edits,
+        outcomes=outcomes,
+        versions={k: v for k, v in d.versions.items() if v is not None},
+        module=work.target["module"],
+    )
 
 
 def after_write(states: list, changes: list, mode: str) -> list:

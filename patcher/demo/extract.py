@@ -50,8 +50,7 @@ import traceback
 # shared prefix): at least 0.66. 0.25 sits between them with a factor of about 3 to each side.
 TOLERANCE = 0.25
 TEMPLATE_TEXT = (
-    "kalo mine rusa topo vide sa ba zi fe gu. mika lone ruto pasa deki viba zife gune. "
-    "tokalo minesa rupo vi de po."
+    "kalo mine rusa topo vide sa ba zi fe gu. mika lone ruto pasa deki viba zife gune. tokalo minesa rupo vi de po."
 )
 
 
@@ -105,9 +104,7 @@ class Reference:
         from transformers import AutoModelForCausalLM
 
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=torch.float32
-        )
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model.eval()
         self.num_layers = self.model.config.num_hidden_layers
         self.layer_ids = layer_ids

@@ -24,15 +24,29 @@ def make_overlay(base_python: Path, dest: Path, speculators: str = "speculators=
     site = Path(_purelib(dest / "bin" / "python"))
     (site / "_patcher_demo_base.pth").write_text(base_site + "\n")
     subprocess.run(
-        [str(base_python), "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-         "--disable-pip-version-check", "--target", str(site), speculators],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            str(base_python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            speculators,
+        ],
+        check=True,
+        capture_output=True,
+    )
     return dest / "bin" / "python"
 
 
 def _purelib(python: Path) -> str:
     return subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()

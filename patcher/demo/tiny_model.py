@@ -73,12 +73,11 @@ def ensure_tiny_model(
             [str(python), str(Path(__file__).resolve()), str(tmp)],
             capture_output=True,
             text=True,
-            timeout=600, check=False,
+            timeout=600,
+            check=False,
         )
         if proc.returncode != 0:
-            raise RuntimeError(
-                f"making the tiny model failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-            )
+            raise RuntimeError(f"making the tiny model failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
         (tmp / COMPLETE_MARKER).write_text(json.dumps(PARAMS, sort_keys=True) + "\n")
         try:
             os.rename(tmp, final)

@@ -57,8 +57,14 @@ class FleetInputs:
     rollout: FleetOptions
 
 
-def run_fleet_command(command: str, python: str | None, remote: RemoteOptions, options: RunOptions,
-                      view: FleetView, transform_cache: Path | None) -> int:  # fmt: skip
+def run_fleet_command(
+    command: str,
+    python: str | None,
+    remote: RemoteOptions,
+    options: RunOptions,
+    view: FleetView,
+    transform_cache: Path | None,
+) -> int:
     """Run `command` on the hosts `remote` names; the exit code (2: an input refused, told
     through `view.error` before any host is touched; 130: interrupted)."""
     try:
@@ -82,7 +88,9 @@ def check_inputs(python: str | None, remote: RemoteOptions) -> FleetInputs:
     before any host is touched; a bad one raises its one-line error (HostError, InventoryError,
     ValueError: exit 2)."""
     reader = inventory.find_ansible_inventory(remote.ansible_inventory, remote.no_ansible_inventory)
-    loaded = inventory.load_hosts(remote.hosts, remote.inventories, remote.limit, reader if remote.inventories else None)
+    loaded = inventory.load_hosts(
+        remote.hosts, remote.inventories, remote.limit, reader if remote.inventories else None
+    )
     if python is not None:
         check_remote_python(python)
     settings = SshSettings(
@@ -99,21 +107,29 @@ def check_inputs(python: str | None, remote: RemoteOptions) -> FleetInputs:
     return FleetInputs(list(loaded.hosts), list(loaded.readers), settings, rollout)
 
 
-def roll_out(inputs: FleetInputs, python: str | None, options: RunOptions, progress: FleetProgress | None,
-             transform_cache: Path | None) -> tuple[list[HostResult], bool]:  # fmt: skip
+def roll_out(
+    inputs: FleetInputs,
+    python: str | None,
+    options: RunOptions,
+    progress: FleetProgress | None,
+    transform_cache: Path | None,
+) -> tuple[list[HostResult], bool]:
     """Every host's result, and whether Ctrl-C ended the rollout (the hosts it did not reach
     are then `skipped`, saying so)."""
     try:
         with shared_transforms(persist=transform_cache):
-            return run_fleet(inputs.hosts, python, inputs.settings, load_patches(), options, inputs.rollout, progress), False
+            return run_fleet(
+                inputs.hosts, python, inputs.settings, load_patches(), options, inputs.rollout, progress
+            ), False
     except FleetInterrupted as exc:
         return exc.results, True
     except KeyboardInterrupt:  # before any host was started
         return [not_started(host, python, "not started: interrupted") for host in inputs.hosts], True
 
 
-def fleet_json(command: str, results: Sequence[HostResult], interrupted: bool, remote: RemoteOptions,
-               readers: Sequence[str]) -> dict:  # fmt: skip
+def fleet_json(
+    command: str, results: Sequence[HostResult], interrupted: bool, remote: RemoteOptions, readers: Sequence[str]
+) -> dict:
     """The --json document: rollout.fleet_document, with the inventory sources and their reader
     when the hosts came from inventories."""
     doc = fleet_document(command, results, interrupted)

@@ -33,11 +33,24 @@ RETRY_HEADER = "# patcher retry file: the hosts that did not succeed; rerun with
 
 # what patcher reads; the rest of `ansible_*` is reported as ignored
 HONOURED = {
-    "ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user", "ansible_ssh_user",
-    "ansible_private_key_file", "ansible_ssh_private_key_file", "ansible_ssh_common_args", "ansible_ssh_extra_args",
-    "ansible_python_interpreter", "ansible_become", "ansible_sudo", "ansible_become_method", "ansible_become_user",
-    "ansible_connection", "ansible_group_priority",
-}  # fmt: skip
+    "ansible_host",
+    "ansible_ssh_host",
+    "ansible_port",
+    "ansible_ssh_port",
+    "ansible_user",
+    "ansible_ssh_user",
+    "ansible_private_key_file",
+    "ansible_ssh_private_key_file",
+    "ansible_ssh_common_args",
+    "ansible_ssh_extra_args",
+    "ansible_python_interpreter",
+    "ansible_become",
+    "ansible_sudo",
+    "ansible_become_method",
+    "ansible_become_user",
+    "ansible_connection",
+    "ansible_group_priority",
+}
 _TEMPLATE = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
@@ -90,7 +103,9 @@ def _render(name: str, key: str, value, variables: dict, where: str):
         elif ref in variables:
             resolved = variables[ref]
         else:
-            raise InventoryError(f"inventory {where}: host {name!r}: {key}={value!r} uses {ref!r}, which is not defined")
+            raise InventoryError(
+                f"inventory {where}: host {name!r}: {key}={value!r} uses {ref!r}, which is not defined"
+            )
         if match.group(0) == value:
             value = resolved
         else:
@@ -175,16 +190,29 @@ def connection(entry: Entry, where: str) -> Host:
             value = pick(key)
             if value:
                 ssh_args += _ssh_words(key, value)
-        become = _become({k: _render(name, k, v, variables, where) for k, v in variables.items() if k.startswith("ansible_")
-                          and k in HONOURED})  # fmt: skip
+        become = _become(
+            {
+                k: _render(name, k, v, variables, where)
+                for k, v in variables.items()
+                if k.startswith("ansible_") and k in HONOURED
+            }
+        )
     except HostError as exc:
         raise InventoryError(f"inventory {where}: host {name!r}: {exc}") from None
     ignored = sorted(k for k in variables if k.startswith("ansible_") and k not in HONOURED)
     notes = (f"inventory variables patcher ignores for this host: {', '.join(ignored)}",) if ignored else ()
     return Host(
-        name=name, address=address, user=user, port=port, python=python, become=become, key_file=key_file,
-        ssh_args=ssh_args, groups=entry.groups, notes=notes,
-    )  # fmt: skip
+        name=name,
+        address=address,
+        user=user,
+        port=port,
+        python=python,
+        become=become,
+        key_file=key_file,
+        ssh_args=ssh_args,
+        groups=entry.groups,
+        notes=notes,
+    )
 
 
 # ------------------------------------------------------------------ --host and the retry file
@@ -201,7 +229,9 @@ def find_ansible_inventory(explicit: str | None, disabled: bool = False) -> str 
     if explicit:
         path = Path(explicit).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise InventoryError(f"--ansible-inventory {explicit}: no executable there; name ansible-core's ansible-inventory")
+            raise InventoryError(
+                f"--ansible-inventory {explicit}: no executable there; name ansible-core's ansible-inventory"
+            )
         return str(path)
     beside = Path(sys.executable).parent / "ansible-inventory"
     return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None

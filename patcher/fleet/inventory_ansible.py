@@ -40,7 +40,9 @@ def read_with_ansible(binary: str, *sources: Path) -> Inventory:
     }
     where = ", ".join(map(str, sources))
     try:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=TIMEOUT, stdin=subprocess.DEVNULL, check=False)
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=env, timeout=TIMEOUT, stdin=subprocess.DEVNULL, check=False
+        )
     except OSError as exc:
         raise InventoryError(f"cannot run {binary}: {exc.strerror}; name ansible-core's ansible-inventory") from None
     except subprocess.TimeoutExpired:

@@ -185,7 +185,9 @@ def expand(pattern: str, where: str) -> list[str]:
     body, close, tail = rest.partition("]")
     bounds = body.split(":")
     if not close or len(bounds) not in (2, 3):
-        raise InventoryError(f"{where}: host range {pattern!r} must be [begin:end] or [begin:end:step], e.g. gpu[01:32]")
+        raise InventoryError(
+            f"{where}: host range {pattern!r} must be [begin:end] or [begin:end:step], e.g. gpu[01:32]"
+        )
     begin, end = bounds[0] or "0", bounds[1]
     step_text = bounds[2] if len(bounds) == 3 else "1"
     if not end or not step_text.isdigit() or int(step_text) < 1:
@@ -305,7 +307,9 @@ def read_yaml(data, where: str, tree: _Tree) -> None:
             raise InventoryError(f"{where}: group {name!r} must be a mapping (hosts, vars, children), not {body!r}")
         unknown = set(body) - {"hosts", "vars", "children"}
         if unknown:
-            raise InventoryError(f"{where}: group {name!r} has {sorted(map(str, unknown))}; expected hosts, vars, children")
+            raise InventoryError(
+                f"{where}: group {name!r} has {sorted(map(str, unknown))}; expected hosts, vars, children"
+            )
         hosts = body.get("hosts") or {}
         if not isinstance(hosts, dict):
             raise InventoryError(f"{where}: hosts of group {name!r} must be a mapping (host: its variables)")
@@ -332,7 +336,9 @@ def read_yaml(data, where: str, tree: _Tree) -> None:
 # ------------------------------------------------------------------ files, directories, vars files
 
 # ansible-core skips these in an inventory directory (INVENTORY_IGNORE_EXTS and its fixed names)
-_IGNORED = re.compile(r"^\.|^host_vars$|^group_vars$|^vars_plugins$|(\.pyc|\.pyo|\.swp|\.bak|~|\.rpm|\.md|\.txt|\.rst|\.orig|\.cfg|\.retry)$")
+_IGNORED = re.compile(
+    r"^\.|^host_vars$|^group_vars$|^vars_plugins$|(\.pyc|\.pyo|\.swp|\.bak|~|\.rpm|\.md|\.txt|\.rst|\.orig|\.cfg|\.retry)$"
+)
 _YAML_EXTS = ("", ".yml", ".yaml", ".json")
 
 
@@ -360,7 +366,9 @@ def _read_source(path: Path, tree: _Tree) -> None:
     except OSError as exc:
         raise InventoryError(f"cannot read inventory {path}: {exc.strerror}") from None
     if os.access(path, os.X_OK) and raw.startswith(b"#!"):
-        raise InventoryError(f"inventory {path} is an executable script: running it needs ansible-core; " + NEEDS_ANSIBLE)
+        raise InventoryError(
+            f"inventory {path} is an executable script: running it needs ansible-core; " + NEEDS_ANSIBLE
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

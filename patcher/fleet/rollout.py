@@ -101,8 +101,7 @@ def run_fleet(
 ) -> list[HostResult]:
     """Run `options.command` on every host, batch after batch; results in the hosts' order.
     Ctrl-C ends the hosts in flight and raises FleetInterrupted with every host's result."""
-    rollout = _Rollout(hosts, python, settings, patches, options, fleet,
-                       progress or FleetProgress(), transport_factory)  # fmt: skip
+    rollout = _Rollout(hosts, python, settings, patches, options, fleet, progress or FleetProgress(), transport_factory)
     rollout.progress.start(len(hosts))
     interrupted = False
     try:
@@ -125,9 +124,17 @@ class _Rollout:
     """One fleet run's shared state: the results so far, why the rollout stopped (if it did), and
     the transports in flight (ended through these on Ctrl-C)."""
 
-    def __init__(self, hosts: Sequence[Host], python: str | None, settings: SshSettings, patches,
-                 options: RunOptions, fleet: FleetOptions, progress: FleetProgress,
-                 transport_factory: Callable[[Host, str | None, SshSettings], SshTransport]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        hosts: Sequence[Host],
+        python: str | None,
+        settings: SshSettings,
+        patches,
+        options: RunOptions,
+        fleet: FleetOptions,
+        progress: FleetProgress,
+        transport_factory: Callable[[Host, str | None, SshSettings], SshTransport],
+    ) -> None:
         self.hosts, self.python, self.settings, self.patches = hosts, python, settings, patches
         self.options, self.fleet, self.progress = options, fleet, progress
         self.transport_factory = transport_factory
@@ -213,10 +220,11 @@ class _Rollout:
     def in_host_order(self) -> list[HostResult]:
         """Every host's result; a host never started is `skipped`, saying why."""
         return [
-            self.results[index] if index in self.results
+            self.results[index]
+            if index in self.results
             else HostResult(host, skipped_report(host, self.python, self.stop_reason or "not started"), False)
             for index, host in enumerate(self.hosts)
-        ]  # fmt: skip
+        ]
 
 
 class FleetInterrupted(KeyboardInterrupt):

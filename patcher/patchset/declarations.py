@@ -23,7 +23,10 @@ from typing import Any
 
 from .. import __version__, model
 
-_TYPES = {cls.__name__: cls for cls in (model.TargetFile, model.Fact, model.Edit, model.Example, model.AttributeCall, model.Patch)}
+_TYPES = {
+    cls.__name__: cls
+    for cls in (model.TargetFile, model.Fact, model.Edit, model.Example, model.AttributeCall, model.Patch)
+}
 
 
 class LazyCodemod:
@@ -83,7 +86,10 @@ def encode(value: Any) -> Any:
     if isinstance(value, LazyCodemod):
         return {"@codemod": [value.__module__, value.__qualname__]}
     if dataclasses.is_dataclass(value):
-        return {"@": type(value).__name__, **{f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+        return {
+            "@": type(value).__name__,
+            **{f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)},
+        }
     if isinstance(value, tuple):
         return {"@tuple": [encode(v) for v in value]}
     if isinstance(value, dict):

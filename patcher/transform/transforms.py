@@ -78,7 +78,14 @@ def code_fingerprint() -> str:
     assert spec is not None and spec.submodule_search_locations
     patches_dir = Path(next(iter(spec.submodule_search_locations)))
     top = Path(__file__).parent.parent  # patcher/
-    engine = ("transform/transforms.py", "transform/combined.py", "codemod.py", "shapes.py", "model.py", "transform/outcomes.py")
+    engine = (
+        "transform/transforms.py",
+        "transform/combined.py",
+        "codemod.py",
+        "shapes.py",
+        "model.py",
+        "transform/outcomes.py",
+    )
     for path in [*sorted(patches_dir.rglob("*.py")), *(top / name for name in engine)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(_libcst_release().encode())
@@ -104,9 +111,13 @@ def _persist_path(source: str, steps, filename: str) -> Path:
 
     assert _persist is not None
     key = json.dumps(
-        [hashlib.sha256(source.encode("utf-8")).hexdigest(), filename,
-         [[patch.id, [e.name for e in edits]] for patch, edits in steps], code_fingerprint()]
-    )  # fmt: skip
+        [
+            hashlib.sha256(source.encode("utf-8")).hexdigest(),
+            filename,
+            [[patch.id, [e.name for e in edits]] for patch, edits in steps],
+            code_fingerprint(),
+        ]
+    )
     return _persist / (hashlib.sha256(key.encode("utf-8")).hexdigest() + ".json")
 
 

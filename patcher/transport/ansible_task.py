@@ -60,8 +60,12 @@ class AnsibleTransport:
         rc = done.get("rc")
         detail = ((done.get("stderr") or "").strip().splitlines() or [f"exit status {rc}"])[-1]
         if rc == 127:
-            raise TransportError("usage", f"no python at {self.python} on {self.label}; set python: (or ansible_python_interpreter)")
-        raise TransportError("usage", f"{self.python} did not answer as a Python 3.9+ interpreter on {self.label} ({detail})")
+            raise TransportError(
+                "usage", f"no python at {self.python} on {self.label}; set python: (or ansible_python_interpreter)"
+            )
+        raise TransportError(
+            "usage", f"{self.python} did not answer as a Python 3.9+ interpreter on {self.label} ({detail})"
+        )
 
 
 def _python(args: dict, task_vars: dict) -> str:
@@ -82,7 +86,10 @@ def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) 
 
     unknown = set(args) - {"command", "python", "only", "skip", "verify", "force", "lock_timeout"}
     if unknown:
-        return {"failed": True, "msg": f"unknown option(s) {', '.join(sorted(unknown))}; see ansible-doc patcher.fleet.patch"}
+        return {
+            "failed": True,
+            "msg": f"unknown option(s) {', '.join(sorted(unknown))}; see ansible-doc patcher.fleet.patch",
+        }
     command = args.get("command", "status")
     if command not in COMMANDS:
         return {"failed": True, "msg": f"command={command!r}: one of {', '.join(COMMANDS)}"}
@@ -93,10 +100,15 @@ def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) 
     except UnknownPatch as exc:
         return {"failed": True, "msg": f"{exc}; see `patcher list`"}
     options = RunOptions(
-        command=command, only=only, skip=skip, force=bool(args.get("force", False)),
-        verify=bool(args.get("verify", True)), diff=diff, lock_timeout=float(args.get("lock_timeout", 10)),
+        command=command,
+        only=only,
+        skip=skip,
+        force=bool(args.get("force", False)),
+        verify=bool(args.get("verify", True)),
+        diff=diff,
+        lock_timeout=float(args.get("lock_timeout", 10)),
         check=check_mode and command != "status",
-    )  # fmt: skip
+    )
     label = str(task_vars.get("inventory_hostname", "host"))
     transport = AnsibleTransport(action, _python(args, task_vars), label)
     persist = None

@@ -154,12 +154,20 @@ def probe_versions(specs: set[str], extra: Sequence[str] = ()) -> list[str]:
         base = v.base_version
         release = list(v.release) + [0] * (3 - len(v.release))
         probes |= {
-            text, base, f"{base}.dev0", f"{base}a1", f"{base}rc1", f"{base}rc1.dev1", f"{base}+local",
-            f"{base}.post1", f"{base}.post1.dev0", f"{base}.1",
+            text,
+            base,
+            f"{base}.dev0",
+            f"{base}a1",
+            f"{base}rc1",
+            f"{base}rc1.dev1",
+            f"{base}+local",
+            f"{base}.post1",
+            f"{base}.post1.dev0",
+            f"{base}.1",
             ".".join(map(str, release[:-1] + [release[-1] + 1])),
             ".".join(map(str, [release[0], release[1] + 1, 0])),
             ".".join(map(str, [release[0], release[1] + 1, 0])) + "rc1",
-        }  # fmt: skip
+        }
         if release[-1] > 0:
             probes.add(".".join(map(str, release[:-1] + [release[-1] - 1])))
     return sorted(probes, key=Version)
@@ -200,8 +208,14 @@ def _facts(versions: dict, present: dict[str, bytes], patches: Sequence[Patch]) 
             files[target.path] = {"exists": False}
             continue
         sha = _sha(data)
-        files[target.path] = {"exists": True, "root": "/bundle", "sha256": sha, "record_sha256": sha,
-                              "content": data.decode("utf-8"), "writable": True}  # fmt: skip
+        files[target.path] = {
+            "exists": True,
+            "root": "/bundle",
+            "sha256": sha,
+            "record_sha256": sha,
+            "content": data.decode("utf-8"),
+            "writable": True,
+        }
     return {
         "distributions": {
             name: {"name": name, "version": version, "location": "/bundle"} for name, version in versions.items()
@@ -278,7 +292,9 @@ def build(
     files = pristine_files(wheels, patches)
     names = condition_names(patches)
     specs = _all_specs(patches)
-    releases = {name: sorted({v for per in files.values() for (_, d, v) in per.values() if d == name}) for name in names}
+    releases = {
+        name: sorted({v for per in files.values() for (_, d, v) in per.values() if d == name}) for name in names
+    }
     probes = {name: probe_versions(specs.get(name, set()), releases.get(name, [])) for name in names}
     checks = check_runtime_versions(specs, probes)
     progress(f"version logic checked against packaging: {checks} condition/version pairs")
@@ -288,8 +304,10 @@ def build(
         path: {sha: {"release": f"{dist} {version}"} for sha, (_, dist, version) in per_sha.items()}
         for path, per_sha in files.items()
     }
-    progress(f"{len(variants)} patched variant(s) of {sum(len(v) for v in originals.values())} pristine file(s), "
-             f"for {len(selections)} patch selection(s)")  # fmt: skip
+    progress(
+        f"{len(variants)} patched variant(s) of {sum(len(v) for v in originals.values())} pristine file(s), "
+        f"for {len(selections)} patch selection(s)"
+    )
     data = {
         "format": 2,
         "patcher_version": __version__,
@@ -351,7 +369,9 @@ def _render(data: dict) -> str:
     payload = _blob(json.dumps(data, sort_keys=True).encode("utf-8"))
     agent = _blob(agent_source().encode("utf-8"))
     # The shared core, as text: the bundle runs patcher's own planning, not a copy of it.
-    core_text = {m.__name__.rsplit(".", 1)[-1]: Path(str(m.__file__)).read_text(encoding="utf-8") for m in (core_errors, core)}
+    core_text = {
+        m.__name__.rsplit(".", 1)[-1]: Path(str(m.__file__)).read_text(encoding="utf-8") for m in (core_errors, core)
+    }
     core_blob = _blob(json.dumps(core_text, sort_keys=True).encode("utf-8"))
     for name, value in (("DATA", payload), ("AGENT", agent), ("CORE", core_blob)):
         marker = f"\n{name} = None"

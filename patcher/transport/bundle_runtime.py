@@ -225,7 +225,11 @@ def check_known(data: dict, facts: Facts, selection: dict) -> None:
             continue
         current, known = info["sha256"], data["originals"].get(rel, {})
         record: Mapping = facts["state"]["files"].get(rel) or {}
-        recorded = {record.get("patched_sha256"), record.get("original_sha256"), (record.get("pending") or {}).get("sha256")}
+        recorded = {
+            record.get("patched_sha256"),
+            record.get("original_sha256"),
+            (record.get("pending") or {}).get("sha256"),
+        }
         if current in known or current in recorded:
             continue
         if not record and not any(selection[p["id"]].selected for p in data["patches"] if p["file"] == rel):
@@ -271,10 +275,19 @@ def plan(data: dict, facts: Facts, mode: str):
 
 def _empty_report() -> dict:
     return {
-        "target": sys.executable, "python": sys.executable, "versions": {}, "distributions": {},
-        "status": "ok", "exit_code": EXIT_OK, "message": "", "notes": [], "problems": [],
-        "state_dir": None, "files": [], "patches": [],
-    }  # fmt: skip
+        "target": sys.executable,
+        "python": sys.executable,
+        "versions": {},
+        "distributions": {},
+        "status": "ok",
+        "exit_code": EXIT_OK,
+        "message": "",
+        "notes": [],
+        "problems": [],
+        "state_dir": None,
+        "files": [],
+        "patches": [],
+    }
 
 
 def _declared(data: dict) -> list[TargetFile]:
@@ -311,10 +324,14 @@ def _report_plan(report: dict, the_plan, command: str) -> bool:
     report["patches"] = [p.as_json() for p in the_plan.patches]
     report["notes"] = list(the_plan.notes)
     report["files"] = [
-        {"path": c.path, "action": "restore" if c.new_content is None else "write",
-         "patches": c.patches, "expected_sha256": c.expected_sha256}
+        {
+            "path": c.path,
+            "action": "restore" if c.new_content is None else "write",
+            "patches": c.patches,
+            "expected_sha256": c.expected_sha256,
+        }
         for c in the_plan.changes
-    ]  # fmt: skip
+    ]
     if the_plan.conflicts:
         report["status"], report["exit_code"] = ERRORS.outcome(the_plan.conflicts[0].kind)
         report["message"] = the_plan.conflicts[0].message
@@ -333,7 +350,9 @@ def _report_plan(report: dict, the_plan, command: str) -> bool:
     return False
 
 
-def _write(ns: dict, data: dict, report: dict, the_plan, mode: str, verify: bool, lock_timeout: float, facts: Facts) -> None:
+def _write(
+    ns: dict, data: dict, report: dict, the_plan, mode: str, verify: bool, lock_timeout: float, facts: Facts
+) -> None:
     """The agent carries the plan out (and verifies it); the report says how it went."""
     checked = verify and mode == "apply" and the_plan.verify_files
     request = {

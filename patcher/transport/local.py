@@ -146,9 +146,12 @@ class LocalTransport:
         self.invocations += 1
         try:
             self._proc = subprocess.Popen(
-                self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                self.command(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         except OSError as exc:
             raise self._cannot_start(exc) from None
         proc = self._proc
@@ -243,7 +246,7 @@ class LocalTransport:
         self._in_flight = ""
         self._answered = True
         try:
-            answer = json.loads(text[len(self.mark) + 1:])
+            answer = json.loads(text[len(self.mark) + 1 :])
         except ValueError:
             raise TransportError("usage", f"{self.label}: the agent's answer is not JSON: {text[:200]}") from None
         if self._op in ("apply", "forget"):
@@ -329,7 +332,7 @@ class LocalTransport:
             )
         return f"{self.label}: {what}" + self._outcome_hint()
 
-# -------------------------------------------------------------- what went wrong (local)
+    # -------------------------------------------------------------- what went wrong (local)
 
     def _cannot_start(self, exc: OSError) -> TransportError:
         if isinstance(exc, FileNotFoundError):

@@ -171,7 +171,9 @@ def check_ssh_option(option: str) -> str:
     key, sep, value = option.partition("=")
     key = key.strip()
     if not sep or not _OPTION_KEY.match(key) or option.startswith("-") or _CONTROL.search(option):
-        raise HostError(f"refusing --ssh-option {option!r}: expected KEY=VALUE as for ssh -o, e.g. IdentityFile=~/.ssh/gpu")
+        raise HostError(
+            f"refusing --ssh-option {option!r}: expected KEY=VALUE as for ssh -o, e.g. IdentityFile=~/.ssh/gpu"
+        )
     if key.lower() == "batchmode":
         raise HostError("refusing --ssh-option BatchMode: patcher never lets ssh prompt")
     return f"{key}={value.strip()}"
@@ -184,7 +186,9 @@ def check_settings(settings: SshSettings) -> None:
     config = settings.config_file
     if config is not None:
         if not os.path.isfile(config):
-            raise HostError(f"--ssh-config {config}: no such file; name an ssh client configuration file (as for ssh -F)")
+            raise HostError(
+                f"--ssh-config {config}: no such file; name an ssh client configuration file (as for ssh -F)"
+            )
         if not os.access(config, os.R_OK):
             raise HostError(f"--ssh-config {config}: not readable by this user; fix its permissions or name another")
     if not settings.options:
@@ -194,7 +198,9 @@ def check_settings(settings: SshSettings) -> None:
     def refusal(options) -> str | None:
         args = base + [word for option in options for word in ("-o", option)] + ["--", "patcher-check.invalid"]
         try:
-            proc = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False)
+            proc = subprocess.run(
+                args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False
+            )
         except FileNotFoundError:
             raise HostError(f"no `{settings.ssh}` client on this machine; install OpenSSH") from None
         except subprocess.TimeoutExpired:
@@ -259,11 +265,15 @@ class SshTransport(LocalTransport):
         if self.host.key_file:
             args += ["-i", self.host.key_file]
         args += [
-            "-o", f"ConnectTimeout={s.connect_timeout}",
-            "-o", "StrictHostKeyChecking=accept-new",
-            "-o", "ServerAliveInterval=10",
-            "-o", "ServerAliveCountMax=3",
-        ]  # fmt: skip
+            "-o",
+            f"ConnectTimeout={s.connect_timeout}",
+            "-o",
+            "StrictHostKeyChecking=accept-new",
+            "-o",
+            "ServerAliveInterval=10",
+            "-o",
+            "ServerAliveCountMax=3",
+        ]
         if self.host.port:
             args += ["-p", str(self.host.port)]
         if self.host.user:
@@ -327,21 +337,26 @@ class SshTransport(LocalTransport):
             return self._no_python()
         if returncode == 126:
             return TransportError(
-                "usage", f"{self.python} cannot be executed on {host.address} ({last}); name the interpreter with --python"
+                "usage",
+                f"{self.python} cannot be executed on {host.address} ({last}); name the interpreter with --python",
             )
         return TransportError(
             "usage",
-            f"{self.python} did not answer as a Python 3.9+ interpreter ({last}); "
-            "name one with --python",
+            f"{self.python} did not answer as a Python 3.9+ interpreter ({last}); name one with --python",
         )
 
     def _connection_failure(self, text: str, last: str, where: str) -> TransportError:
         """ssh's own exit status 255: its configuration, the host key, authentication or the network."""
         host = self.host
-        changed = "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text
+        changed = (
+            "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed and you have requested strict" in text
+        )
         refused = "Host key verification failed" in text
-        if re.search(r"Bad configuration option|bad configuration options|Can't open user config file|"
-                     r"command-line line \d+:|: line \d+: ", text):  # fmt: skip
+        if re.search(
+            r"Bad configuration option|bad configuration options|Can't open user config file|"
+            r"command-line line \d+:|: line \d+: ",
+            text,
+        ):
             return TransportError(
                 "usage", f"ssh refuses its configuration ({last}); fix it (~/.ssh/config, --ssh-config, --ssh-option)"
             )
@@ -359,15 +374,13 @@ class SshTransport(LocalTransport):
         if changed or refused:
             return TransportError(
                 "unreachable",
-                f"host key changed: check it, then remove the old key with "
-                f"ssh-keygen -R '{host.known_hosts_name}'",
+                f"host key changed: check it, then remove the old key with ssh-keygen -R '{host.known_hosts_name}'",
             )
         if "Permission denied" in text or "Too many authentication failures" in text:
             user = host.user or "the default user"
             return TransportError(
                 "unreachable",
-                f"authentication refused for {user} ({last}); check the key "
-                "(ssh-agent, IdentityFile) and the user",
+                f"authentication refused for {user} ({last}); check the key (ssh-agent, IdentityFile) and the user",
             )
         if "Connection refused" in text:
             return TransportError("unreachable", f"connection refused by {where}: is sshd running there?")
@@ -377,9 +390,7 @@ class SshTransport(LocalTransport):
             return TransportError("unreachable", f"no route to {where}")
         if "Could not resolve hostname" in text or "Name or service not known" in text:
             return TransportError("unreachable", f"cannot resolve {host.address}")
-        return TransportError(
-            "unreachable", f"connection lost ({last})" + self._outcome_hint()
-        )
+        return TransportError("unreachable", f"connection lost ({last})" + self._outcome_hint())
 
     def _sudo_refusal(self, returncode: int, text: str, last: str) -> TransportError | None:
         """--sudo: what sudo -n refused, if it did."""
@@ -392,7 +403,8 @@ class SshTransport(LocalTransport):
             )
         if "must have a tty" in text:
             return TransportError(
-                "usage", f"sudo refused: `requiretty` is set for {host.user or 'the login user'} there; "
+                "usage",
+                f"sudo refused: `requiretty` is set for {host.user or 'the login user'} there; "
                 f"allow it without a tty (Defaults !requiretty) or drop {self._sudo_source()}",
             )
         if "not in the sudoers" in text or "not allowed to execute" in text or "may not run sudo" in text:
@@ -432,7 +444,9 @@ class SshTransport(LocalTransport):
         """The ProxyJump ssh uses for this host (`ssh -G`: the configuration, no connection)."""
         args = [*self.ssh_args(), "-G", "--", self.host.address]
         try:
-            out = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False).stdout
+            out = subprocess.run(
+                args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False
+            ).stdout
         except (OSError, subprocess.TimeoutExpired):
             return None
         for line in out.splitlines():

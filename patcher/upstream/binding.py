@@ -132,7 +132,9 @@ def class_params(tree: SourceTree, module: str, cls: ast.ClassDef) -> Params | s
             if keyword.arg == "metaclass" and dotted_name(keyword.value) not in ("ABCMeta", "abc.ABCMeta"):
                 # e.g. transformers 5's ModelOutput: its metaclass wraps every dataclass __init__
                 # to take the old keyword past_key_values
-                return f"class {cls.name}'s metaclass {ast.unparse(keyword.value)} may change its constructor at run time"
+                return (
+                    f"class {cls.name}'s metaclass {ast.unparse(keyword.value)} may change its constructor at run time"
+                )
     # The nearest class in the chain that writes __init__ decides: its own def, or @dataclass's
     # generated one (a dataclass subclass of a class with __init__ gets the dataclass's).
     for index, (_owner_module, c) in enumerate(chain):
@@ -193,8 +195,6 @@ def _call_shape(call: ast.Call) -> tuple[int, list[str]] | None:
 
 
 # ---------------------------------------------------------------- one file against one release
-
-
 
 
 def bind_file(
@@ -259,7 +259,9 @@ class _FileBinder:
             if fallback is not None:
                 target = Target("def", self.path, fallback)
         elif target.kind == "missing":
-            result.problems.append(f"{self.path}:{node.lineno}: from {module} import {alias.name}: {target.detail} in {release}")
+            result.problems.append(
+                f"{self.path}:{node.lineno}: from {module} import {alias.name}: {target.detail} in {release}"
+            )
         return target
 
     def bind_calls(self) -> None:
@@ -274,7 +276,9 @@ class _FileBinder:
                 module, name, target = attribute_target(self.tree, f"{self.modules[local]}.{rest}")
                 if target.kind == "missing":
                     self.result.checked += 1
-                    self.result.problems.append(f"{self.path}:{node.lineno}: {dotted}(...): {target.detail} in {self.release}")
+                    self.result.problems.append(
+                        f"{self.path}:{node.lineno}: {dotted}(...): {target.detail} in {self.release}"
+                    )
                     continue
             else:
                 continue
@@ -308,13 +312,18 @@ class _FileBinder:
         label = f"{call['receiver']}.{call['method']}"
         hit = self.tree.resolve(module, qual)
         calls = [
-            n for n in ast.walk(self.module_ast)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == call["method"]
+            n
+            for n in ast.walk(self.module_ast)
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == call["method"]
             and dotted_name(n.func.value) == call["receiver"]
-        ]  # fmt: skip
+        ]
         if hit is None or not isinstance(hit[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
             if calls:
-                result.problems.append(f"{self.path}: {label}: {call['implementation']} does not exist in {self.release}")
+                result.problems.append(
+                    f"{self.path}: {label}: {call['implementation']} does not exist in {self.release}"
+                )
             return
         params = function_params(hit[1], drop_first="staticmethod" not in _decorator_names(hit[1]))
         for n in calls:
@@ -373,9 +382,7 @@ def bind_cached(files, version: str, variants, package: str = "vllm") -> list[Bi
             tree = tree or source_tree(files, package)
             calls = variant.attribute_calls if package == "vllm" else ()  # declared calls are into vLLM
             binding = bind_file(variant.code, variant.path, tree, f"{package} {version}", calls, (package,))
-            known[key] = {
-                k: v for k, v in binding.to_json().items() if k not in ("patches", "versions", "allowed_by")
-            }
+            known[key] = {k: v for k, v in binding.to_json().items() if k not in ("patches", "versions", "allowed_by")}
             fresh = True
         binding.patches = list(variant.patches)
         binding.versions = dict(variant.versions)

@@ -51,7 +51,9 @@ class CheckOptions:
     runs: Path | None = None  # the release matrix's results (default $PATCHER_CACHE/releases)
     index: Index | None = None  # the index's answer, when the caller has it (several checks in a row)
     bind: bool = True  # bind the patched files (off: gates and matrix alone, e.g. for one patch on its own)
-    targets: Sequence[TargetFile] | None = None  # files bound even where no patch changes them (default: declared_targets)
+    targets: Sequence[TargetFile] | None = (
+        None  # files bound even where no patch changes them (default: declared_targets)
+    )
     progress: Callable[[str], None] = lambda message: None
 
 
@@ -92,7 +94,6 @@ class CheckReport:
             "requirements": self.requirements.to_json(),
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
-
 
     def binding_releases(self) -> list[str]:
         return sorted({v for b in self.bindings for v in b.vllm_releases}, key=Version)
@@ -254,8 +255,14 @@ class _Check:
             with ReleaseFiles(self.cache, dist, version) as files:
                 try:
                     found = variants(
-                        self.patches, dist, version, files, self.fact_releases.get("vllm", []),
-                        self.cache / ".transforms", self.report.requirements.allowed, bound_files,
+                        self.patches,
+                        dist,
+                        version,
+                        files,
+                        self.fact_releases.get("vllm", []),
+                        self.cache / ".transforms",
+                        self.report.requirements.allowed,
+                        bound_files,
                     )
                 except (DownloadFailed, OSError, SyntaxError, UnicodeDecodeError) as error:
                     self.report.problems.append(f"{dist} {version}: could not be read: {error}")
@@ -271,6 +278,7 @@ class _Check:
         files = ReleaseFiles(self.cache, wheel, version)
         try:
             if dist in self.targets and (dist, version) in self.needed:
+
                 def in_window(p, d=dist, v=version):
                     return v in window(p, self.target_releases[d], self.options.since.get(d))
 
@@ -341,9 +349,11 @@ class _Check:
         report, patches = self.report, self.patches
         others = {}
         for dist in self.targets:
-            firsts = [r for r in self.target_releases[dist] if any(
-                p.target.distribution == dist and condition_holds(p.requires.get(dist, ""), r) for p in patches
-            )]
+            firsts = [
+                r
+                for r in self.target_releases[dist]
+                if any(p.target.distribution == dist and condition_holds(p.requires.get(dist, ""), r) for p in patches)
+            ]
             if firsts:
                 others[dist] = firsts[0]
         with ThreadPoolExecutor(max_workers=max(1, self.options.workers)) as pool:
@@ -364,8 +374,9 @@ class _Check:
             report.problems.append(
                 f"drift: {cell.patch_id} on {cell.distribution} {cell.version}: {cell.message or 'anchor missing'}"
             )
-        report.bindings.sort(key=lambda b: (b.release.split()[0] != "vllm", b.release.split()[0],
-                                            Version(b.release.split()[1]), b.file))  # fmt: skip
+        report.bindings.sort(
+            key=lambda b: (b.release.split()[0] != "vllm", b.release.split()[0], Version(b.release.split()[1]), b.file)
+        )
         unbound = [b for b in report.bindings if b.problems]
         for binding in unbound:
             report.problems.extend(_binding_problems(binding))

@@ -31,17 +31,31 @@ BOUND = ("transformers", "torch")  # the distributions, besides vLLM, the patche
 
 # torch's pure-Python sources, from its smallest wheel (the macOS arm64 one: CPU only).
 TORCH_SOURCE_TAGS = (
-    "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "none",
-    "--platform", "macosx_14_0_arm64",
-)  # fmt: skip
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+    "--abi",
+    "cp311",
+    "--abi",
+    "none",
+    "--platform",
+    "macosx_14_0_arm64",
+)
 SOURCE_TAGS = {"torch": TORCH_SOURCE_TAGS}
 
 # Markers are evaluated for the wheels check-upstream reads vLLM from (x86_64 Linux, CPython 3.11).
 ENVIRONMENT = {
-    "platform_machine": "x86_64", "platform_system": "Linux", "sys_platform": "linux", "os_name": "posix",
-    "python_version": "3.11", "python_full_version": "3.11.0", "implementation_name": "cpython",
-    "platform_python_implementation": "CPython", "extra": "",
-}  # fmt: skip
+    "platform_machine": "x86_64",
+    "platform_system": "Linux",
+    "sys_platform": "linux",
+    "os_name": "posix",
+    "python_version": "3.11",
+    "python_full_version": "3.11.0",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+}
 
 REQUIRES_FILE = ".requires.json"
 
@@ -141,9 +155,7 @@ def bind_dependencies(
         for variant in found:
             for dist in BOUND:
                 for release in variant.releases_of(dist):
-                    entry = todo.setdefault((dist, release), {}).setdefault(
-                        (variant.path, variant.code), (variant, [])
-                    )
+                    entry = todo.setdefault((dist, release), {}).setdefault((variant.path, variant.code), (variant, []))
                     entry[1].append(vllm)
 
     def one(job: tuple[str, str]):

@@ -317,8 +317,10 @@ def evaluate(fact: Fact, tree: SourceTree) -> Verdict:
         verdict = evaluate(replace(fact, module=chosen), tree)
         return Verdict(verdict.holds, f"{chosen}: {verdict.detail}")
     if fact.kind == "lacks-module":
-        return Verdict(tree.module(fact.module) is None, f"module {fact.module} " + (
-            "absent" if tree.module(fact.module) is None else "present"))  # fmt: skip
+        return Verdict(
+            tree.module(fact.module) is None,
+            f"module {fact.module} " + ("absent" if tree.module(fact.module) is None else "present"),
+        )
     if tree.module(fact.module) is None:
         return Verdict(False, f"no module {fact.module}")
     kind = fact.kind

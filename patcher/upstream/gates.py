@@ -40,7 +40,15 @@ class ReleaseRead:
 
 
 def fact_key(fact: Fact) -> str:
-    return json.dumps([fact.kind, list(fact.modules) if isinstance(fact.module, tuple) else fact.module, fact.qualname, fact.name, fact.value])
+    return json.dumps(
+        [
+            fact.kind,
+            list(fact.modules) if isinstance(fact.module, tuple) else fact.module,
+            fact.qualname,
+            fact.name,
+            fact.value,
+        ]
+    )
 
 
 def _evaluator_key() -> str:
@@ -161,9 +169,7 @@ def _ranges(versions: list[str]) -> str:
     return f"{versions[0]} … {versions[-1]} ({len(versions)} releases)"
 
 
-def check_gate(
-    patch: Patch, edit: Edit, reads: dict[str, ReleaseRead], releases: Sequence[str]
-) -> GateCheck:
+def check_gate(patch: Patch, edit: Edit, reads: dict[str, ReleaseRead], releases: Sequence[str]) -> GateCheck:
     """Compare one edit's gate with what the releases read say about its fact."""
     if edit.fact is None:
         check = GateCheck(patch.id, edit.name, None, gate_of(patch, edit, "vllm"), edit.answers)
@@ -237,7 +243,12 @@ def _check_end(check: GateCheck, fact: Fact, order: list[str], selected: dict[st
 
 
 def _check_needed(
-    check: GateCheck, needed: Fact, reads: dict[str, ReleaseRead], order: list[str], selected: dict[str, bool], name: str
+    check: GateCheck,
+    needed: Fact,
+    reads: dict[str, ReleaseRead],
+    order: list[str],
+    selected: dict[str, bool],
+    name: str,
 ) -> None:
     """A fact the edit also needs must hold on every release the gate selects."""
     verdicts = {r: reads[r].verdicts.get(needed) for r in order}

@@ -57,9 +57,10 @@ def lookup(tree: SourceTree, module: str, name: str, depth: int = 0, budget: lis
     if found is not None:
         return Target("def", module, found)
     overloads = tuple(
-        n for n in source_module.body
+        n
+        for n in source_module.body
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name and _is_overload(n)
-    )  # fmt: skip
+    )
     if overloads:  # only @overload stubs: a .pyi
         return Target("def", module, overloads[0], overloads=overloads)
     if depth <= MAX_DEPTH:
@@ -173,7 +174,7 @@ def attribute_target(tree: SourceTree, dotted: str) -> tuple[str, str, Target]:
         return module, parts[cut], Target("missing", detail=f"no module {module}")
     target = lookup(tree, module, parts[cut])
     name = parts[cut]
-    for part in parts[cut + 1:]:
+    for part in parts[cut + 1 :]:
         if target.kind == "module":
             module, name, target = target.module, part, lookup(tree, target.module, part)
         elif target.kind == "missing":
@@ -182,4 +183,3 @@ def attribute_target(tree: SourceTree, dotted: str) -> tuple[str, str, Target]:
             detail = f"an attribute of a {'definition' if target.kind == 'def' else 'name from outside'} (not bound statically)"
             return module, f"{name}.{part}", Target("external", detail=detail)
     return module, name, target
-

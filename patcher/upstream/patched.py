@@ -38,8 +38,13 @@ class Variant:
 
 
 def variants(
-    patches: Sequence[Patch], distribution: str, version: str, files: ReleaseFiles, vllm_versions: Sequence[str],
-    cache: Path | None = None, allowed: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
+    patches: Sequence[Patch],
+    distribution: str,
+    version: str,
+    files: ReleaseFiles,
+    vllm_versions: Sequence[str],
+    cache: Path | None = None,
+    allowed: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
     targets: Sequence[TargetFile] = (),
 ) -> dict[str, list[Variant]]:
     """vLLM release -> the patched files of `distribution` `version` there: the files at least one
@@ -69,27 +74,40 @@ def variants(
                 versions = {distribution: version, "vllm": vllm, **{d: c[0] for d, c in zip(others, combination)}}
                 chosen = select_patches(patches, versions)
                 for path, group in groups.items():
-                    key = tuple((p.id, tuple(e.name for e in chosen[p.id].edits)) for p in group if chosen[p.id].selected)
+                    key = tuple(
+                        (p.id, tuple(e.name for e in chosen[p.id].edits)) for p in group if chosen[p.id].selected
+                    )
                     where = found.setdefault((path, key), {d: set() for d in others})
                     for dist, members in zip(others, combination):
                         where[dist].update(members)
             for (path, key), where in found.items():
                 source = sources[path]
                 chosen_edits = dict(key)
-                steps = [(p, [e for e in p.edits if e.name in chosen_edits[p.id]]) for p in groups[path] if p.id in chosen_edits]
+                steps = [
+                    (p, [e for e in p.edits if e.name in chosen_edits[p.id]])
+                    for p in groups[path]
+                    if p.id in chosen_edits
+                ]
                 if source is None or (not steps and path not in pristine):
                     continue
                 result = transform_source(source, steps, filename=path) if steps else None
                 calls = tuple(
                     {"receiver": c.receiver, "method": c.method, "implementation": c.implementation}
-                    for p, _ in steps for c in p.attribute_calls
-                )  # fmt: skip
+                    for p, _ in steps
+                    for c in p.attribute_calls
+                )
                 missing = tuple(o.patch_id for o in result.outcomes if o.outcome == "anchor-missing") if result else ()
                 out.setdefault(vllm, []).append(
-                    Variant(path, tuple(sorted({distribution: version, "vllm": vllm}.items())),
-                            tuple(p.id for p, _ in steps), result.result if result else source, calls, missing,
-                            tuple((d, tuple(sorted(r, key=_key))) for d, r in sorted(where.items())))
-                )  # fmt: skip
+                    Variant(
+                        path,
+                        tuple(sorted({distribution: version, "vllm": vllm}.items())),
+                        tuple(p.id for p, _ in steps),
+                        result.result if result else source,
+                        calls,
+                        missing,
+                        tuple((d, tuple(sorted(r, key=_key))) for d, r in sorted(where.items())),
+                    )
+                )
     return out
 
 

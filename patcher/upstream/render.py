@@ -59,9 +59,7 @@ def matrix_rows(report: CheckReport):
         shape = {p: (cell_text(c), c.reason.removeprefix(f"{dist} {version} ")) for p, c in cells.items()}
         if rows and rows[-1][0] == dist:
             last = rows[-1]
-            last_shape = {
-                p: (cell_text(c), c.reason.removeprefix(f"{dist} {last[1][0]} ")) for p, c in last[2].items()
-            }
+            last_shape = {p: (cell_text(c), c.reason.removeprefix(f"{dist} {last[1][0]} ")) for p, c in last[2].items()}
             if shape == last_shape:
                 last[1].append(version)
                 continue
@@ -165,13 +163,23 @@ def release_rows(report: CheckReport) -> list[tuple[str, str, str, str, str, str
         patches = sorted({p for b in bindings for p in b.patches}, key=_number)
         problems = sum(len(b.problems) for b in bindings)
         run = report.runs.get(version)
-        last = "never run" if run is None else f"{'ok' if run.ok else 'FAILED'} {run.finished[:10]}" + (
-            " (other patches)" if run.stale else ""
-        ) + (f": {run.summary}" if run.summary and not run.ok else "")
-        rows.append((
-            version, allows(report, version), " ".join(_short(p) for p in patches), str(sum(b.checked for b in bindings)),
-            "binds" if not problems else f"{problems} call(s) do not bind", last,
-        ))  # fmt: skip
+        last = (
+            "never run"
+            if run is None
+            else f"{'ok' if run.ok else 'FAILED'} {run.finished[:10]}"
+            + (" (other patches)" if run.stale else "")
+            + (f": {run.summary}" if run.summary and not run.ok else "")
+        )
+        rows.append(
+            (
+                version,
+                allows(report, version),
+                " ".join(_short(p) for p in patches),
+                str(sum(b.checked for b in bindings)),
+                "binds" if not problems else f"{problems} call(s) do not bind",
+                last,
+            )
+        )
     return rows
 
 
@@ -253,8 +261,10 @@ def _print_gates(console: Console, report: CheckReport) -> None:
 def _print_bindings(console: Console, report: CheckReport) -> None:
     from rich.table import Table
 
-    bound = Table(title="patched files bound per vLLM release and the transformers/torch releases it "
-                  "allows (static), beside the release matrix's last run")
+    bound = Table(
+        title="patched files bound per vLLM release and the transformers/torch releases it "
+        "allows (static), beside the release matrix's last run"
+    )
     for column in ("vllm", "allows", "patches selected", "imports+calls bound", "static", "last run"):
         bound.add_column(column)
     for version, allowed, patches, checked, verdict, last in release_rows(report):
@@ -321,15 +331,23 @@ def render_markdown(report: CheckReport) -> str:
         lines.append(f"`holds in`: one mark per release read, {versions[0]} to {versions[-1]} (✓ holds, · not).")
     lines += [f"{_md(line)}." for line in read_summary(report)] + [""]
     if report.bindings:
-        lines += ["## Patched files bound per vLLM release", "",
-                  ("Static: every vLLM import and call of the files apply writes there, and every transformers "
-                  "and torch import and call against each release of those the vLLM release allows; last run: "
-                  "the release matrix's result (runtime drift is seen only there)."), "",
-                  "| vllm | allows | patches selected | imports+calls bound | static | last run |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "## Patched files bound per vLLM release",
+            "",
+            (
+                "Static: every vLLM import and call of the files apply writes there, and every transformers "
+                "and torch import and call against each release of those the vLLM release allows; last run: "
+                "the release matrix's result (runtime drift is seen only there)."
+            ),
+            "",
+            "| vllm | allows | patches selected | imports+calls bound | static | last run |",
+            "|---|---|---|---|---|---|",
+        ]
         for version, allowed, patches, checked, verdict, last in release_rows(report):
-            lines.append(f"| {version} | {_md(allowed)} | {patches} | {checked} | "
-                         f"{verdict if verdict == 'binds' else '**' + verdict + '**'} | {_md(last)} |")
+            lines.append(
+                f"| {version} | {_md(allowed)} | {patches} | {checked} | "
+                f"{verdict if verdict == 'binds' else '**' + verdict + '**'} | {_md(last)} |"
+            )
         lines += ["", _md(never_run(report)) + ".", ""]
     if report.nightlies:
         lines += ["## Nightlies (fabricated metadata, selection only)", "", "| vllm | selected edits |", "|---|---|"]

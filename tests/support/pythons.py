@@ -47,8 +47,9 @@ def find_python(
     reasons = []
     for path in candidates(version, search_path, pyenv_root, system):
         try:
-            proc = subprocess.run([str(path), "-c", _ASK], capture_output=True, text=True, timeout=30,
-                                  stdin=subprocess.DEVNULL)  # fmt: skip
+            proc = subprocess.run(
+                [str(path), "-c", _ASK], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             reasons.append(f"{path}: {exc}")
             continue

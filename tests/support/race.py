@@ -124,8 +124,11 @@ class Stress:
         timeout = [] if run.command == "status" else ["--lock-timeout", "120"]
         return subprocess.Popen(
             [*PATCHER, *run.argv, *timeout, *self.vias[run.via], "--python", str(self.python), "--json", "-q"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
 
     def round(self, ways: list[str] | None = None) -> list[str]:
         """One round, its runs reaching the environment by `ways` (default: every way); what
@@ -173,7 +176,9 @@ class Stress:
         for run in readers:
             busy = any("held the lock" in note for note in run.target().get("notes", []))
             if not busy and run.end_state() not in seen:  # a busy status says it read a run half done
-                problems.append(f"{run.command} reported {sorted(SHORT[i] for i in run.end_state())}, a state that never was")
+                problems.append(
+                    f"{run.command} reported {sorted(SHORT[i] for i in run.end_state())}, a state that never was"
+                )
         try:
             now = self.status_state()
         except AssertionError as exc:

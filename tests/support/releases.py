@@ -23,9 +23,7 @@ def cache_dir() -> Path:
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "patcher" / "test-releases"
 
 
-def release_files(
-    distribution: str, version: str, paths: Iterable[str], cache: Path | None = None
-) -> dict[str, Path]:
+def release_files(distribution: str, version: str, paths: Iterable[str], cache: Path | None = None) -> dict[str, Path]:
     """Map each path inside the wheel (e.g. speculators/data_generation/x.py) to a cached copy."""
     root = cache if cache is not None else cache_dir()
     release = root / f"{distribution}-{version}"

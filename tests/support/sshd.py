@@ -37,8 +37,10 @@ def why_no_sshd() -> str | None:
 def keygen(path: Path, comment: str = "patcher-test") -> Path:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-        check=True, stdin=subprocess.DEVNULL, capture_output=True,
-    )  # fmt: skip
+        check=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+    )
     return path
 
 
@@ -105,8 +107,11 @@ class SshServer:
         with open(self.dir / "sshd.log", "ab") as log:
             self.proc = subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(self.config)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            )  # fmt: skip
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

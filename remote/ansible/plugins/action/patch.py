@@ -16,7 +16,11 @@ class ActionModule(ActionBase):
         try:
             from patcher.transport.ansible_task import run_task
         except ImportError as exc:
-            result.update(failed=True, msg=f"patcher is not installed in the controller's Python ({exc}): pip install patcher")
+            result.update(
+                failed=True, msg=f"patcher is not installed in the controller's Python ({exc}): pip install patcher"
+            )
             return result
-        result.update(run_task(self, dict(self._task.args), task_vars or {}, bool(self._task.check_mode), bool(self._task.diff)))
+        result.update(
+            run_task(self, dict(self._task.args), task_vars or {}, bool(self._task.check_mode), bool(self._task.diff))
+        )
         return result
