@@ -175,6 +175,19 @@ def extract_row(target: Path, model: Path) -> dict:
     }
 
 
+def earlier_row(results: Path, release: str) -> dict | None:
+    """The newest row `release` has from another patch set (or recipe), marked with its date: what
+    was proven then, shown as such until the row runs again with these patches."""
+    files = sorted(results.glob(f"{release}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for file in files:
+        row = json.loads(file.read_text())
+        if str(row.get("apply", "")).startswith("environment failed"):
+            continue  # an environment that did not build says nothing of the patches
+        day = time.strftime("%Y-%m-%d", time.gmtime(file.stat().st_mtime))
+        return {**row, "run_with": f"an earlier patch set ({day})"}
+    return None
+
+
 def cell(row: dict) -> list[str]:
     extract = row.get("extract", {})
     error = extract.get("error") or extract.get("skipped")
@@ -189,6 +202,7 @@ def cell(row: dict) -> list[str]:
         whole,
         {True: "yes", False: "no"}.get(row.get("rollback_identical"), "-"),
         f"{row.get('minutes', '-')}",
+        row.get("run_with", "these patches") if "selected" in row else "-",
     ]
 
 
@@ -202,6 +216,7 @@ def table(rows: list[dict]) -> str:
         "rows whole, in order",
         "rollback byte-identical",
         "minutes",
+        "run with",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell(r)) + " |" for r in rows]
@@ -241,7 +256,7 @@ def main() -> int:
             rows.append(json.loads(cached.read_text()))
             continue
         if args.cached_only:
-            rows.append({"release": release, "apply": "not run with these patches yet"})
+            rows.append(earlier_row(results, release) or {"release": release, "apply": "never run"})
             continue
         say(f"{release}: running")
         try:
