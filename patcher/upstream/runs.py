@@ -74,7 +74,7 @@ def patch_set_hash(release: str) -> str | None:
     for path in sorted(patches.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + patch_code(path).encode())
     try:
-        digest.update(b"\0recipe\0" + recipe_for(release).fingerprint().encode())
+        digest.update(b"\0recipe\0" + recipe_for(release).row_fingerprint().encode())
     except RecipeError:
         return None
     return digest.hexdigest()[:12]
