@@ -43,6 +43,7 @@ from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
 from patcher.upstream.runs import patch_set_hash  # noqa: E402
 
 EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
+WORKER_PREFIX = re.compile(r"^\([A-Za-z_]+ pid=[0-9]+\) ")
 FIRST_LINE, LAST_LINE = (0, 11), (0, 32)
 NO_CPU_WHEEL = ("0.33.0",)
 # 0.11.0: speculators 0.3.0's own target (which of the patches it still needs); 0.11.1.post2: the
@@ -165,7 +166,11 @@ def extract_row(target: Path, model: Path, env: dict[str, str]) -> dict:
         ]  # 40 missed the worker's trace
         # vLLM's own logger writes to stdout: the worker's traceback and the warning that names
         # its cause are there (0.11.2: "Failed to import from vllm._C: ... CXXABI_1.3.15 not found")
-        vllm_log = [line for line in proc.stdout.splitlines() if line.startswith(("WARNING ", "ERROR "))][-80:]
+        # a worker's lines carry its name first ("(Worker pid=17999) ERROR ..."; 0.18.1's RuntimeError
+        # was only there)
+        vllm_log = [
+            line for line in proc.stdout.splitlines() if WORKER_PREFIX.sub("", line).startswith(("WARNING ", "ERROR "))
+        ][-80:]
         return {"error": f"{e['type']} in {e['phase']}: {e['message'][:160]}", "log_tail": tail, "vllm_log": vllm_log}
     prompts = [p for c in report["calls"] for p in c["prompts"]]
     return {
