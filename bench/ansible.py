@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(ROOT / "bench"))
 
-from fleet import PATCHER, TARGETS, Fleet, sh  # noqa: E402
+from fleet import PATCHER, TARGETS, Fleet, ansible_base_env, sh  # noqa: E402
 
 from tests.support.envs import site_file  # noqa: E402
 from tests.support.sshd import why_no_sshd  # noqa: E402
@@ -41,19 +41,11 @@ PYINFRA_VERSION = "3.10.0"
 
 
 def ansible_env(fleet: Fleet, collections: Path) -> dict:
-    env = {
-        **os.environ,
-        "ANSIBLE_SSH_ARGS": f"-F {fleet.client.config} -o ControlMaster=auto -o ControlPersist=60s",
-        "ANSIBLE_PIPELINING": "True",
-        "ANSIBLE_HOST_KEY_CHECKING": "True",
-        "ANSIBLE_RETRY_FILES_ENABLED": "False",
-        "ANSIBLE_LOCAL_TEMP": str(fleet.work / "ansible-tmp"),
-        "ANSIBLE_NOCOLOR": "1",
+    return {
+        **ansible_base_env(fleet),
         "ANSIBLE_COLLECTIONS_PATH": str(collections),
         "PATCHER_CACHE": str(fleet.work / "cache-warm"),
     }
-    env.pop("SSH_AUTH_SOCK", None)
-    return env
 
 
 def ansible_inventory(fleet: Fleet, n: int) -> Path:

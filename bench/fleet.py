@@ -44,6 +44,22 @@ def address(i: int) -> str:
     return f"127.0.1.{i + 2}"  # loopback; apart from the tests' 127.0.0.x
 
 
+def ansible_base_env(fleet: Fleet) -> dict:
+    """Ansible's settings for a loopback fleet (its ssh config, pipelining, no agent), shared
+    with bench/ansible.py."""
+    env = {
+        **os.environ,
+        "ANSIBLE_SSH_ARGS": f"-F {fleet.client.config} -o ControlMaster=auto -o ControlPersist=60s",
+        "ANSIBLE_PIPELINING": "True",
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "ANSIBLE_LOCAL_TEMP": str(fleet.work / "ansible-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    env.pop("SSH_AUTH_SOCK", None)
+    return env
+
+
 def sh(command: list[str], env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if check and done.returncode != 0:
@@ -239,16 +255,7 @@ def time_ansible(fleet: Fleet, n: int, forks: int, playbook_bin: Path, patched: 
     )
     play = fleet.work / "play.yml"
     play.write_text(f"- hosts: gpus\n  gather_facts: false\n  tasks:\n{tasks}")
-    env = {
-        **os.environ,
-        "ANSIBLE_SSH_ARGS": f"-F {fleet.client.config} -o ControlMaster=auto -o ControlPersist=60s",
-        "ANSIBLE_PIPELINING": "True",
-        "ANSIBLE_HOST_KEY_CHECKING": "True",
-        "ANSIBLE_RETRY_FILES_ENABLED": "False",
-        "ANSIBLE_LOCAL_TEMP": str(fleet.work / "ansible-tmp"),
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    env.pop("SSH_AUTH_SOCK", None)
+    env = ansible_base_env(fleet)
     started = time.perf_counter()
     sh([str(playbook_bin), "-i", str(inventory), "-f", str(forks), str(play)], env=env)
     elapsed = time.perf_counter() - started
