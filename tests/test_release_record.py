@@ -1,0 +1,71 @@
+"""The release matrix's record (bench/results/releases/): the README table is made from it, each row
+says which patch set it ran with, and check-upstream reads it beside the user's own runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from patcher.demo.recipes import recipe_for
+from patcher.upstream.runs import load_runs, patch_set_hash, recorded_folder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def releases():
+    spec = importlib.util.spec_from_file_location("bench_releases", ROOT / "bench" / "releases.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_table_is_the_record(releases):
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index(releases.MARK_START) + len(releases.MARK_START)
+    shown = readme[start : readme.index(releases.MARK_END)].strip()
+    assert shown == releases.table(releases.recorded_rows()), "run: python bench/releases.py --table-only --readme"
+
+
+def test_every_recorded_row_is_named_by_its_key_and_has_a_recipe(releases):
+    files = sorted(releases.RECORD.glob("*.json"))
+    assert files and releases.RECORD == recorded_folder()
+    seen = set()
+    for file in files:
+        row = json.loads(file.read_text())
+        assert file.name == f"{row['release']}-{row['patch_set_hash']}.json"
+        assert row["release"] not in seen, f"two rows for {row['release']}"
+        seen.add(row["release"])
+        recipe_for(row["release"])  # raises where no recipe answers it
+
+
+def test_a_new_row_replaces_the_releases_earlier_one_only(releases, tmp_path):
+    releases.record_row({"release": "0.32.0", "apply": "exit 1, rolled back"}, "0123456789ab", tmp_path)
+    releases.record_row({"release": "0.31.0", "apply": "exit 0, changed"}, "ba9876543210", tmp_path)
+    key = patch_set_hash("0.32.0")
+    assert key
+    releases.record_row({"release": "0.32.0", "apply": "exit 0, changed"}, key, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.31.0-ba9876543210.json", f"0.32.0-{key}.json"]
+    rows = {r["release"]: r for r in releases.recorded_rows(tmp_path)}
+    assert "run_with" not in rows["0.32.0"]  # these patches
+    assert rows["0.31.0"]["run_with"].startswith("an earlier patch set (20")
+
+
+def test_check_upstream_reads_a_rows_own_finish_time(tmp_path):
+    # git keeps no file times: a recorded row carries its own
+    row = {
+        "release": "0.32.0",
+        "apply": "exit 0, changed",
+        "rollback_identical": True,
+        "extract": {"ok": True, "max_rel_diff": 0.07, "rows_whole_in_order": True},
+        "finished": "2026-12-01T10:00:00Z",
+    }
+    (tmp_path / f"0.32.0-{patch_set_hash('0.32.0')}.json").write_text(json.dumps(row))
+    run = load_runs(tmp_path)["0.32.0"]
+    assert run.finished == "2026-12-01T10:00:00Z" and run.ok and not run.stale
