@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from patcher.demo.c_runtime import describe as c_runtime_of  # noqa: E402
 from patcher.demo.environment import build_demo_env, demo_env_dir, resolve_cache, run_environment  # noqa: E402
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
@@ -116,6 +117,8 @@ def run_release(release: str, keep_env: bool) -> dict:
     base = build_demo_env(progress=lambda m: say(f"  {m}"), vllm=release)
     versions = installed_versions(base)
     row["torch"], row["transformers"] = versions.get("torch", "?"), versions.get("transformers", "?")
+    if runtime := c_runtime_of(str(base)):  # a recipe's c_runtime (0.11.2): the C runtime the row ran on
+        row["c_runtime"] = runtime
     if cpu_build:
         model = ensure_tiny_model(build_demo_env(progress=lambda m: None), progress=lambda m: say(f"  {m}"))
     with tempfile.TemporaryDirectory(prefix="patcher-release-") as tmp:
