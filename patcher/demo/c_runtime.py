@@ -28,6 +28,7 @@ import io
 import json
 import lzma
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -130,6 +131,10 @@ def runtime_python(
     """The python of `python`'s prefix on `suite`'s C runtime (built once, then reused).
 
     `why` names what needs it, for the one-line error when deb.debian.org cannot be reached."""
+    if platform.machine() != "x86_64":
+        raise CRuntimeError(
+            f"{why} needs Debian {suite}'s C runtime, which this fetches for x86_64 only, not {platform.machine()}"
+        )
     final, facts = runtime_dir(cache, suite, packages, python)
     wrapper = final / "bin" / f"python{facts['version']}"
     if (final / COMPLETE).is_file():
