@@ -137,7 +137,9 @@ def run_release(release: str, keep_env: bool, leave_out: str | None = None) -> d
         code, doc, _err = patcher_cli("apply", "--python", str(target), *(["--skip", leave_out] if leave_out else []))
         t = doc["targets"][0] if doc else {}
         row["selected"] = [
-            p["id"].split("-", 1)[0] for p in t.get("patches", []) if p["state"] in ("applied", "already-satisfied")
+            p["id"].split("-", 1)[0]
+            for p in t.get("patches", [])
+            if p["state"] in ("applied", "already-satisfied", "failed")  # failed: applied, then restored
         ]
         row["apply"] = f"exit {code}, {t.get('status', '?')}" + (f": {t.get('message', '')[:120]}" if code else "")
         row["apply_message"] = t.get("message", "")  # "N file(s) written, verified": verification ran
@@ -228,11 +230,16 @@ def cell(row: dict) -> list[str]:
     error = extract.get("error") or extract.get("skipped")
     largest = f"{extract['max_rel_diff']:.3f}" if extract.get("max_rel_diff") is not None else "-"
     whole = "yes" if extract.get("rows_whole_in_order") else ("-" if error or not extract else "no")
+    apply = row.get("apply", "?")
+    if not apply.startswith("exit 0") and row.get("apply_message"):  # the whole symptom, less its file paths
+        apply = apply.split(":", 1)[0] + ": " + re.sub(r" \(/[^)]*\)", "", row["apply_message"])[:300]
+    if error and error != "apply failed":
+        apply += f"; run: {error}"
     return [
         row["release"] + (f" without {row['left_out']}" if row.get("left_out") else ""),
         f"{row.get('torch', '-')} / {row.get('transformers', '-')}",
         " ".join(row.get("selected", [])) or "-",
-        row.get("apply", "?") + (f"; run: {error}" if error else ""),
+        apply,
         largest,
         whole,
         {True: "yes", False: "no"}.get(row.get("rollback_identical"), "-"),
