@@ -56,8 +56,8 @@ WORKER_PREFIX = re.compile(r"^\([A-Za-z_]+ pid=[0-9]+\) ")
 FIRST_LINE, LAST_LINE = (0, 11), (0, 32)
 NO_CPU_WHEEL = ("0.33.0",)
 # 0.11.0: speculators 0.3.0's own target (which of the patches it still needs); 0.11.1.post2: the
-# newest 0.11 build whose vllm/_C loads on Debian 12 (0.11.2's needs GCC 14's libstdc++, 0.11.2.post2's
-# glibc 2.38: see the 0.11 recipe), so the line's 0.11.1 drift (v2 v3 v5) is run somewhere
+# newest 0.11 build whose vllm/_C loads on Debian 12's own C runtime (0.11.2 runs on the Debian 13
+# runtime its recipe fetches: see the 0.11.2 recipe), what a user there can install instead
 ALSO = ("0.11.1.post2", "0.11.0")
 KEPT = {"0.16.0", "0.32.0"}  # the environments the tests (and the demo) share
 MARK_START, MARK_END = "<!-- releases:start -->", "<!-- releases:end -->"
