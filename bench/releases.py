@@ -232,7 +232,8 @@ def cell(row: dict) -> list[str]:
     whole = "yes" if extract.get("rows_whole_in_order") else ("-" if error or not extract else "no")
     apply = row.get("apply", "?")
     if not apply.startswith("exit 0") and row.get("apply_message"):  # the whole symptom, less its file paths
-        apply = apply.split(":", 1)[0] + ": " + re.sub(r" \(/[^)]*\)", "", row["apply_message"])[:300]
+        symptom = re.sub(r" \(/[^)]*\)|/\S*/site-packages/", "", row["apply_message"].splitlines()[0])
+        apply = apply.split(":", 1)[0] + ": " + symptom[:300]
     if error and error != "apply failed":
         apply += f"; run: {error}"
     return [

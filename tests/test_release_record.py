@@ -45,6 +45,7 @@ def test_every_recorded_row_is_named_by_its_key_and_has_a_recipe(releases):
         assert releases.row_name(row) not in seen, f"two rows for {releases.row_name(row)}"
         seen.add(releases.row_name(row))
         recipe_for(row["release"])  # raises where no recipe answers it
+        assert not any("\n" in cell or "|" in cell for cell in releases.cell(row)), row  # one table line each
 
 
 def test_a_new_row_replaces_the_releases_earlier_one_only(releases, tmp_path):

@@ -39,8 +39,6 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from .environment import DemoEnvError
-
 MIRROR = "https://deb.debian.org/debian"
 ARCH = "amd64"
 TRIPLET = "x86_64-linux-gnu"
@@ -51,7 +49,7 @@ MANIFEST = "manifest.json"
 TIMEOUT = 60
 
 
-class CRuntimeError(DemoEnvError):
+class CRuntimeError(RuntimeError):
     pass
 
 

