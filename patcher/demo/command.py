@@ -136,18 +136,24 @@ def _cpu_release(vllm: str | None) -> str:
 
 
 def _environment(vllm: str | None, work: Path) -> tuple[Path, Path]:
-    """The throwaway target's python (pristine speculators over the shared environment) and the tiny model."""
-    from .environment import build_demo_env
+    """The throwaway target's python (pristine speculators over the shared environment) and the tiny model.
+    A release the package index lacks is a usage error (exit 2), any other failed build exits 1: one line each."""
+    from .environment import DemoEnvError, UnknownRelease, build_demo_env
     from .overlay import make_overlay
     from .tiny_model import ensure_tiny_model
 
-    # the tiny model is made once, with the default environment (every release reads the same files)
-    model = ensure_tiny_model(build_demo_env(progress=lambda m: _say(f"    {m}")), progress=lambda m: _say(f"    {m}"))
-    base = (
-        build_demo_env(progress=lambda m: _say(f"    {m}"), vllm=vllm)
-        if vllm
-        else build_demo_env(progress=lambda m: _say(f"    {m}"))
-    )
+    def progress(message: str) -> None:
+        _say(f"    {message}")
+
+    try:
+        # the release asked for first: a release the index lacks is said before the default is built
+        base = build_demo_env(progress=progress, vllm=vllm)
+        # the tiny model is made once, with the default environment (every release reads the same files)
+        model = ensure_tiny_model(base if not vllm else build_demo_env(progress=progress), progress=progress)
+    except UnknownRelease as exc:
+        raise click.UsageError(str(exc)) from None
+    except DemoEnvError as exc:
+        raise click.ClickException(f"the demo environment: {exc}") from None
     target = make_overlay(base, work / "target")
     _say(f"    target: {target} (its own pristine speculators 0.3.0 over the shared environment)")
     return target, model

@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,7 +41,32 @@ Progress = Callable[[str], None]
 
 
 class DemoEnvError(RuntimeError):
-    pass
+    """The environment could not be built: one line, naming the build's log."""
+
+
+class UnknownRelease(DemoEnvError):
+    """The package index has no such release of the distribution: a usage error, not a build failure."""
+
+
+# pip's own words when the index has the project but not that release (an unreachable index lists
+# "none", which says nothing of the release)
+NOT_ON_INDEX = re.compile(r"satisfies the requirement ([A-Za-z0-9_.-]+)==(\S+) \(from versions: ([^)]*)\)")
+
+
+def build_failure(what: str, code: int, output: list[str], log_path: Path) -> DemoEnvError:
+    """What a failed pip (or venv) step says in one line: an unknown release names the releases the
+    index has; anything else, pip's last error line and the whole log's path."""
+    for line in output:
+        found = NOT_ON_INDEX.search(line)
+        if found and found.group(3).strip() not in ("", "none"):
+            name, wanted, listed = found.group(1), found.group(2), found.group(3).split(", ")
+            return UnknownRelease(
+                f"{name} {wanted} is not on the package index, which has {len(listed)} releases from {listed[0]} "
+                f"to {listed[-1]} (`pip index versions {name}` lists them): name one of those"
+            )
+    errors = [line.strip() for line in output if line.startswith("ERROR:")]
+    said = f": {errors[-1][:300]}" if errors else ""
+    return DemoEnvError(f"{what} failed (exit {code}){said}; the whole log: {log_path}")
 
 
 def resolve_cache(explicit: Path | None = None) -> Path:
@@ -134,8 +160,10 @@ def _run(cmd: list[str], log_path: Path, progress: Progress, what: str, env: dic
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
         assert proc.stdout is not None
         downloads = 0
+        tail: list[str] = []  # what a failure is explained from (build_failure)
         for line in proc.stdout:
             log.write(line)
+            tail = (tail + [line])[-40:]
             if line.startswith("Collecting "):
                 downloads += 1
                 if downloads % 25 == 0:
@@ -144,7 +172,7 @@ def _run(cmd: list[str], log_path: Path, progress: Progress, what: str, env: dic
                 progress("  " + line.strip()[:160] + (" ..." if len(line.strip()) > 160 else ""))
         code = proc.wait()
     if code != 0:
-        raise DemoEnvError(f"{what} failed (exit {code}); see {log_path}")
+        raise build_failure(what, code, tail, log_path)
     progress(f"{what}: done in {time.monotonic() - started:.0f}s")
 
 
