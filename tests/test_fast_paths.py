@@ -94,28 +94,24 @@ def test_any_change_to_the_patch_package_is_a_new_index(tmp_path):
     assert declarations.package_digest(copy) != before
 
 
+def modules_an_apply_imports(python: Path, cache: Path, **env: str) -> set[str]:
+    """`patcher apply --python PYTHON --no-verify` (it must exit 0): the modules patcher imported
+    (python -X importtime, whose lines end with the module's name)."""
+    command = [sys.executable, "-X", "importtime", "-m", "patcher.cli", "apply", "--python", str(python)]
+    done = subprocess.run(
+        [*command, "--no-verify", "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATCHER_CACHE": str(cache), **env},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+
+
 def test_no_op_apply_imports_no_libcst(tmp_path, cache):
     python = light_env(tmp_path)
-    apply = [
-        sys.executable,
-        "-X",
-        "importtime",
-        "-m",
-        "patcher.cli",
-        "apply",
-        "--python",
-        str(python),
-        "--no-verify",
-        "--quiet",
-    ]
-    env = {**os.environ, "PATCHER_CACHE": str(cache)}
-    first = subprocess.run(apply, capture_output=True, text=True, env=env)
-    assert first.returncode == 0, first.stderr[-2000:]
-    again = subprocess.run(apply, capture_output=True, text=True, env=env)
-    assert again.returncode == 0, again.stderr[-2000:]
-    imported = lambda err: {line.rsplit("|", 1)[-1].strip() for line in err.splitlines()}  # noqa: E731
-    assert "libcst" in imported(first.stderr)  # the check can see it
-    assert "libcst" not in imported(again.stderr)
+    assert "libcst" in modules_an_apply_imports(python, cache)  # the check can see it
+    assert "libcst" not in modules_an_apply_imports(python, cache)
 
 
 @pytest.mark.vllm
@@ -183,33 +179,15 @@ def test_transforms_cached_from_another_environment_are_the_same_bytes(tmp_path,
     from tests.support.envs import site_file
 
     first, second = light_env(tmp_path / "a"), light_env(tmp_path / "b")
-    env = {**os.environ, "PATCHER_CACHE": str(cache)}
-
-    def apply(python: Path, **extra: str) -> set[str]:
-        command = [
-            sys.executable,
-            "-X",
-            "importtime",
-            "-m",
-            "patcher.cli",
-            "apply",
-            "--python",
-            str(python),
-            "--no-verify",
-            "--quiet",
-        ]
-        done = subprocess.run(command, capture_output=True, text=True, env={**env, **extra})
-        assert done.returncode == 0, done.stderr[-2000:]
-        return {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
-
-    assert "libcst" in apply(first)
-    assert "libcst" not in apply(second)
+    assert "libcst" in modules_an_apply_imports(first, cache)
+    assert "libcst" not in modules_an_apply_imports(second, cache)
     targets = sorted({p.target.path for p in import_patches()})
     for rel in targets:
         assert site_file(second, rel).read_bytes() == site_file(first, rel).read_bytes(), rel
     pristine = light_env(tmp_path / "c")
     assert any(site_file(pristine, rel).read_bytes() != site_file(second, rel).read_bytes() for rel in targets)
-    assert "libcst" in apply(pristine, PATCHER_NO_TRANSFORM_CACHE="1")  # the switch turns the cache off
+    # the switch turns the cache off
+    assert "libcst" in modules_an_apply_imports(pristine, cache, PATCHER_NO_TRANSFORM_CACHE="1")
 
 
 def test_one_agent_process_per_session_and_none_left_behind(tmp_path):
