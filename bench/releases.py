@@ -51,7 +51,7 @@ from patcher.demo.environment import build_demo_env, demo_env_dir, run_environme
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
 from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
-from patcher.upstream.runs import patch_set_hash  # noqa: E402
+from patcher.upstream.runs import bench_row_passed, patch_set_hash  # noqa: E402
 
 EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
 RECORD = ROOT / "bench" / "results" / "releases"  # committed: the README table is made from it
@@ -362,16 +362,11 @@ def bad_arguments(releases: list[str], leave_out: str | None) -> str:
 
 
 def row_passed(row: dict) -> bool:
-    """A release's row passes when apply verified, the extraction matched (or, without a CPU build, was
-    not run) and rollback was byte-identical; a leave-one-out row is evidence whatever its verdict, so
-    only its rollback must hold."""
-    if not row.get("rollback_identical"):
-        return False
+    """A release's row passes by check-upstream's rule (patcher.upstream.runs.bench_row_passed); a
+    leave-one-out row is evidence whatever its verdict, so only its byte-identical rollback must hold."""
     if row.get("left_out"):
-        return True
-    extract = row.get("extract", {})
-    matched = bool(extract.get("ok")) and bool(extract.get("rows_whole_in_order"))
-    return row.get("apply", "").startswith("exit 0") and (matched or "no CPU build" in str(extract.get("skipped")))
+        return bool(row.get("rollback_identical"))
+    return bench_row_passed(row)
 
 
 if __name__ == "__main__":

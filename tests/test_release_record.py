@@ -137,3 +137,23 @@ def test_a_runs_exit_says_whether_every_row_it_ran_passed(releases):
     assert releases.row_passed(left_out) and not releases.row_passed({**left_out, "rollback_identical": False})
     # every row recorded today passes by that rule
     assert all(releases.row_passed(r) for r in releases.recorded_rows() + releases.recorded_rows(left_out=True))
+
+
+def test_check_upstream_reads_a_release_without_a_cpu_build_as_its_apply_and_rollback(tmp_path):
+    # 0.33.0's row is apply and verification only (no CPU build): it passed, as the README table says
+    assert load_runs(recorded_folder())["0.33.0"].ok
+    skipped = {"release": "0.33.0", "apply": "exit 0, changed", "rollback_identical": True, "finished": "2026-12-01"}
+    skipped["extract"] = {"skipped": "no CPU build: apply and verification only"}
+    rows = [
+        skipped,
+        {**skipped, "apply": "exit 1, rolled-back: verification failed"},
+        {**skipped, "rollback_identical": False},
+        {**skipped, "release": "0.32.0"},  # a CPU build must run the extraction
+    ]
+    verdicts = []
+    for number, row in enumerate(rows):
+        folder = tmp_path / str(number)
+        folder.mkdir()
+        (folder / f"{row['release']}-0123456789ab.json").write_text(json.dumps(row))
+        verdicts.append(load_runs(folder)[row["release"]].ok)
+    assert verdicts == [True, False, False, False]
