@@ -353,11 +353,9 @@ def bad_arguments(releases: list[str], leave_out: str | None) -> str:
             recipe_for(release)
         except RecipeError as error:
             return f"--release {release}: {error}"
-    ids = {p.id.split("-", 1)[0] for p in load_patches()}
+    ids = [p.short_id for p in load_patches()]  # in their order; a row is named by the short form
     if leave_out and leave_out not in ids:
-        return (
-            f"--leave-out {leave_out}: no such patch; the patches are {' '.join(sorted(ids, key=lambda i: int(i[1:])))}"
-        )
+        return f"--leave-out {leave_out}: no such patch; the patches are {' '.join(ids)}"
     return ""
 
 

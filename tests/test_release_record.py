@@ -103,7 +103,7 @@ def test_the_matrix_runs_each_lines_newest_release_and_its_newest_rebuild(releas
     [
         (["--release", "banana"], "--release banana: a vLLM release is named like 0.32.0"),
         (["--release", "0.32"], ""),  # a line is a release too: its recipe's
-        (["--leave-out", "v99", "--list"], "--leave-out v99: no such patch; the patches are v1 v2 v3"),
+        (["--leave-out", "v99"], "--leave-out v99: no such patch; the patches are v1 v2 v3"),
     ],
 )
 def test_the_runner_refuses_a_bad_command_line_before_building_anything(args, said):

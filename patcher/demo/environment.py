@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -160,10 +161,10 @@ def _run(cmd: list[str], log_path: Path, progress: Progress, what: str, env: dic
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
         assert proc.stdout is not None
         downloads = 0
-        tail: list[str] = []  # what a failure is explained from (build_failure)
+        tail: deque[str] = deque(maxlen=40)  # what a failure is explained from (build_failure)
         for line in proc.stdout:
             log.write(line)
-            tail = (tail + [line])[-40:]
+            tail.append(line)
             if line.startswith("Collecting "):
                 downloads += 1
                 if downloads % 25 == 0:
@@ -172,7 +173,7 @@ def _run(cmd: list[str], log_path: Path, progress: Progress, what: str, env: dic
                 progress("  " + line.strip()[:160] + (" ..." if len(line.strip()) > 160 else ""))
         code = proc.wait()
     if code != 0:
-        raise build_failure(what, code, tail, log_path)
+        raise build_failure(what, code, list(tail), log_path)
     progress(f"{what}: done in {time.monotonic() - started:.0f}s")
 
 
