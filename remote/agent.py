@@ -249,8 +249,12 @@ STATE_DIR_PARTS = ("share", "patcher")
 # The controller runs `python -c BOOTSTRAP` and writes {"agent": <this file>, "mark": ..., ...}
 # as the first line of stdin. The first line is read before the version check so that even an
 # old Python's refusal carries the mark (and it is read in a way Python 2 runs too).
+# `-c` puts the current folder first on sys.path (as ''): it goes before the first import (sys is
+# built in), so a json.py planted in /tmp or the login home never runs.
 BOOTSTRAP = (
-    "import sys,json\n"
+    "import sys\n"
+    "if sys.path[:1]==['']:del sys.path[0]\n"
+    "import json\n"
     "d=json.loads(getattr(sys.stdin,'buffer',sys.stdin).readline().decode('utf-8'))\n"
     "if sys.version_info<(3,9):\n"
     " print(d.get('mark','')+' '+json.dumps({'ok':False,'error':{'kind':'python-too-old','message':"
@@ -1336,7 +1340,6 @@ def run_verification(spec: VerifySpec) -> Verification:
     fails (apply then restores the files). The modules it imports may print: its answer is the
     line that starts with a mark of its own."""
     import subprocess
-    import tempfile
 
     WATCHDOG.disarm()  # the verification's own limit applies while it runs
     timeout = float(spec.get("timeout", 600))
@@ -1347,7 +1350,7 @@ def run_verification(spec: VerifySpec) -> Verification:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        cwd=tempfile.gettempdir(),  # never import from whatever folder we were started in
+        cwd="/",  # BOOTSTRAP drops the current folder from sys.path; "/" is nobody's to plant in
     )
     CHILD.append(proc)
     try:

@@ -113,7 +113,7 @@ def interpreter_facts(python: str) -> dict[str, str]:
         "'prefix': sys.base_prefix, 'stdlib': sysconfig.get_paths()['stdlib'], "
         "'include': sysconfig.get_paths()['include'], 'version': '%d.%d' % sys.version_info[:2]}))"
     )
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    done = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, check=True, timeout=60)
     return json.loads(done.stdout)
 
 
@@ -151,7 +151,7 @@ def runtime_python(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     glibc = subprocess.run(
-        [str(wrapper), "-c", "import os; print(os.confstr('CS_GNU_LIBC_VERSION'))"],
+        [str(wrapper), "-I", "-c", "import os; print(os.confstr('CS_GNU_LIBC_VERSION'))"],
         check=False,
         capture_output=True,
         text=True,

@@ -45,7 +45,7 @@ def make_overlay(base_python: Path, dest: Path, speculators: str = "speculators=
 
 def _purelib(python: Path) -> str:
     return subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
         text=True,
         check=True,

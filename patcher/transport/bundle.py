@@ -385,6 +385,12 @@ def _render(data: dict) -> str:
         "# Run it with the target environment's Python, e.g.:\n"
         "#   /root/ml-env/bin/python3 patcher-bundle.py status   (then plan, apply, rollback; info)\n"
         "# Standard library only; nothing is installed. Generated: do not edit.\n"
+        "import sys\n"
+        "\n"
+        "# Python puts this file's folder first on sys.path (unless -I or -P): a json.py beside it\n"
+        "# would run before the bundle's own code. Nothing is imported before that folder is gone.\n"
+        "if not (getattr(sys.flags, 'isolated', 0) or getattr(sys.flags, 'safe_path', 0)) and sys.path:\n"
+        "    del sys.path[0]\n"
     )
     return header + runtime + '\n\nif __name__ == "__main__":\n    sys.exit(main())\n'
 

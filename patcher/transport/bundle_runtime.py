@@ -14,8 +14,9 @@ A bundle applies the whole selected set or rolls all of it back; a file whose by
 know (another release, a hand edit) is refused, never guessed at.
 """
 
-from __future__ import annotations
-
+# No `from __future__` import here: it is a runtime import, and a bundle's first statement must
+# drop the bundle's own folder from sys.path (see bundle._render) before anything is imported.
+# Annotations the bundle cannot evaluate (names it has only for the type checker) are quoted.
 import argparse
 import base64
 import hashlib
@@ -146,7 +147,7 @@ def specifier_holds(item: str, version: Version) -> bool:
     raise ValueError(f"unsupported operator in {item!r}")
 
 
-def condition_holds(spec: str, version: str | None) -> bool:
+def condition_holds(spec: str, version: "str | None") -> bool:
     """As patcher.plan.selection.condition_holds: PEP 440, pre-releases allowed."""
     if version is None:
         return False
@@ -160,7 +161,7 @@ def condition_holds(spec: str, version: str | None) -> bool:
 # ------------------------------------------------------------------ the shared core
 
 
-def _load(blob: str | None) -> bytes:
+def _load(blob: "str | None") -> bytes:
     if blob is None:
         raise RuntimeError("bundle_runtime runs inside a bundle file (patcher bundle writes one)")
     return zlib.decompress(base64.b64decode(blob))
@@ -215,7 +216,7 @@ def specs(data: dict) -> list:
     return [CORE_PLANNING.PatchSpec.from_json(p) for p in data["patches"]]
 
 
-def check_known(data: dict, facts: Facts, selection: dict) -> None:
+def check_known(data: dict, facts: "Facts", selection: dict) -> None:
     """Refuse a file whose bytes the bundle does not know (another release, a hand edit) where a
     patch would touch it; one no selected patch wants, with no record, is not its business."""
     for target in data["files"]:
@@ -266,7 +267,7 @@ def transform_results(data: dict, draft) -> dict:
     return results
 
 
-def plan(data: dict, facts: Facts, mode: str):
+def plan(data: dict, facts: "Facts", mode: str):
     """The core's plan for this environment, the codemods' results taken from the bundle."""
     draft = CORE_PLANNING.draft(facts, specs(data), condition_holds, mode)
     check_known(data, facts, draft.selection)
@@ -290,12 +291,12 @@ def _empty_report() -> dict:
     }
 
 
-def _declared(data: dict) -> list[TargetFile]:
+def _declared(data: dict) -> "list[TargetFile]":
     """The files the agent may read, write and record: the bundle's target files only."""
     return [{"distribution": f["distribution"], "path": f["path"]} for f in data["files"]]
 
 
-def _read_facts(ns: dict, data: dict, report: dict, command: str, lock_timeout: float) -> Facts:
+def _read_facts(ns: dict, data: dict, report: dict, command: str, lock_timeout: float) -> "Facts":
     # The agent reads, writes and records the declared files only, as when patcher drives it;
     # as patcher does, a run that writes holds the lock from its facts to its last write.
     declared = _declared(data)
@@ -351,7 +352,7 @@ def _report_plan(report: dict, the_plan, command: str) -> bool:
 
 
 def _write(
-    ns: dict, data: dict, report: dict, the_plan, mode: str, verify: bool, lock_timeout: float, facts: Facts
+    ns: dict, data: dict, report: dict, the_plan, mode: str, verify: bool, lock_timeout: float, facts: "Facts"
 ) -> None:
     """The agent carries the plan out (and verifies it); the report says how it went."""
     checked = verify and mode == "apply" and the_plan.verify_files
@@ -416,7 +417,7 @@ def info() -> None:
         print(f"  {p['id']}: {p.get('title', '')} ({conditions})")
 
 
-def main(argv: list | None = None) -> int:
+def main(argv: "list | None" = None) -> int:
     parser = argparse.ArgumentParser(
         prog="patcher-bundle",
         description="patcher, offline: status/plan/apply/rollback for the Python environment that runs this file "
