@@ -541,12 +541,14 @@ def bundle(output, releases, wheels, quiet) -> None:
     only; the same agent, records and exit codes as patcher). It knows the pristine files by
     sha256 and carries their patched bytes; it refuses any other file.
     """
+    from ..output_files import OutputFileError, check_destination
     from ..patchset.registry import load_patches
     from ..transport.bundle import BundleError, build, default_releases, find_or_download, write
 
     out = Output(False, quiet)
     patches = load_patches()
     try:
+        check_destination(output)  # before the minutes of work a bundle takes
         chosen = []
         for item in releases:
             name, sep, version = item.partition("==")
@@ -558,7 +560,7 @@ def bundle(output, releases, wheels, quiet) -> None:
             paths += [find_or_download(n, v, out.progress) for n, v in (chosen or default_releases(patches))]
         source, summary = build(patches, paths, out.progress)
         write(Path(output), source)
-    except (BundleError, OSError) as exc:
+    except (BundleError, OutputFileError, OSError) as exc:
         out.error(str(exc))
         sys.exit(2)
     files = ", ".join(f"{path.rsplit('/', 1)[-1]} ({len(shas)})" for path, shas in summary["files"].items())

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..output_files import OutputFileError
 from ..patchset.registry import load_patches
 from ..report import EXIT_INTERRUPTED, EXIT_USAGE, overall_exit
 from ..run import RunOptions
@@ -152,6 +153,8 @@ def write_retry_file(retry: str, command: str, results: Sequence[HostResult], co
     except inventory.InventoryError as exc:  # the file appeared during the run
         view.error(str(exc))
         code = max(code, EXIT_USAGE)
+    except OutputFileError as exc:
+        view.error(f"the retry file: {exc}")
     except OSError as exc:
         view.error(f"cannot write the retry file {retry}: {exc}")
     return code

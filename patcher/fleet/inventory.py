@@ -330,9 +330,10 @@ def check_retry_file(path: str | Path, inventories: Iterable[str] = (), limited:
 
 
 def write_retry_file(path: str | Path, command: str, hosts: list[tuple[Host, str]]) -> None:
-    """`hosts`: (host, why it did not succeed). Written atomically, over nothing but a new name
-    or a retry file patcher wrote (check_retry_file; InventoryError otherwise)."""
-    import os
+    """`hosts`: (host, why it did not succeed). Written as patcher's output files are
+    (patcher.output_files), over nothing but a new name or a retry file patcher wrote
+    (check_retry_file; InventoryError otherwise)."""
+    from ..output_files import write_output_file
 
     check_retry_file(path)
     path = Path(path)
@@ -341,20 +342,7 @@ def write_retry_file(path: str | Path, command: str, hosts: list[tuple[Host, str
         lines.append(f"# {why}".replace("\n", " ")[:300])
         lines.append(inventory_line(host))
     data = ("\n".join(lines) + "\n").encode("utf-8")
-    while True:  # a new temporary, never through a link someone left at a known name
-        tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_output_file(path, data)
 
 
 def is_retry_file(path: str | Path) -> bool:

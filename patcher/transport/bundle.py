@@ -396,7 +396,6 @@ def _render(data: dict) -> str:
 
 
 def write(output: Path, source: str) -> None:
-    tmp = output.with_name(f".{output.name}.tmp")
-    tmp.write_text(source, encoding="utf-8")
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, output)
+    from ..output_files import write_output_file
+
+    write_output_file(output, source.encode("utf-8"), 0o755)

@@ -76,6 +76,7 @@ def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache
     on a release its patch is selected for, or a patched file's import or call does not bind on a
     vLLM release or on a transformers/torch release it allows; 4 the package index cannot be reached.
     """
+    from ..output_files import OutputFileError, check_destination, write_output_file
     from ..patchset.registry import load_patches
     from .check import run_check
     from .render import render_markdown, render_terminal
@@ -85,13 +86,23 @@ def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache
     except click.BadParameter as error:
         click.echo(f"error: {error.message}", err=True)
         sys.exit(EXIT_USAGE)
+    if markdown is not None:
+        try:
+            check_destination(markdown)
+        except OutputFileError as error:
+            click.echo(f"error: --markdown: {error}", err=True)
+            sys.exit(EXIT_USAGE)
     options = _options(since_map, only, pre, nightlies, no_nightlies, workers, cache, quiet)
     report = run_check(load_patches(), options)
     if json_mode:
         click.echo(json.dumps(report.to_json(), indent=2))
-    if markdown is not None:
-        markdown.write_text(render_markdown(report) + "\n", encoding="utf-8")
     render_terminal(report, quiet=quiet)
+    if markdown is not None:
+        try:
+            write_output_file(markdown, (render_markdown(report) + "\n").encode("utf-8"))
+        except OutputFileError as error:
+            click.echo(f"error: --markdown: {error}", err=True)
+            sys.exit(EXIT_USAGE)
     sys.exit(report.exit_code)
 
 
