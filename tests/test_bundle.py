@@ -3,8 +3,10 @@ with no controller. Run here with light target environments' own Pythons (3.11 a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -358,4 +360,52 @@ def test_apply_verifies_against_the_real_vllm(bundle: Path, tmp_path: Path):
     assert code == 0, err
     assert doc["targets"][0]["message"].endswith(", verified")
     assert run_bundle(bundle, target, "rollback")[0] == 0
+    assert files(target) == pristine
+
+
+def _blob_text(source: str, name: str) -> tuple[int, int]:
+    start = source.index(f'\n{name} = """') + len(f'\n{name} = """\n')
+    return start, source.index('"""', start)
+
+
+@pytest.mark.parametrize("name", ["DATA", "AGENT", "CORE"])
+def test_a_damaged_bundle_is_one_line_and_exit_2(bundle: Path, tmp_path: Path, name: str):
+    target = light_env(tmp_path / "t")
+    pristine = files(target)
+    source = bundle.read_text()
+    start, _ = _blob_text(source, name)
+    middle = start + 150  # one base64 character changed, well inside the blob
+    flipped = "A" if source[middle] != "A" else "B"
+    damaged = tmp_path / "damaged.py"
+    damaged.write_text(source[:middle] + flipped + source[middle + 1 :])
+    for command in ("status", "apply"):
+        code, _, err = run_bundle(damaged, target, command, "--no-verify" if command == "apply" else "--quiet")
+        assert code == 2, err
+        assert err.strip().splitlines() == [err.strip()] and "this bundle is damaged" in err, err
+    assert files(target) == pristine
+
+
+def test_a_patched_file_swapped_under_its_key_is_refused(bundle: Path, tmp_path: Path):
+    """Another blob's (valid) text kept under a patched file's sha256: found before any write."""
+    import base64
+    import zlib
+
+    target = light_env(tmp_path / "t")
+    pristine = files(target)
+    source = bundle.read_text()
+    data = json.loads(_embedded(bundle, "DATA"))
+    first, second = sorted(data["blobs"])[:2]
+    data["blobs"][first] = data["blobs"][second]
+    encoded = base64.b64encode(zlib.compress(json.dumps(data, sort_keys=True).encode())).decode()
+    start, end = _blob_text(source, "DATA")
+    wrapped = "\n".join(encoded[i : i + 100] for i in range(0, len(encoded), 100))
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    digests = re.search(r"^DIGESTS = (\{.*?\})", source, re.MULTILINE)
+    assert digests is not None
+    old_digest = json.loads(digests.group(1))["DATA"]
+    swapped = tmp_path / "swapped.py"
+    swapped.write_text((source[:start] + wrapped + "\n" + source[end:]).replace(old_digest, digest))
+    code, _, err = run_bundle(swapped, target, "apply", "--no-verify")
+    assert code == 2, err
+    assert f"the patched file {first[:12]} does not match its sha256" in err
     assert files(target) == pristine

@@ -366,14 +366,21 @@ def _render(data: dict) -> str:
     from .local import agent_source
 
     runtime = Path(bundle_runtime.__file__).read_text(encoding="utf-8")
-    payload = _blob(json.dumps(data, sort_keys=True).encode("utf-8"))
-    agent = _blob(agent_source().encode("utf-8"))
     # The shared core, as text: the bundle runs patcher's own planning, not a copy of it.
     core_text = {
         m.__name__.rsplit(".", 1)[-1]: Path(str(m.__file__)).read_text(encoding="utf-8") for m in (core_errors, core)
     }
-    core_blob = _blob(json.dumps(core_text, sort_keys=True).encode("utf-8"))
-    for name, value in (("DATA", payload), ("AGENT", agent), ("CORE", core_blob)):
+    contents = {
+        "DATA": json.dumps(data, sort_keys=True).encode("utf-8"),
+        "AGENT": agent_source().encode("utf-8"),
+        "CORE": json.dumps(core_text, sort_keys=True).encode("utf-8"),
+    }
+    digests = {name: _sha(value) for name, value in contents.items()}
+    marker = "\nDIGESTS = None"
+    if marker not in runtime:
+        raise BundleError("bundle_runtime.py has no `DIGESTS = None` line")
+    runtime = runtime.replace(marker, f"\nDIGESTS = {json.dumps(digests, sort_keys=True)}", 1)
+    for name, value in ((name, _blob(content)) for name, content in contents.items()):
         marker = f"\n{name} = None"
         if marker not in runtime:
             raise BundleError(f"bundle_runtime.py has no `{name} = None` line")

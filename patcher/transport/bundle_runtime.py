@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the type checker's view only: a bundle runs this text witho
 
 DATA = None  # replaced in a bundle file
 AGENT = None
+DIGESTS = None  # in a bundle: the sha256 of DATA's, AGENT's and CORE's bytes
 
 CORE = None  # the text of patcher/core's modules, in a bundle
 
@@ -161,10 +162,36 @@ def condition_holds(spec: str, version: "str | None") -> bool:
 # ------------------------------------------------------------------ the shared core
 
 
-def _load(blob: "str | None") -> bytes:
-    if blob is None:
+def _unpack(blob: str, sha256: str, what: str) -> bytes:
+    """A blob's bytes, re-hashed against the sha256 it is kept under: a bundle damaged in transit
+    or with a blob swapped is one line and exit 2 (before anything is read or written), never a
+    zlib traceback or another file's bytes. (Integrity, not authenticity: whoever can edit the
+    file can edit its digests too; copy bundles as you copy any program you run as root.)"""
+    try:
+        data = zlib.decompress(base64.b64decode(blob))
+    except (ValueError, zlib.error):  # binascii.Error is a ValueError
+        data = None
+    if data is None or hashlib.sha256(data).hexdigest() != sha256:
+        why = "does not decompress" if data is None else "does not match its sha256"
+        sys.stderr.write(
+            f"error: this bundle is damaged ({what} {why}): make a new one with `patcher bundle` and copy it whole\n"
+        )
+        sys.exit(2)  # EXIT_USAGE (patcher/core/errors.py), known before the core is loaded
+    return data
+
+
+def _load(name: str) -> bytes:
+    blob = globals()[name]
+    if blob is None or DIGESTS is None:
         raise RuntimeError("bundle_runtime runs inside a bundle file (patcher bundle writes one)")
-    return zlib.decompress(base64.b64decode(blob))
+    return _unpack(blob, DIGESTS[name], f"its {name} blob")
+
+
+def _bundle_data() -> dict:
+    """DATA, with every patched file's blob checked against its key and decoded once."""
+    data = json.loads(_load("DATA"))
+    data["blobs"] = {sha: _unpack(blob, sha, f"the patched file {sha[:12]}") for sha, blob in data["blobs"].items()}
+    return data
 
 
 def _core() -> tuple:
@@ -175,7 +202,7 @@ def _core() -> tuple:
         from patcher.core import errors, planning
 
         return errors, planning
-    sources = json.loads(_load(CORE))
+    sources = json.loads(_load("CORE"))
     loaded = []
     for name in ("errors", "planning"):
         module = type(sys)(f"patcher_core_{name}")
@@ -194,7 +221,7 @@ EXIT_CONFLICT, EXIT_PENDING = ERRORS.EXIT_CONFLICT, ERRORS.EXIT_PENDING
 
 
 def _agent() -> dict:
-    source = _load(AGENT).decode("utf-8")
+    source = _load("AGENT").decode("utf-8")
     ns = {"__name__": "patcher_agent", "AGENT_SOURCE": source}
     exec(compile(source, "<patcher-agent>", "exec"), ns)  # noqa: S102 - the embedded agent
     return ns
@@ -261,7 +288,7 @@ def transform_results(data: dict, draft) -> dict:
                 f"this bundle holds no patched bytes for what these versions select ({versions}): "
                 f"{', '.join(pid for pid, _ in request.steps)}; make a new bundle with `patcher bundle`",
             )
-        content = _load(data["blobs"][variant["sha256"]]).decode("utf-8") if variant.get("sha256") else ""
+        content = data["blobs"][variant["sha256"]].decode("utf-8") if variant.get("sha256") else ""
         missing = [tuple(m) for m in variant.get("missing", [])]
         results[request.path] = CORE_PLANNING.TransformResult(content, dict(variant["outcomes"]), missing)
     return results
@@ -379,7 +406,7 @@ def _write(
 
 
 def run(command: str, verify: bool, lock_timeout: float) -> dict:
-    data = json.loads(_load(DATA))
+    data = _bundle_data()
     ns = _agent()
     report = _empty_report()
     try:
@@ -401,7 +428,7 @@ def run(command: str, verify: bool, lock_timeout: float) -> dict:
 
 
 def info() -> None:
-    data = json.loads(_load(DATA))
+    data = _bundle_data()
     print(f"patcher bundle made by patcher {data['patcher_version']} on {data['created']}")
     print("knows these pristine files (sha256):")
     for rel, known in data["originals"].items():
