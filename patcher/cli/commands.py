@@ -48,9 +48,11 @@ def _transform_cache() -> Path | None:
     """Where transform results are kept across runs (keyed by the source's sha256, the patches
     and the code fingerprint, see patcher.transform.transforms): the next environment or host with the same
     files needs no libcst. PATCHER_NO_TRANSFORM_CACHE=1 turns it off."""
+    from ..cache import trusted_subfolder
+
     if os.environ.get("PATCHER_NO_TRANSFORM_CACHE"):
         return None
-    return Path(os.environ.get("PATCHER_CACHE", "~/.cache/patcher")).expanduser() / "transforms"
+    return trusted_subfolder("transforms")
 
 
 def _resolve(ids: tuple[str, ...], out: Output) -> list[str]:

@@ -74,11 +74,15 @@ def demo(keep: bool, vllm: str | None) -> None:
     from ..patchset.registry import load_patches
     from ..run import RunOptions, run_target
     from ..transport.local import LocalTransport
-    from .environment import resolve_cache
+    from .environment import DemoEnvError, resolve_cache
 
     release = _cpu_release(vllm)
     patches = load_patches()
-    work = resolve_cache() / "demo-run"
+    try:
+        work = resolve_cache() / "demo-run"
+    except DemoEnvError as exc:  # a cache another user can write: the demo would run their environment
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     work.mkdir(parents=True, exist_ok=True)
 
     _step(1, f"environment: vLLM {release} (CPU build), speculators 0.3.0")

@@ -71,11 +71,20 @@ def build_failure(what: str, code: int, output: list[str], log_path: Path) -> De
 
 
 def resolve_cache(explicit: Path | None = None) -> Path:
-    """$PATCHER_CACHE, or ~/.cache/patcher."""
+    """$PATCHER_CACHE, or ~/.cache/patcher: refused (DemoEnvError) unless it is this user's own,
+    since the demo runs the environment it finds there (patcher.cache)."""
+    from ..cache import cache_root, untrusted_reason
+
     if explicit is not None:
         return Path(explicit)
-    env = os.environ.get("PATCHER_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "patcher"
+    root = cache_root()
+    for name in ("", "demo-env", "demo-model", "demo-run", "c-runtime"):
+        reason = untrusted_reason(root / name if name else root, root)
+        if reason is not None:
+            raise DemoEnvError(
+                f"the cache {root} cannot be trusted ({reason}): `chmod go-w` it, or set PATCHER_CACHE to a folder of your own"
+            )
+    return root
 
 
 def _python_minor(python: str) -> tuple[int, int] | None:

@@ -13,15 +13,20 @@ own dataclasses only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
+import importlib.util
 import json
-import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from .. import __version__, model
+from ..cache import cache_root, trusted, write_cache_file
+
+PATCH_PACKAGE = "patcher.patches"
 
 _TYPES = {
     cls.__name__: cls
@@ -40,9 +45,13 @@ class LazyCodemod:
 
     def resolve(self) -> type:
         if self._resolved is None:
+            from ..codemod import PatchCodemod
+
             target: Any = importlib.import_module(self.__module__)
             for part in self.__qualname__.split("."):
                 target = getattr(target, part)
+            if not (isinstance(target, type) and issubclass(target, PatchCodemod)):
+                raise TypeError(f"{self.__module__}.{self.__qualname__} is not a patch's codemod")
             self._resolved = target
         return self._resolved
 
@@ -76,8 +85,7 @@ def package_digest(package_dir: Path) -> str:
 
 
 def index_path(package_dir: Path) -> Path:
-    base = Path(os.environ.get("PATCHER_CACHE", "~/.cache/patcher")).expanduser()
-    return base / "declarations" / f"{package_digest(package_dir)}.json"
+    return cache_root() / "declarations" / f"{package_digest(package_dir)}.json"
 
 
 def encode(value: Any) -> Any:
@@ -99,10 +107,30 @@ def encode(value: Any) -> Any:
     raise TypeError(f"cannot keep {type(value).__name__} in the declaration index")
 
 
+@functools.cache
+def _declares_class(module: str, qualname: str) -> bool:
+    """Whether `module` is one of patcher's patch modules and its source defines the top-level class
+    `qualname` (read, not imported: the index exists so that no patch module is imported)."""
+    package, _, name = module.rpartition(".")
+    if package != PATCH_PACKAGE or not name.isidentifier() or not qualname.isidentifier():
+        return False
+    spec = importlib.util.find_spec(PATCH_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    try:
+        source = (Path(next(iter(spec.submodule_search_locations))) / f"{name}.py").read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return re.search(rf"^class {qualname}\b", source, re.MULTILINE) is not None
+
+
 def decode(value: Any) -> Any:
     if isinstance(value, dict):
         if "@codemod" in value:
-            return LazyCodemod(*value["@codemod"])
+            module, qualname = value["@codemod"]
+            if not _declares_class(module, qualname):  # only patcher's own patches' codemods, ever
+                raise ValueError(f"the index names {module}.{qualname}, which no patch module defines as a class")
+            return LazyCodemod(module, qualname)
         if "@tuple" in value:
             return tuple(decode(v) for v in value["@tuple"])
         if "@dict" in value:
@@ -115,6 +143,8 @@ def decode(value: Any) -> Any:
 
 
 def read_index(path: Path) -> tuple[model.Patch, ...] | None:
+    if not trusted(path):
+        return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         patches = tuple(decode(item) for item in data["patches"])
@@ -126,10 +156,5 @@ def read_index(path: Path) -> tuple[model.Patch, ...] | None:
 
 
 def write_index(path: Path, patches: tuple[model.Patch, ...]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"patches": [encode(p) for p in patches]}), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass  # an index that cannot be written only makes the next run slower
+    """An index that cannot be written only makes the next run slower."""
+    write_cache_file(path, json.dumps({"patches": [encode(p) for p in patches]}).encode("utf-8"))

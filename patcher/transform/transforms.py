@@ -124,8 +124,13 @@ def _persist_path(source: str, steps, filename: str) -> Path:
 def _load_persisted(source: str, steps, filename: str) -> FileTransform | None:
     import json
 
+    from ..cache import trusted
+
+    path = _persist_path(source, steps, filename)
+    if not trusted(path):
+        return None
     try:
-        data = json.loads(_persist_path(source, steps, filename).read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
         outcomes = [PatchOutcome(o["patch_id"], o["outcome"], o["message"], o["edits"]) for o in data["outcomes"]]
         return FileTransform(source, data["result"], outcomes)
     except (OSError, ValueError, KeyError, TypeError):
@@ -134,18 +139,11 @@ def _load_persisted(source: str, steps, filename: str) -> FileTransform | None:
 
 def _save_persisted(source: str, steps, filename: str, result: FileTransform) -> None:
     import json
-    import os
 
-    try:
-        path = _persist_path(source, steps, filename)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(
-            json.dumps({"result": result.result, "outcomes": [vars(o) for o in result.outcomes]}), encoding="utf-8"
-        )
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a cache that cannot be written is only slower
+    from ..cache import write_cache_file
+
+    data = {"result": result.result, "outcomes": [vars(o) for o in result.outcomes]}
+    write_cache_file(_persist_path(source, steps, filename), json.dumps(data).encode("utf-8"))
 
 
 def apply_patch(tree, patch: Patch, edits: Iterable[Edit], filename: str):

@@ -16,7 +16,6 @@ import os
 import secrets
 import shlex
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from ..report import EXIT_OK, EXIT_PENDING
@@ -113,7 +112,9 @@ def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) 
     transport = AnsibleTransport(action, _python(args, task_vars), label)
     persist = None
     if not os.environ.get("PATCHER_NO_TRANSFORM_CACHE"):
-        persist = Path(os.environ.get("PATCHER_CACHE", "~/.cache/patcher")).expanduser() / "transforms"
+        from ..cache import trusted_subfolder
+
+        persist = trusted_subfolder("transforms")
     with shared_transforms(persist=persist):
         report = run_target(transport, patches, options)
     entry = report.as_json()
