@@ -75,6 +75,32 @@ def session_bootstrap() -> str:
     return bootstrap()
 
 
+CHUNK = 1 << 16  # bytes read at a time from a target's output; noise is kept to one chunk a line
+ANSWER_LIMIT_VARIABLE = "PATCHER_ANSWER_LIMIT_MIB"
+DEFAULT_ANSWER_LIMIT_MIB = 256  # an answer carries target files' bytes: a few MiB at most in practice
+
+
+def answer_limit_bytes() -> int:
+    try:
+        mib = float(os.environ.get(ANSWER_LIMIT_VARIABLE, DEFAULT_ANSWER_LIMIT_MIB))
+    except ValueError:
+        mib = DEFAULT_ANSWER_LIMIT_MIB
+    return max(CHUNK, int(mib * 2**20))
+
+
+class TooLong:
+    """Put in place of an answer line longer than the limit (the line itself is dropped)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def _drain_line(stream) -> None:
+    """Read and drop the rest of a line, a chunk at a time."""
+    while (rest := stream.readline(CHUNK)) and not rest.endswith(b"\n"):
+        pass
+
+
 GRACE = 1.0  # seconds the controller waits beyond the agent's own limit: the agent's answer says more
 DEFAULT_CALL_TIMEOUT = 900.0
 
@@ -163,15 +189,37 @@ class LocalTransport:
 
         # The pumps hold the process and its pipes, not this object: a transport dropped without
         # close() is collected, and its finalizer ends the session (the agent sees end of input).
+        # Both pumps read in chunks, so a target printing a huge line (before Python starts, say)
+        # costs the controller at most one chunk of it: only answers are kept whole, up to a limit.
+        mark = self.mark.encode("ascii") + b" "
+        answer_limit = answer_limit_bytes()
+
         def pump_out() -> None:
-            for line in out:
-                lines.put(line)
+            while chunk := out.readline(CHUNK):
+                if chunk.startswith(mark):
+                    parts, size = [chunk], len(chunk)
+                    while not parts[-1].endswith(b"\n") and (more := out.readline(CHUNK)):
+                        size += len(more)
+                        if size > answer_limit:
+                            lines.put(TooLong(size))
+                            _drain_line(out)
+                            parts = []
+                            break
+                        parts.append(more)
+                    if parts:
+                        lines.put(b"".join(parts))
+                else:
+                    lines.put(chunk)  # noise: its first chunk only
+                    if not chunk.endswith(b"\n"):
+                        _drain_line(out)
             lines.put(None)
 
         def pump_err() -> None:
-            for line in err:
+            while chunk := err.readline(CHUNK):
                 if len(stderr) < 200:
-                    stderr.append(line)
+                    stderr.append(chunk)
+                if not chunk.endswith(b"\n"):
+                    _drain_line(err)
 
         # What the agent is sent goes through a writer thread: a write to a pipe blocks once the
         # pipe is full (64 KiB), and the agent's source plus the first request are about that
@@ -238,6 +286,13 @@ class LocalTransport:
                 if self._interrupted:
                     raise TransportError("interrupted", self.interrupted_message())
                 raise self._ended()
+            if isinstance(line, TooLong):
+                self._end_session()
+                raise TransportError(
+                    "usage",
+                    f"{self.label}: the agent's answer is over {answer_limit_bytes() / 2**20:g} MiB (the limit); "
+                    f"set {ANSWER_LIMIT_VARIABLE} to a larger number of MiB to allow it",
+                )
             text = line.decode("utf-8", "replace").rstrip("\r\n")
             if text.startswith(self.mark + " "):
                 break
