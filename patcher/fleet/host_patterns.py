@@ -42,12 +42,16 @@ def _enumerate(inventory: Inventory, term: str) -> list[str]:
             term, index, start, _, end = m.groups()
             subscript = (int(index), None) if index else (int(start), int(end) if end else -1)
     regex = _matcher(term)
-    found: list[str] = []
+    found: dict[str, None] = {}  # an ordered set
     groups = [g for g in inventory.group_hosts if regex.match(g)]
     for group in groups:
-        found += [h for h in inventory.group_hosts[group] if h not in found]
+        found.update(dict.fromkeys(inventory.group_hosts[group]))
     if not groups or term.startswith("~") or any(c in term for c in ".?*["):
-        found += [e.name for e in inventory.entries if regex.match(e.name) and e.name not in found]
+        found.update(dict.fromkeys(e.name for e in inventory.entries if regex.match(e.name)))
+    return _subscripted(list(found), term, subscript)
+
+
+def _subscripted(found: list[str], term: str, subscript) -> list[str]:
     if subscript and found:
         start, end = subscript
         try:
@@ -67,7 +71,7 @@ def select(inventory: Inventory, pattern: str) -> list[Entry]:
     regular = [t for t in terms if t[0] not in "!&"]
     ordered = (regular or ["all"]) + [t for t in terms if t[0] == "&"] + [t for t in terms if t[0] == "!"]
     names = {e.name for e in inventory.entries}
-    kept: list[str] = []
+    kept: dict[str, None] = {}  # an ordered set
     for term in ordered:
         bare = term[1:] if term[0] in "!&" else term
         matched = [term] if term in names else _enumerate(inventory, bare)
@@ -76,11 +80,13 @@ def select(inventory: Inventory, pattern: str) -> list[Entry]:
             known = f"; groups: {', '.join(groups)}" if groups else ""
             raise InventoryError(f"--limit: {bare!r} matches no host or group{known}; check the name")
         if term[0] == "!":
-            kept = [h for h in kept if h not in set(matched)]
+            drop = set(matched)
+            kept = {h: None for h in kept if h not in drop}
         elif term[0] == "&":
-            kept = [h for h in kept if h in set(matched)]
+            keep = set(matched)
+            kept = {h: None for h in kept if h in keep}
         else:
-            kept += [h for h in matched if h not in kept]
+            kept.update(dict.fromkeys(matched))
     chosen = set(kept)
     result = [e for e in inventory.entries if e.name in chosen]
     if not result:

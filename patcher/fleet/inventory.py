@@ -83,6 +83,9 @@ def _read(path: Path, ansible: str | None) -> Inventory:
     return inventory
 
 
+RENDERED_LIMIT = 65536  # a connection variable is a name, a path or an option: far below this
+
+
 def _render(name: str, key: str, value, variables: dict, where: str):
     """`{{ variable }}` references resolved against the host's variables, as Ansible would;
     anything else Jinja does is refused."""
@@ -110,6 +113,11 @@ def _render(name: str, key: str, value, variables: dict, where: str):
             value = resolved
         else:
             value = value[: match.start()] + str(resolved) + value[match.end() :]
+        if isinstance(value, str) and len(value) > RENDERED_LIMIT:
+            raise InventoryError(
+                f"inventory {where}: host {name!r}: {key} renders to over {RENDERED_LIMIT:,} characters "
+                "(a template chain multiplies it); write the value itself"
+            )
     raise InventoryError(f"inventory {where}: host {name!r}: {key} refers to itself through templates")
 
 

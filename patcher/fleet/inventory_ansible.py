@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
+import threading
 from pathlib import Path
 
 from .inventory_files import Entry, Inventory, InventoryError
 
 TIMEOUT = 300  # a cloud plugin may page through many instances; never forever
+OUTPUT_VARIABLE = "PATCHER_INVENTORY_MAX_MIB"
 
 
 def _first_error(stderr: str) -> str:
@@ -23,6 +26,60 @@ def _first_error(stderr: str) -> str:
         if "ERROR" in line:
             return line.split("]:", 1)[-1].strip() if line.startswith("[") else line
     return lines[-1] if lines else "no message"
+
+
+def max_output_bytes() -> int:
+    try:
+        return max(1, int(os.environ.get(OUTPUT_VARIABLE, "256"))) << 20
+    except ValueError:
+        return 256 << 20
+
+
+def _run_bounded(command: list[str], env: dict, binary: str, where: str) -> tuple[int, bytes, str]:
+    """Run ansible-inventory, reading at most max_output_bytes() of its JSON and for at most
+    TIMEOUT seconds: an inventory whose aliases multiply it costs the controller the limit, not
+    its expansion. (exit status, stdout, stderr's text)."""
+    limit = max_output_bytes()
+    with tempfile.TemporaryFile() as errors:
+        try:
+            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL, env=env)
+        except OSError as exc:
+            raise InventoryError(
+                f"cannot run {binary}: {exc.strerror}; name ansible-core's ansible-inventory"
+            ) from None
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            proc.kill()
+
+        timer = threading.Timer(TIMEOUT, expire)
+        timer.start()
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            assert proc.stdout is not None  # Popen(stdout=PIPE)
+            while chunk := proc.stdout.read(1 << 20):
+                size += len(chunk)
+                if size > limit:
+                    raise InventoryError(
+                        f"{binary} printed over {limit >> 20} MiB for {where} (the limit; {OUTPUT_VARIABLE} "
+                        "raises it, in MiB): do YAML aliases multiply the inventory?"
+                    )
+                chunks.append(chunk)
+            returncode = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        errors.seek(0)
+        stderr = errors.read(1 << 20).decode("utf-8", "replace")
+    if expired.is_set():
+        raise InventoryError(f"{binary} did not answer within {TIMEOUT} s for {where}")
+    return returncode, b"".join(chunks), stderr
 
 
 def read_with_ansible(binary: str, *sources: Path) -> Inventory:
@@ -39,18 +96,11 @@ def read_with_ansible(binary: str, *sources: Path) -> Inventory:
         "ANSIBLE_FORCE_COLOR": "0",
     }
     where = ", ".join(map(str, sources))
+    returncode, stdout, stderr = _run_bounded(command, env, binary, where)
+    if returncode != 0:
+        raise InventoryError(f"ansible-inventory cannot read {where}: {_first_error(stderr)}")
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, env=env, timeout=TIMEOUT, stdin=subprocess.DEVNULL, check=False
-        )
-    except OSError as exc:
-        raise InventoryError(f"cannot run {binary}: {exc.strerror}; name ansible-core's ansible-inventory") from None
-    except subprocess.TimeoutExpired:
-        raise InventoryError(f"{binary} did not answer within {TIMEOUT} s for {where}") from None
-    if done.returncode != 0:
-        raise InventoryError(f"ansible-inventory cannot read {where}: {_first_error(done.stderr)}")
-    try:
-        data = json.loads(done.stdout)
+        data = json.loads(stdout)
     except ValueError:
         raise InventoryError(f"{binary} --list did not print JSON for {where}; is it ansible-core's?") from None
     return from_list_output(data, f"ansible-inventory ({binary})")
@@ -78,10 +128,10 @@ def from_list_output(data: dict, reader: str) -> Inventory:
 
     group_hosts: dict[str, list[str]] = {}
     for group in children:
-        hosts: list[str] = []
+        hosts: dict[str, None] = {}  # an ordered set
         for g in descendants(group):
-            hosts += [h for h in direct.get(g, []) if h not in hosts]
-        group_hosts[group] = hosts
+            hosts.update(dict.fromkeys(direct.get(g, [])))
+        group_hosts[group] = list(hosts)
     member: dict[str, set[str]] = {}
     for group, hosts in group_hosts.items():
         for h in hosts:

@@ -44,6 +44,52 @@ class Inventory:
     reader: str  # "built-in" or "ansible-inventory X.Y.Z (PATH)"
 
 
+# ------------------------------------------------------------------ limits on what an inventory expands to
+
+DEPTH_VARIABLE = "PATCHER_INVENTORY_MAX_DEPTH"
+NODES_VARIABLE = "PATCHER_INVENTORY_MAX_NODES"
+
+
+def _limit(variable: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(variable, default)))
+    except ValueError:
+        return default
+
+
+def max_group_depth() -> int:
+    return _limit(DEPTH_VARIABLE, 100)
+
+
+def max_nodes() -> int:
+    """Values (mappings, lists, scalars) a YAML inventory may expand to once its aliases are
+    followed: a 100,000-host inventory is well under it, a billion-laughs chain far over."""
+    return _limit(NODES_VARIABLE, 5_000_000)
+
+
+def check_expanded_size(data, where: str) -> None:
+    """Refuse YAML whose aliases multiply it past max_nodes(), counted without expanding it:
+    each distinct mapping or list is sized once (aliases share objects)."""
+    limit = max_nodes()
+    size: dict[int, int] = {}
+    todo: list[tuple[object, bool]] = [(data, False)]
+    while todo:
+        value, children_done = todo.pop()
+        if not isinstance(value, (dict, list)) or (id(value) in size and not children_done):
+            continue
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        if not children_done:
+            todo.append((value, True))
+            todo.extend((item, False) for item in items if isinstance(item, (dict, list)) and id(item) not in size)
+            continue
+        size[id(value)] = 1 + sum(size.get(id(item), 1) for item in items)
+        if size[id(value)] > limit:
+            raise InventoryError(
+                f"{where}: the inventory expands to over {limit:,} values (YAML aliases multiply it); "
+                f"the limit is {limit:,} ({NODES_VARIABLE} raises it)"
+            )
+
+
 # ------------------------------------------------------------------ the tree of groups
 
 
@@ -54,6 +100,7 @@ class _Group:
     vars: dict = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
+    host_set: set[str] = field(default_factory=set)  # `hosts` as a set: membership in constant time
 
 
 @dataclass
@@ -67,23 +114,28 @@ class _Tree:
         self.add_child("all", "ungrouped")
 
     def group(self, name: str) -> _Group:
-        return self.groups.setdefault(name, _Group(name))
+        found = self.groups.get(name)
+        if found is None:  # made only when new: this is called for every ancestor of every link
+            found = self.groups[name] = _Group(name)
+        return found
 
     def add_child(self, parent: str, child: str, where: str = "") -> None:
-        if child in self._ancestors(parent) | {parent}:
+        # a cycle iff the parent is already below the child: searched downwards, which costs
+        # nothing for the usual top-down definitions (the child has no children yet)
+        if child == parent or parent in self._below(child):
             raise InventoryError(f"{where or 'inventory'}: group {child!r} would contain itself")
         if child not in self.group(parent).children:
             self.group(parent).children.append(child)
             self.group(child).parents.append(parent)
 
-    def _ancestors(self, name: str) -> set[str]:
+    def _below(self, name: str) -> set[str]:
         found: set[str] = set()
-        todo = list(self.group(name).parents)
+        todo = list(self.group(name).children)
         while todo:
             g = todo.pop()
             if g not in found:
                 found.add(g)
-                todo.extend(self.group(g).parents)
+                todo.extend(self.group(g).children)
         return found
 
     def add_host(self, group: str, name: str, port: int | None, variables: dict) -> None:
@@ -91,8 +143,10 @@ class _Tree:
         if port is not None:
             own["ansible_port"] = port  # as Ansible: a `host:port` is the host's own ansible_port
         own.update(variables)
-        if name not in self.group(group).hosts:
-            self.group(group).hosts.append(name)
+        members = self.group(group)
+        if name not in members.host_set:
+            members.host_set.add(name)
+            members.hosts.append(name)
 
     def reconcile(self) -> None:
         """As ansible-core: top-level groups become children of `all`; a host in a named group
@@ -103,8 +157,10 @@ class _Tree:
         named = {h for g in self.groups.values() if g.name not in ("all", "ungrouped") for h in g.hosts}
         ungrouped = self.group("ungrouped")
         ungrouped.hosts = [h for h in ungrouped.hosts if h not in named]
+        ungrouped.host_set = set(ungrouped.hosts)
         for h in self.group("all").hosts:
-            if h not in named and h not in ungrouped.hosts:
+            if h not in named and h not in ungrouped.host_set:
+                ungrouped.host_set.add(h)
                 ungrouped.hosts.append(h)
 
     def descendants(self, name: str) -> list[str]:
@@ -133,10 +189,29 @@ class _Tree:
                     hosts.append(h)
         return hosts
 
-    def depth(self, name: str) -> int:
-        if name == "all":
-            return 0
-        return 1 + max((self.depth(p) for p in self.group(name).parents), default=0)
+    def depths(self) -> dict[str, int]:
+        """Each group's depth below `all` (its longest path of parents), without recursion: a
+        group nested thousands deep is refused with the limit, never a RecursionError."""
+        depth = {"all": 0}
+        for start in self.groups:
+            todo = [start]
+            while todo:
+                name = todo[-1]
+                if name in depth:
+                    todo.pop()
+                    continue
+                parents = [p for p in self.group(name).parents if p not in depth]
+                if parents:
+                    todo.extend(parents)
+                    continue
+                todo.pop()
+                depth[name] = 1 + max((depth[p] for p in self.group(name).parents), default=0)
+                if depth[name] > max_group_depth():
+                    raise InventoryError(
+                        f"inventory: group {name!r} is nested {depth[name]} groups deep, over the limit of "
+                        f"{max_group_depth()} ({DEPTH_VARIABLE} raises it)"
+                    )
+        return depth
 
 
 # ------------------------------------------------------------------ host patterns and ranges
@@ -265,7 +340,10 @@ def read_ini(text: str, where: str, tree: _Tree) -> None:
             tree.add_child(section, m.group(1), here)
         else:
             try:
-                words = shlex.split(stripped, comments=True)
+                # shlex is the rule; a line with nothing it treats specially splits on whitespace alike,
+                # at a fraction of the cost (a 100,000-host inventory is 100,000 such lines)
+                plain = not any(c in stripped for c in "\"'\\#")
+                words = stripped.split() if plain else shlex.split(stripped, comments=True)
             except ValueError as exc:
                 raise InventoryError(f"{here}: {exc}") from None
             if not words:
@@ -298,6 +376,11 @@ def read_yaml(data, where: str, tree: _Tree) -> None:
     def visit(name: str, body, parent: str | None, trail: tuple[str, ...]) -> None:
         if name in trail:
             raise InventoryError(f"{where}: group {name!r} contains itself")
+        if len(trail) >= max_group_depth():
+            raise InventoryError(
+                f"{where}: group {name!r} is nested {len(trail) + 1} groups deep, over the limit of "
+                f"{max_group_depth()} ({DEPTH_VARIABLE} raises it)"
+            )
         tree.group(name)
         if parent is not None:
             tree.add_child(parent, name, where)
@@ -346,11 +429,15 @@ def _load_yaml(path: Path):
     import yaml
 
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise InventoryError(f"{path} nests too deeply to read (over Python's recursion limit): flatten it") from None
     except yaml.YAMLError as exc:
         raise InventoryError(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(f"cannot read {path}: {exc}") from None
+    check_expanded_size(data, str(path))
+    return data
 
 
 def _read_source(path: Path, tree: _Tree) -> None:
@@ -380,11 +467,16 @@ def _read_source(path: Path, tree: _Tree) -> None:
 
         try:
             data = yaml.safe_load(text)
+        except RecursionError:
+            raise InventoryError(
+                f"inventory {path} nests its groups too deeply to read (over Python's recursion limit): flatten it"
+            ) from None
         except yaml.YAMLError as exc:
             if suffix:
                 raise InventoryError(f"inventory {path} is not valid YAML: {' '.join(str(exc).split())}") from None
             data = None
         if isinstance(data, dict):
+            check_expanded_size(data, str(path))
             read_yaml(data, str(path), tree)
             return
         if suffix:
@@ -431,11 +523,39 @@ def _vars_from(folders: list[Path], kind: str, name: str) -> dict:
     return merged
 
 
+class _VarsFiles:
+    """_vars_from, with each group_vars/ and host_vars/ folder listed once: a 100,000-host
+    inventory costs one listing, not a stat per host and possible name."""
+
+    def __init__(self, folders: list[Path]) -> None:
+        self.folders = folders
+        self.names: dict[str, set[str]] = {}
+        for kind in ("group_vars", "host_vars"):
+            found: set[str] = set()
+            for folder in folders:
+                try:
+                    found.update(os.listdir(folder / kind))
+                except OSError:
+                    pass
+            self.names[kind] = found
+        self.group_vars: dict[str, dict] = {}
+
+    def get(self, kind: str, name: str) -> dict:
+        if kind == "group_vars" and name in self.group_vars:
+            return self.group_vars[name]
+        names = self.names[kind]
+        found = _vars_from(self.folders, kind, name) if names and any(name + ext in names for ext in _YAML_EXTS) else {}
+        if kind == "group_vars":
+            self.group_vars[name] = found
+        return found
+
+
 def read_files(paths: list[Path]) -> Inventory:
     tree = _Tree()
     for path in paths:
         _read_source(path, tree)
     tree.reconcile()
+    depth = tree.depths()  # first: it refuses a tree too deep before any work that grows with depth
     folders = [p if p.is_dir() else p.parent for p in paths]
     folders = list(dict.fromkeys(folders))
     order = tree.hosts_of("all")
@@ -451,16 +571,17 @@ def read_files(paths: list[Path]) -> Inventory:
         except (TypeError, ValueError):
             return 1
 
+    vars_files = _VarsFiles(folders)
     entries = []
     for name in order:
-        ranked = sorted(member[name] - {"all"}, key=lambda g: (tree.depth(g), priority(g), g))
+        ranked = sorted(member[name] - {"all"}, key=lambda g: (depth[g], priority(g), g))
         merged: dict = dict(tree.group("all").vars)
         for group in ranked:
             merged.update(tree.group(group).vars)
-        merged.update(_vars_from(folders, "group_vars", "all"))
+        merged.update(vars_files.get("group_vars", "all"))
         for group in ranked:
-            merged.update(_vars_from(folders, "group_vars", group))
+            merged.update(vars_files.get("group_vars", group))
         merged.update(tree.host_vars.get(name, {}))
-        merged.update(_vars_from(folders, "host_vars", name))
+        merged.update(vars_files.get("host_vars", name))
         entries.append(Entry(name, merged, tuple(sorted(member[name]))))
     return Inventory(entries, group_hosts, "built-in")
