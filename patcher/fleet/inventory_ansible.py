@@ -128,10 +128,10 @@ def from_list_output(data: dict, reader: str) -> Inventory:
 
     group_hosts: dict[str, list[str]] = {}
     for group in children:
-        hosts: dict[str, None] = {}  # an ordered set
+        ordered: dict[str, None] = {}  # an ordered set
         for g in descendants(group):
-            hosts.update(dict.fromkeys(direct.get(g, [])))
-        group_hosts[group] = list(hosts)
+            ordered.update(dict.fromkeys(direct.get(g, [])))
+        group_hosts[group] = list(ordered)
     member: dict[str, set[str]] = {}
     for group, hosts in group_hosts.items():
         for h in hosts:
