@@ -330,6 +330,14 @@ def state_dir() -> str:
     return os.path.join(sys.prefix, *STATE_DIR_PARTS)
 
 
+def environment_owner():
+    """(uid, gid) of sys.prefix when root works on an environment another user owns, else None."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    info = os.stat(sys.prefix)
+    return None if info.st_uid == 0 else (info.st_uid, info.st_gid)
+
+
 def is_sha256(value) -> bool:
     return isinstance(value, str) and len(value) == 64 and not value.strip("0123456789abcdef")
 
@@ -446,13 +454,24 @@ class StateFolder:
         self.path = state_dir()
         self.fd = -1  # -1: the folder does not exist (and was not to be created)
         self._backups = -1
+        self.owner = environment_owner()
         if create:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)  # share/, which may be a link
+            share = os.path.dirname(self.path)
+            if not os.path.lexists(share):
+                os.makedirs(share, exist_ok=True)  # share/, which may be a link
+                self._own(share)
             try:
                 os.mkdir(self.path, 0o755)
+                self._own(self.path)
             except FileExistsError:
                 pass
         self.fd = self._open_dir(self.path, None, self.path, missing_ok=not create)
+
+    def _own(self, name: str, dir_fd=None) -> None:
+        """Root working on an environment another user owns makes its state that user's: the
+        owner's own rollback and pip installs must keep working (pip writes share/ too)."""
+        if self.owner is not None:
+            os.chown(name, *self.owner, dir_fd=dir_fd, follow_symlinks=False)
 
     def close(self) -> None:
         for fd in (self._backups, self.fd):
@@ -498,6 +517,7 @@ class StateFolder:
             if create:
                 try:
                     os.mkdir(where, 0o755, dir_fd=self.fd)
+                    self._own(where, self.fd)
                 except FileExistsError:
                     pass
             self._backups = self._open_dir(where, self.fd, self.shown(where), missing_ok=not create)
@@ -509,11 +529,14 @@ class StateFolder:
         if folder < 0:
             raise FileNotFoundError(errno.ENOENT, "no such folder", self.shown(where))
         try:
-            return os.open(name, flags | _NOFOLLOW | _CLOEXEC, mode, dir_fd=folder)
+            fd = os.open(name, flags | _NOFOLLOW | _CLOEXEC, mode, dir_fd=folder)
         except FileNotFoundError:
             raise
         except OSError as exc:
             raise self.refusal(name, folder, self.shown(name, where), exc) from None
+        if flags & os.O_CREAT and self.owner is not None:
+            os.fchown(fd, *self.owner)
+        return fd
 
     def read(self, name: str, where: str = "") -> bytes | None:
         """An entry's bytes, or None when it is absent."""

@@ -409,3 +409,33 @@ def test_a_patched_file_swapped_under_its_key_is_refused(bundle: Path, tmp_path:
     assert code == 2, err
     assert f"the patched file {first[:12]} does not match its sha256" in err
     assert files(target) == pristine
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root applying to another user's environment needs root")
+def test_root_on_a_user_owned_environment_leaves_state_the_owner_can_roll_back(bundle: Path, shared_env: Path):
+    from tests.support.sshd import ensure_user
+
+    owner = ensure_user("patcher-plain")
+    prefix = shared_env.parent.parent
+    for path in [prefix, *prefix.rglob("*")]:
+        os.chown(path, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
+    pristine = files(shared_env)
+    code, _, err = patcher("apply", "--no-verify", "--python", str(shared_env))
+    assert code == 0, err
+    made = [prefix / "share", prefix / "share" / "patcher", *(prefix / "share" / "patcher").rglob("*")]
+    assert {(p.name, p.lstat().st_uid) for p in made} == {(p.name, owner.pw_uid) for p in made}
+    copy = prefix.parent / bundle.name
+    shutil.copy2(bundle, copy)
+    os.chmod(prefix.parent, 0o755)
+
+    def as_owner() -> None:
+        os.setgid(owner.pw_gid)
+        os.setuid(owner.pw_uid)
+
+    done = subprocess.run(
+        [str(shared_env), str(copy), "rollback"],
+        capture_output=True, text=True, cwd="/", preexec_fn=as_owner, timeout=300,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert files(shared_env) == pristine
