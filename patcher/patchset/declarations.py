@@ -25,7 +25,16 @@ from .. import __version__, model
 
 _TYPES = {
     cls.__name__: cls
-    for cls in (model.TargetFile, model.Fact, model.Edit, model.Example, model.AttributeCall, model.Patch)
+    for cls in (
+        model.TargetFile,
+        model.Fact,
+        model.Edit,
+        model.Example,
+        model.AttributeCall,
+        model.Symptom,
+        model.LeaveOneOut,
+        model.Patch,
+    )
 }
 
 
