@@ -15,9 +15,12 @@ the index (the CUDA build, which imports without a GPU); its row is `patcher app
 verification (the patched modules imported, every call bound to the installed vLLM) and rollback,
 without the extraction, which needs a GPU there.
 
-Resumable: each row is recorded in bench/results/releases/<release>-<hash>.json, in the repository
-(the hash covers every patch module and that release's recipe: patcher.upstream.runs.patch_set_hash),
-so a rerun only does what changed, on any machine; a release keeps one row, its newest. A row whose
+Resumable: each row is recorded in bench/results/releases/<release>-<key>.json, in the repository
+(the key covers the patches the row selected and that release's recipe: patcher.upstream.runs.row_key),
+so a rerun only does what changed (patcher.upstream.runs.row_is_current: today's declarations select
+the same patches on the row's versions, and their code and the recipe are the ones it ran with), on
+any machine; a patch added or changed leaves the rows it is not selected on current. A release
+keeps one row, its newest. A row whose
 environment did not build is shown, not recorded: it says nothing of the patches. --readme writes
 the table of every recorded row between the `releases:start`/`releases:end` markers of README.md.
 
@@ -51,7 +54,7 @@ from patcher.demo.environment import build_demo_env, demo_env_dir, run_environme
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
 from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
-from patcher.upstream.runs import bench_row_passed, patch_set_hash  # noqa: E402
+from patcher.upstream.runs import bench_row_passed, row_is_current, row_key  # noqa: E402
 
 EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
 RECORD = ROOT / "bench" / "results" / "releases"  # committed: the README table is made from it
@@ -223,7 +226,7 @@ def recorded_rows(record: Path = RECORD, left_out: bool = False) -> list[dict]:
         row = json.loads(file.read_text())
         if bool(row.get("left_out")) != left_out:
             continue
-        if row.get("patch_set_hash") != patch_set_hash(row["release"]):
+        if row_is_current(row) is False:
             row["run_with"] = f"an earlier patch set ({str(row.get('finished', '?'))[:10]})"
         rows.append(row)
     return sorted(rows, key=lambda r: (Version(r["release"]), r.get("left_out", "")), reverse=True)
@@ -312,11 +315,11 @@ def main() -> int:
         print("\n".join(releases))
         return 0
     failed, ran = [], []
+    recorded_now = {row_name(r): r for r in recorded_rows() + recorded_rows(left_out=True)}
     for release in releases:
-        key = patch_set_hash(release)
         name = row_name({"release": release, "left_out": args.leave_out})
-        if (RECORD / f"{name}-{key}.json").is_file():
-            say(f"{name}: recorded for these patches ({name}-{key}.json)")
+        if name in recorded_now and row_is_current(recorded_now[name]):
+            say(f"{name}: recorded for these patches ({name}-{recorded_now[name]['patch_set_hash']}.json)")
             continue
         if args.table_only:
             continue
@@ -327,7 +330,7 @@ def main() -> int:
             failed.append({"release": release, "apply": f"environment failed: {str(error).splitlines()[0][:200]}"})
             say(f"{release}: {failed[-1]['apply']} (not recorded)")
             continue
-        record_row(row, str(key))
+        record_row(row, str(row_key(release, row["selected"])))
         ran.append(row)
         say(f"{release}: {cell(row)}")
     recorded, leave_outs = recorded_rows(), recorded_rows(left_out=True)
