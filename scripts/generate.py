@@ -8,7 +8,9 @@ The artefacts:
     patcher/cli/help_text.py      `patcher --help` as click renders it (the console script answers
                                   --help from it without importing click)
     docs/reference/*.md           the docs' generated pages (scripts/pages.py): the patch reference,
-                                  the CLI reference, the release matrix, the GPU runs, the benchmarks
+                                  the CLI reference, the exit codes, the release matrix, the GPU
+                                  runs, the benchmarks
+    README.md                     its generated cells (the exit codes), between their markers
     tests/golden/*.json           the documented JSON of the main commands, as tests/test_contract.py
                                   records it (PATCHER_UPDATE_GOLDEN=1; it runs the real CLI on light
                                   environments, a few seconds; --no-golden leaves them out)
@@ -45,7 +47,11 @@ def help_text() -> str:
     )
 
 
-ARTEFACTS: dict[str, Callable[[], str]] = {"patcher/cli/help_text.py": help_text, **pages.PAGES}
+ARTEFACTS: dict[str, Callable[[], str]] = {
+    "patcher/cli/help_text.py": help_text,
+    **pages.PAGES,
+    "README.md": pages.readme,
+}
 
 
 def out_of_date() -> list[str]:

@@ -3,6 +3,7 @@ by hand): scripts/generate.py writes them, and tests/test_generated.py fails whi
 
     patches     docs/reference/patches.md     the declarations in patches/ (patcher.model.Patch)
     cli         docs/reference/cli.md         the click commands' own --help
+    exit codes  docs/reference/exit-codes.md  patcher/core/errors.py's EXIT_MEANINGS (and README's table)
     releases    docs/reference/releases.md    the release matrix's record, bench/results/releases/
     gpu         docs/reference/gpu.md         the GPU runs' records, bench/gpu/results/*/summary.json
     benchmarks  docs/reference/benchmarks.md  the benchmarks' records, bench/results/benchmarks/
@@ -379,9 +380,47 @@ def benchmarks_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------- exit codes, and README's cells
+
+
+def exit_code_table() -> str:
+    from patcher.core.errors import EXIT_MEANINGS
+
+    return "\n".join(table(["code", "meaning"], [[str(code), cell(text)] for code, text in EXIT_MEANINGS], "rl"))
+
+
+def exit_codes_page() -> str:
+    lines = _header("Exit codes", "`EXIT_MEANINGS` in `patcher/core/errors.py`")
+    lines += [
+        "Every command but `check-upstream`, which has its own ([check-upstream](../check-upstream.md#exit-codes)).",
+        "With several targets the highest code wins; `--json` carries each target's and the run's.",
+        "",
+        exit_code_table(),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# README's generated cells: each between `<!-- generated: NAME -->` and `<!-- end: NAME -->`.
+README_CELLS = {"exit-codes": exit_code_table}
+
+
+def readme() -> str:
+    path = ROOT / "README.md"
+    text = path.read_text(encoding="utf-8")
+    for name, render in README_CELLS.items():
+        start, end = f"<!-- generated: {name} -->", f"<!-- end: {name} -->"
+        if start not in text or end not in text:
+            raise SystemExit(f"README.md has no {start} ... {end}: put them around its {name} table")
+        before, rest = text.split(start, 1)
+        _old, after = rest.split(end, 1)
+        text = f"{before}{start}\n{render()}\n{end}{after}"
+    return text
+
+
 PAGES = {
     "docs/reference/patches.md": patches_page,
     "docs/reference/cli.md": cli_page,
+    "docs/reference/exit-codes.md": exit_codes_page,
     "docs/reference/releases.md": releases_page,
     "docs/reference/gpu.md": gpu_page,
     "docs/reference/benchmarks.md": benchmarks_page,
