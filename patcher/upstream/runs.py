@@ -86,7 +86,8 @@ def patch_code(path: Path) -> str:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Patch":
             node.keywords = [k for k in node.keywords if k.arg not in DESCRIPTIVE_KEYWORDS]
     # the model's names it imports (LeaveOneOut, Symptom: descriptions) show where they are used
-    tree.body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.module == "patcher.model")]
+    if isinstance(tree, ast.Module):
+        tree.body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.module == "patcher.model")]
     return ast.dump(tree)
 
 
