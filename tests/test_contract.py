@@ -22,7 +22,7 @@ from tests.support.envs import fabricate_dist, light_env, site_file
 GOLDEN = Path(__file__).parent / "golden"
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 
-# README "Exit codes".
+# "Exit codes" (patcher/core/errors.py EXIT_MEANINGS: README and docs/reference/exit-codes.md).
 EXIT = {"ok": 0, "failed": 1, "usage": 2, "conflict": 3, "unreachable": 4, "locked": 5, "pending": 6}
 TARGET_KEYS = {
     "target",

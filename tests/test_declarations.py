@@ -1,5 +1,5 @@
-"""A patch is described in one place, its declaration: what is derived from it (the README's
-patch table, the tests' per-patch expectations) must agree with it, and a declaration that
+"""A patch is described in one place, its declaration: what is derived from it (the generated
+patch reference, the tests' per-patch expectations) must agree with it, and a declaration that
 leaves something out fails at once with a line saying what to add."""
 
 from __future__ import annotations

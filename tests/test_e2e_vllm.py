@@ -129,7 +129,7 @@ def test_rollback_brings_the_original_failure_back(target: Path, model: Path):
 
 
 def test_report(capsys):
-    """Not a check: the figures and timings of this run, for the README and the log."""
+    """Not a check: the figures and timings of this run, for the docs and the log."""
     with capsys.disabled():
         print("\nend-to-end on vLLM 0.16.0 (CPU):")
         for label, text in FIGURES.items():

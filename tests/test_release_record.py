@@ -177,7 +177,7 @@ def test_a_runs_exit_says_whether_every_row_it_ran_passed(releases):
 
 
 def test_check_upstream_reads_a_release_without_a_cpu_build_as_its_apply_and_rollback(tmp_path):
-    # 0.33.0's row is apply and verification only (no CPU build): it passed, as the README table says
+    # 0.33.0's row is apply and verification only (no CPU build): it passed, as the docs' record page says
     assert load_runs(recorded_folder())["0.33.0"].ok
     skipped = {"release": "0.33.0", "apply": "exit 0, changed", "rollback_identical": True, "finished": "2026-12-01"}
     skipped["extract"] = {"skipped": "no CPU build: apply and verification only"}
