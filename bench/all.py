@@ -2,9 +2,10 @@
 check-upstream (warm, full matrix) and the fleet (1/8/32 loopback hosts; root and sshd needed,
 skipped with the reason otherwise; with --ansible also bench/ansible.py: the collection, Ansible's
 copy and pyinfra on 8 and 32 hosts). Each prints its figures as ratios against a baseline measured
-in the same run; nothing here asserts a time.
+in the same run; nothing here asserts a time. With --record each also keeps its figures in
+bench/results/benchmarks/ (bench/record.py), which the docs' figures page is generated from.
 
-    python bench/all.py [--ansible]
+    python bench/all.py [--ansible] [--record]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def run(title: str, args: list[str]) -> int:
+    args = [*args, *(["--record"] if "--record" in sys.argv[1:] else [])]
     print(f"\n== {title}: {' '.join(args)}", flush=True)
     return subprocess.run([sys.executable, *args], cwd=HERE.parent).returncode
 

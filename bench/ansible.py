@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 sys.path.append(str(ROOT / "bench"))
 
+import record  # noqa: E402  (bench/record.py, beside this script)
 from fleet import PATCHER, TARGETS, Fleet, ansible_base_env, sh  # noqa: E402
 
 from tests.support.envs import site_file  # noqa: E402
@@ -165,6 +166,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="timed runs per point; the median is reported")
     parser.add_argument("--no-pyinfra", action="store_true")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--record", action="store_true", help="also record them: bench/results/benchmarks/ansible.json")
     args = parser.parse_args()
     if why_no_sshd():
         raise SystemExit(why_no_sshd())
@@ -249,8 +251,7 @@ def main() -> None:
         print(line)
     load = os.getloadavg()
     print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    record.write("ansible", results, args.json, args.record)
 
 
 if __name__ == "__main__":

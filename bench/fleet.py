@@ -30,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # for tests.support; patcher itself as installed
 
+import record  # noqa: E402  (bench/record.py, beside this script)
+
 from patcher.patchset.registry import load_patches  # noqa: E402
 from tests.support.envs import light_env, site_file  # noqa: E402
 from tests.support.sshd import SshClient, SshServer, why_no_sshd  # noqa: E402
@@ -270,6 +272,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per point; the median is reported")
     parser.add_argument("--ansible", action="store_true", help="also time Ansible (ansible-core) doing the copy")
     parser.add_argument("--json", metavar="FILE", help="also write the figures here")
+    parser.add_argument("--record", action="store_true", help="also record them: bench/results/benchmarks/fleet.json")
     args = parser.parse_args()
     reason = why_no_sshd()
     if reason:
@@ -345,8 +348,7 @@ def main() -> None:
         print(line)
     load = os.getloadavg()
     print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    record.write("fleet", results, args.json, args.record)
 
 
 if __name__ == "__main__":

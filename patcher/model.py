@@ -132,16 +132,70 @@ class AttributeCall:
 # What a patch's codemods may say on the files of the speculators release that fixed it upstream.
 FIXED_IN_OUTCOMES = ("already-satisfied", "anchor-missing", "applies")
 
+# Where a leave-one-out's symptom shows: the extraction driver's phase (patcher/demo/extract.py:
+# "import", "init", "generate N"), "verify" (apply's verification refuses and restores every
+# file: the release matrix's row says so) or "rows" (no error: rows come back short or wrong).
+SYMPTOM_PHASES = ("import", "init", "verify", "rows")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Symptom:
+    """What a run shows without the patch, as the extraction driver (or apply) reports it.
+
+    `error` is the exception's type ("" for any), `messages` parts of its message (or traceback)
+    that must all appear, `where` a part of the "file.py:function" it was raised in (or of the
+    traceback). With phase "rows" there is no error: some prompt's rows come back short or wrong.
+    """
+
+    phase: str  # one of SYMPTOM_PHASES, or "generate N"
+    error: str = ""
+    messages: tuple[str, ...] = ()
+    where: str = ""
+
+    def __post_init__(self) -> None:
+        if self.phase not in SYMPTOM_PHASES and not re.fullmatch(r"generate [0-9]+", self.phase):
+            raise ValueError(f"symptom phase {self.phase!r}: one of {', '.join(SYMPTOM_PHASES)} or 'generate N'")
+        if self.phase == "rows" and (self.error or self.messages):
+            raise ValueError("a 'rows' symptom has no error: the run returns, with short or wrong rows")
+        if self.phase != "rows" and not (self.messages or self.where):
+            raise ValueError(f"a {self.phase!r} symptom names a part of its message (messages=) or where= it is raised")
+
+
+@dataclass(frozen=True)
+class LeaveOneOut:
+    """The evidence of a patch's need on one release: the run with every patch but this one.
+
+    `symptom` None: the run passes without it there (not needed on that release). Where it is
+    checked follows from `vllm` and `device`: on the CPU build, 0.16.0 and 0.32.0 by the end-to-end
+    tests (tests/test_e2e_vllm.py, tests/test_e2e_vllm_032.py), any other release by its recorded
+    row of the release matrix (bench/results/releases/<vllm>-without-vN-*.json); on CUDA by the
+    GPU run's record (bench/gpu/results/<vllm>-*/e2e-without-vN.json, or `record`).
+    """
+
+    vllm: str  # the vLLM release, e.g. "0.16.0"
+    symptom: Symptom | None
+    device: str = "cpu"  # one of DEVICES
+    calls: str = "1"  # the extraction driver's --calls: "1", "1,2", "3", "all"
+    also_skip: tuple[str, ...] = ()  # short ids left out with it (v1's symptom shows only without v6)
+    record: str = ""  # the record that shows it, where it is not at the default place (a file under bench/)
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"leave-one-out device {self.device!r}: one of {', '.join(DEVICES)}")
+        if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?", self.vllm):
+            raise ValueError(f"leave-one-out vllm={self.vllm!r}: a vLLM release, e.g. 0.16.0")
+
 
 @dataclass(frozen=True)
 class Patch:
-    """Everything about one patch, in one place: patcher's engine, `patcher list`, the README's
-    patch table (scripts/readme_patch_table.py) and the tests read it from here.
+    """Everything about one patch, in one place: patcher's engine, `patcher list`, the generated
+    patch reference (scripts/generate.py) and the tests' per-patch expectations read it from here.
 
     Required: id (`vN-slug`, in a module named `vN_slug.py`), title, target, requires, edits
     (each with `when`, `answers` and `fact`), examples, satisfied, upstream. Expected of every
-    module in patches/ (the README table fails without it): without_it. Optional: fixed_in with
-    on_fixed_in, attribute_calls, needs, readme, since.
+    module in patches/ (the patch reference fails without them): without_it, leave_one_out.
+    Optional: fixed_in, on_fixed_in, attribute_calls, needs, since.
     """
 
     id: str
@@ -157,16 +211,19 @@ class Patch:
     # ids of other PATCHES this one relies on: it is never applied without them (unlike
     # Fact.needs, which names upstream facts an edit relies on)
     needs: tuple[str, ...] = ()
-    # what breaks without it, in words: `patcher list` (its JSON's `without_it`)
+    # what breaks without it, in words (`code` in backticks): `patcher list` (its JSON's
+    # `without_it`) and the patch reference's "without it" cell
     without_it: str = ""
-    # the README patch table's "without it" cell (markdown); default: without_it
-    readme: str = ""
-    # the README patch table's "since vLLM" cell; default: the vLLM lower bounds its conditions name
+    # the patch reference's "since vLLM" cell; default: the vLLM lower bounds its conditions name
     since: str = ""
-    # tests: what its codemods say on the files of the speculators release named by `fixed_in`
-    # (speculators 0.4.0): already-satisfied (upstream's fix is recognised), anchor-missing (the
-    # shape it rewrites is gone; the file is left alone) or applies (the fix is needed there too)
+    # tests: what its codemods say on the files of `next_release` (the release of its target's
+    # distribution just past `requires`: speculators 0.4.0, where `fixed_in` names it):
+    # already-satisfied (upstream's fix is recognised), anchor-missing (the shape it rewrites is
+    # gone; the file is left alone) or applies (the fix is needed there too)
     on_fixed_in: str = ""
+    # the runs that show it is needed (or not) on named releases: the end-to-end tests run them,
+    # or the records under bench/ hold them (tests/test_declarations.py checks each)
+    leave_one_out: tuple[LeaveOneOut, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"patch {self.id}"
@@ -178,10 +235,17 @@ class Patch:
             raise ValueError(f"{where} declares no before/after example")
         if self.on_fixed_in and self.on_fixed_in not in FIXED_IN_OUTCOMES:
             raise ValueError(f"{where}: on_fixed_in={self.on_fixed_in!r}; one of {', '.join(FIXED_IN_OUTCOMES)}")
-        if self.on_fixed_in and not self.fixed_in:
-            raise ValueError(f"{where}: on_fixed_in= needs fixed_in= (the release it is about)")
+        if self.on_fixed_in and not self.next_release:
+            raise ValueError(
+                f"{where}: on_fixed_in= needs an upper bound on {self.target.distribution} in requires= "
+                "(the release it is about)"
+            )
         if self.id in self.needs:
             raise ValueError(f"{where} needs itself")
+        for run in self.leave_one_out:
+            for short in run.also_skip:
+                if not re.fullmatch(r"v[0-9]+", short):
+                    raise ValueError(f"{where}: leave_one_out also_skip={short!r}: a short id, e.g. v6")
 
     @property
     def module_name(self) -> str:
@@ -189,8 +253,14 @@ class Patch:
         return self.id.replace("-", "_")
 
     @property
-    def readme_cell(self) -> str:
-        return self.readme or self.without_it
+    def next_release(self) -> str:
+        """The first release of its target's distribution past `requires` ("0.4.0" for <0.4.0),
+        or "" where `requires` sets no upper bound: what on_fixed_in is about."""
+        for item in self.requires.get(self.target.distribution, "").split(","):
+            item = item.strip()
+            if item.startswith("<") and not item.startswith("<="):
+                return item[1:]
+        return ""
 
     @property
     def since_cell(self) -> str:

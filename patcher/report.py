@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-# Exit codes (README "Exit codes") and the error kinds' codes live in core/errors.py, shared
+# Exit codes (their meanings: EXIT_MEANINGS) and the error kinds' codes live in core/errors.py, shared
 # with the agent and the bundle; with several targets the highest code wins.
 from .core.errors import (  # noqa: F401  (re-exported for fleet.py and the tests)
     ERROR_KINDS,

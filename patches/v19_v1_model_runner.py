@@ -23,7 +23,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod, with_import_first
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -162,8 +162,12 @@ PATCH = Patch(
     upstream="vLLM 0.22.0/0.23.0: vllm/config/vllm.py (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, "
     "VllmConfig.use_v2_model_runner); vllm/v1/worker/gpu_worker.py builds "
     "vllm.v1.worker.gpu.model_runner.GPUModelRunner when it says so",
-    without_it="without it on CUDA vLLM 0.23 and later (0.22 for Qwen3 models): every generate() "
-    "fails at its first step, RuntimeError \"'GPUModelRunner' object has no attribute "
-    "'input_batch'\" (seen on an H200 with vLLM 0.23.0, tensor parallel 1 and 2)",
-    readme="on CUDA vLLM 0.23 and later (0.22 for Qwen3 models) every `generate()` fails at its first step: `'GPUModelRunner' object has no attribute 'input_batch'` (vLLM now defaults to Model Runner V2; speculators' worker extension reads V1's batch; seen on an H200 with vLLM 0.23.0). The generator sets vLLM's own switch `VLLM_USE_V2_MODEL_RUNNER=0` before its workers start; no user sets anything. The CPU build never uses V2 (it needs Triton), so the patch changes nothing there",
+    without_it="without it on CUDA vLLM 0.23 and later (0.22 for Qwen3 models): every `generate()` fails at its first step, `RuntimeError: 'GPUModelRunner' object has no attribute 'input_batch'` (vLLM defaults to Model Runner V2; speculators' worker extension reads V1's batch; seen on an H200 with vLLM 0.23.0, tensor parallel 1 and 2). The CPU build never uses V2 (it needs Triton)",
+    leave_one_out=(
+        LeaveOneOut(
+            "0.23.0",
+            Symptom("generate 1", "RuntimeError", ("'GPUModelRunner' object has no attribute 'input_batch'",)),
+            device="cuda",
+        ),
+    ),
 )

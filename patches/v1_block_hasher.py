@@ -16,7 +16,7 @@ from libcst.helpers import get_full_name_for_node
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -416,9 +416,14 @@ PATCH = Patch(
     "vllm/v1/request.py (block_hasher); https://github.com/vllm-project/vllm/pull/27151 "
     "(vllm.utils.hashing, 0.11.1); speculators fix https://github.com/vllm-project/speculators/pull/225",
     fixed_in="speculators 0.4.0",
-    without_it="without it a bare AssertionError in block_pool.cache_full_blocks once a prompt fills "
-    "a KV block (16 tokens). With it, prefix caching stays on: prompts sharing a prefix of 16+ "
-    "tokens come back short or wrong unless prefix caching is also turned off (0.4.0 does)",
-    readme="bare `AssertionError` in `block_pool.cache_full_blocks` once a prompt fills a 16-token KV block — but only when v6 is left out too: with prefix caching off, no block is cached",
+    without_it="without it a bare `AssertionError` in `block_pool.cache_full_blocks` once a prompt fills a 16-token KV block, but only when v6 is left out too: with prefix caching off, no block is cached. With prefix caching on, prompts sharing a prefix of 16+ tokens come back short or wrong (0.4.0 turns it off too)",
+    leave_one_out=(
+        LeaveOneOut("0.16.0", None, calls="all"),
+        LeaveOneOut(
+            "0.16.0",
+            Symptom("generate 1", "AssertionError", where="block_pool.py:cache_full_blocks"),
+            also_skip=("v6",),
+        ),
+    ),
     on_fixed_in="already-satisfied",
 )

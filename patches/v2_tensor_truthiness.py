@@ -9,7 +9,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -169,8 +169,12 @@ PATCH = Patch(
     "unique_reply_rank returns the single reply); speculators fix "
     "https://github.com/vllm-project/speculators/pull/225",
     fixed_in="speculators 0.4.0",
-    without_it="without it generate() takes the first layer's tensor for the whole reply and fails: "
-    "RuntimeError 'Boolean value of Tensor with more than one value is ambiguous'",
-    readme="`RuntimeError: Boolean value of Tensor with more than one value is ambiguous`",
+    without_it="without it `generate()` takes the first layer's tensor for the whole reply and fails: `RuntimeError: Boolean value of Tensor with more than one value is ambiguous`",
+    leave_one_out=(
+        LeaveOneOut(
+            "0.16.0",
+            Symptom("generate 1", "RuntimeError", ("Boolean value of Tensor with more than one value is ambiguous",)),
+        ),
+    ),
     on_fixed_in="anchor-missing",
 )

@@ -11,7 +11,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg, remove_keyword
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -206,10 +206,9 @@ PATCH = Patch(
     "vllm/config/scheduler.py (is_encoder_decoder), vllm/v1/core/kv_cache_utils.py "
     "(kv_cache_specs removed); speculators fix https://github.com/vllm-project/speculators/pull/225",
     fixed_in="speculators 0.4.0",
-    without_it="without it the generator cannot be constructed on vLLM 0.16: pydantic ValidationError "
-    "'is_encoder_decoder Field required' at SchedulerConfig(...), then TypeError "
-    '"unexpected keyword argument \'kv_cache_specs\'" and TypeError "Scheduler.__init__() missing '
-    "1 required positional argument: 'block_size'\"",
-    readme="`Scheduler` missing `block_size` (0.11.1); `SchedulerConfig` `is_encoder_decoder` Field required, `get_kv_cache_config_from_groups` unexpected `kv_cache_specs` (0.12.0)",
+    without_it="without it the generator cannot be constructed: `Scheduler` misses its required `block_size` (vLLM 0.11.1); pydantic `ValidationError` at `SchedulerConfig(...)`, `is_encoder_decoder` Field required, and `get_kv_cache_config_from_groups()` gets an unexpected keyword argument `kv_cache_specs` (0.12.0)",
+    leave_one_out=(
+        LeaveOneOut("0.16.0", Symptom("init", "ValidationError", ("is_encoder_decoder", "Field required"))),
+    ),
     on_fixed_in="already-satisfied",
 )

@@ -9,7 +9,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -55,6 +55,6 @@ PATCH = Patch(
     satisfied=("cfg = SchedulerConfig(max_num_seqs=1, async_scheduling=False)\n",),
     upstream="vLLM SchedulerConfig.async_scheduling (present in 0.11.0; default None from 0.14.0)",
     fixed_in="speculators 0.4.0 (never sets it)",
-    without_it="nothing: the run needs no change here; kept for parity with hosts patched by hand",
-    readme="nothing: the run does not need it (the seeds' v4; vLLM keeps the two-phase contract whatever the flag says); kept because hosts patched by hand carry it",
+    without_it="nothing: the run does not need it (the seeds' v4; vLLM keeps the two-phase contract whatever the flag says); kept because hosts patched by hand carry it",
+    leave_one_out=(LeaveOneOut("0.16.0", None, calls="all"),),
 )

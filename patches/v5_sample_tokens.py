@@ -11,7 +11,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod
-from patcher.model import AttributeCall, Edit, Example, Fact, Patch
+from patcher.model import AttributeCall, Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -155,8 +155,15 @@ PATCH = Patch(
             "vllm.v1.executor.multiproc_executor:MultiprocExecutor.execute_model",
         ),
     ),
-    without_it="without it the second execute_model() in a process fails: RuntimeError "
-    "'... State error: sample_tokens() must be called after execute_model() returns None.'",
-    readme="`RuntimeError: ... sample_tokens() must be called after execute_model() returns None.`",
+    without_it="without it the second `execute_model()` in a process fails: `RuntimeError: ... sample_tokens() must be called after execute_model() returns None.`",
+    leave_one_out=(
+        LeaveOneOut(
+            "0.16.0",
+            Symptom(
+                "generate 2", "RuntimeError", ("sample_tokens() must be called after execute_model() returns None",)
+            ),
+            calls="1,2",
+        ),
+    ),
     on_fixed_in="already-satisfied",
 )

@@ -13,7 +13,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod, append_arg, keyword_arg
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -101,11 +101,13 @@ PATCH = Patch(
     upstream="vLLM 0.12.0: vllm/config/cache.py (enable_prefix_caching defaults to True); "
     "speculators fix https://github.com/vllm-project/speculators/pull/225",
     fixed_in="speculators 0.4.0",
-    without_it="without it, a prompt sharing a prefix of 16 tokens or more with an earlier prompt (in "
-    "the batch or an earlier call) is computed only past its cached blocks (vLLM 0.16 CPU: a "
-    "64-token prompt sharing a 44-token prefix, 32 rows). Without v10/v11 that is silent: too few "
-    "rows, or rows of another prompt; with them, RuntimeError 'request ...: captured 32 rows of "
-    "hidden states, expected 64'",
-    readme="silently wrong data: a prompt sharing a 16+ token prefix with an earlier one comes back short (with v10/v11 in place: `RuntimeError ... captured 32 rows of hidden states, expected 64`)",
+    without_it="silently wrong data without it: a prompt sharing a prefix of 16 tokens or more with an earlier prompt (in the batch or an earlier call) is computed only past its cached blocks (vLLM 0.16 CPU: a 64-token prompt sharing a 44-token prefix, 32 rows). Without v10/v11 that is silent (too few rows, or rows of another prompt); with them, `RuntimeError: ... captured 32 rows of hidden states, expected 64`",
+    leave_one_out=(
+        LeaveOneOut(
+            "0.16.0",
+            Symptom("generate 1", "RuntimeError", ("request req_0_3: captured 32 rows of hidden states, expected 64",)),
+            calls="1,2",
+        ),
+    ),
     on_fixed_in="already-satisfied",
 )

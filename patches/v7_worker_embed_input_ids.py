@@ -13,7 +13,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import SPECULATORS_0_3, WORKER
 
@@ -229,9 +229,10 @@ PATCH = Patch(
     "(vllm/model_executor/models/interfaces.py); speculators fix "
     "https://github.com/vllm-project/speculators/pull/225",
     fixed_in="speculators 0.4.0",
-    without_it="without it the worker fails during vLLM's warm-up, before any prompt: AttributeError "
-    "\"'LlamaModel' object has no attribute 'get_input_embeddings'\"",
-    readme="`AttributeError: ... get_input_embeddings` at start-up; the patched forward also accepts extra keyword arguments",
+    without_it="without it the worker fails during vLLM's warm-up, before any prompt: `AttributeError: 'LlamaModel' object has no attribute 'get_input_embeddings'`; the patched forward also accepts extra keyword arguments",
+    leave_one_out=(
+        LeaveOneOut("0.16.0", Symptom("init", "RuntimeError", ("has no attribute 'get_input_embeddings'",))),
+    ),
     since="0.11.1",
     on_fixed_in="already-satisfied",
 )

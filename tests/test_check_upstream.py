@@ -15,10 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from patcher.model import Edit, Example, Fact, Patch
 from patcher.patches.targets import GENERATOR as GENERATOR_FILE
 from patcher.patchset.registry import load_patches
+from patcher.plan.selection import condition_holds
 from patcher.upstream.check import EXIT_OK, EXIT_UNREACHABLE, EXIT_WRONG_GATE, CheckOptions, run_check
 from patcher.upstream.facts import SourceTree, Verdict, evaluate
 from patcher.upstream.gates import ReleaseRead, check_gate
@@ -34,18 +36,7 @@ VLLM = ["0.11.0", "0.11.1", "0.12.0", "0.16.0"]
 # transformers: both sides of v16's gate (5.4.0) and of v17's (5.24.0)
 TRANSFORMERS = ["4.57.6", "5.3.0", "5.4.0", "5.23.0", "5.24.0"]
 ONLY = {"speculators": SPECULATORS, "vllm": VLLM, "transformers": TRANSFORMERS}
-# Gates on vLLM releases beyond the ones this test reads (bench/check_upstream.py and the daily
-# workflow read them all): their facts hold in none of VLLM.
-LATER_VLLM = {
-    "v12-kv-cache-planning",
-    "v13-request-eos-token-id",
-    "v14-kv-cache-layout",
-    "v15-cpu-block-size",
-    "v19-v1-model-runner",
-}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
-# v16's file is still in speculators 0.5.0 (the data-generation files and eagle.py are not)
-SHIPPED_BY_0_5_0 = {"speculators/utils/pydantic_utils.py", "speculators/models/eagle3/core.py"}
 
 # ../shared/design/api-drift.md, "The drift, by vLLM release": the first release of each change,
 # as facts (the same facts the patches declare, and those no patch needs yet).
@@ -86,28 +77,37 @@ def cells_of(report, patch_id):
     return {c.version: c for c in report.cells if c.patch_id == patch_id}
 
 
-def test_every_patch_applies_to_speculators_0_3_0_and_is_not_selected_later(report):
+def test_every_patch_applies_to_the_speculators_releases_it_requires_and_is_not_selected_on_others(report):
     patches = load_patches()
     assert {p.target.path for p in patches} >= {GENERATOR}
     for patch in patches:
         cells = cells_of(report, patch.id)
         assert set(cells) == set(SPECULATORS), patch.id
-        assert cells["0.3.0"].status == "applies" and cells["0.3.0"].selected, (patch.id, cells["0.3.0"])
-        assert cells["0.4.0"].status == "not-selected"
-        assert "speculators 0.4.0 does not satisfy >=0.3.0,<0.4.0" in cells["0.4.0"].reason
-        assert cells["0.5.0"].status == "not-selected"
-        if patch.target.path in SHIPPED_BY_0_5_0:
-            assert "speculators 0.5.0 does not satisfy >=0.3.0,<0.4.0" in cells["0.5.0"].reason, cells["0.5.0"]
-        else:
-            assert cells["0.5.0"].reason == f"speculators 0.5.0 does not ship {patch.target.path}"
-            assert cells["0.5.0"].codemod == "no file"
+        required = patch.requires["speculators"]
+        for version, cell in cells.items():
+            if condition_holds(required, version):
+                assert cell.status == "applies" and cell.selected, (patch.id, cell)
+                continue
+            assert cell.status == "not-selected", (patch.id, cell)
+            if cell.codemod == "no file":
+                assert cell.reason == f"speculators {version} does not ship {patch.target.path}", cell
+            else:
+                assert f"speculators {version} does not satisfy {required}" in cell.reason, cell
+    # the data-generation files are gone from 0.5.0 (extraction moved to vllm serve); some others are not
+    on_0_5_0 = {p.target.path: cells_of(report, p.id)["0.5.0"].codemod == "no file" for p in patches}
+    assert on_0_5_0[GENERATOR] and not all(on_0_5_0.values()), on_0_5_0
     assert not any(c.drift for c in report.cells)
 
 
-def test_generator_patches_say_what_they_would_do_on_0_4_0(report):
-    # Not selected there, but the matrix still shows the codemods' verdict: upstream's own fix.
-    assert cells_of(report, "v3-signatures")["0.4.0"].codemod == "already-satisfied"
-    assert cells_of(report, "v5-sample-tokens")["0.4.0"].codemod == "already-satisfied"
+def test_patches_say_what_they_would_do_on_the_next_release(report):
+    # Not selected there, but the matrix still shows the codemods' verdict, the one each patch
+    # declares (on_fixed_in): upstream's own fix recognised, or the shape it rewrites gone.
+    declared = {p.id: p.on_fixed_in for p in load_patches() if p.on_fixed_in and p.next_release in SPECULATORS}
+    assert "already-satisfied" in declared.values()
+    for patch in load_patches():
+        if patch.id in declared:
+            shown = cells_of(report, patch.id)[patch.next_release].codemod
+            assert shown == declared[patch.id].replace("applies", "applied"), (patch.id, shown)
 
 
 def test_vllm_read_from_the_cpu_wheels(report):
@@ -137,16 +137,12 @@ def test_declared_gates_agree_with_upstream(report):
     assert checked
     for gate in checked:
         assert gate.ok, gate.problems
-        assert (gate.first is None) == (gate.patch_id in LATER_VLLM), gate
-    firsts = {(g.patch_id, g.edit): g.first for g in checked}
-    assert firsts[("v12-kv-cache-planning", "ImportFromKvCachePlanning")] is None
-    assert firsts[("v16-pydantic-torch-namespace", "ModelRebuildWithTorch")] == "5.4.0"
-    assert firsts[("v17-attn-mask-utils", "ImportOrBuildCausalMask")] == "5.24.0"
-    assert firsts[("v3-signatures", "SchedulerBlockSize")] == "0.11.1"
-    assert firsts[("v3-signatures", "SchedulerConfigEncoderDecoder")] == "0.12.0"
-    assert firsts[("v3-signatures", "KvCacheConfigWithoutSpecs")] == "0.12.0"
-    assert firsts[("v5-sample-tokens", "SampleTokensAfterExecuteModel")] == "0.11.1"
-    assert firsts[("v1-block-hasher", "BlockHasherSetup")] == "0.12.0"
+        # the first release read where the fact holds is the first one its gate selects (None for
+        # a gate on releases beyond the ones read: v12's vLLM 0.33, v13's 0.17), derived from the
+        # declaration: every patch's gates, none named here
+        read = sorted(report.reads[gate.fact.distribution], key=Version)
+        first_selected = next((r for r in read if not gate.gate or condition_holds(gate.gate, r)), None)
+        assert gate.first == first_selected, (gate.patch_id, gate.edit, gate.gate, gate.first)
     hasher = next(g for g in checked if g.edit == "BlockHasherSetup")
     assert hasher.needs_first["vllm.utils.hashing defines get_hash_fn_by_name"] == "0.11.1"
 

@@ -29,19 +29,18 @@ def imported(importtime: str, module: str) -> bool:
 
 def test_kept_help_is_what_click_renders_now():
     assert HELP == render_help(), (
-        "the CLI changed: regenerate patcher/cli/help_text.py with `python scripts/write_help_text.py`"
+        "the CLI changed: regenerate patcher/cli/help_text.py with `python scripts/generate.py`"
     )
 
 
-def test_help_text_file_is_what_the_script_writes():
+def test_help_text_file_is_what_the_generator_writes():
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import write_help_text
+        import generate
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    assert write_help_text.PATH.read_text(encoding="utf-8") == write_help_text.text(), (
-        "regenerate patcher/cli/help_text.py with `python scripts/write_help_text.py`"
-    )
+    path = ROOT / "patcher" / "cli" / "help_text.py"
+    assert path.read_text(encoding="utf-8") == generate.help_text(), "run `python scripts/generate.py`"
 
 
 def test_python_dash_m_runs_the_cli():

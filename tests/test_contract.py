@@ -1,9 +1,10 @@
-"""The documented contract, pinned: README "Exit codes" and "JSON" for the main commands.
+"""The documented contract, pinned: "Exit codes" and "JSON" (README, docs/usage.md) for the main commands.
 
 Each scenario runs the real command line on a light target environment and compares the whole
 JSON document (paths and hashes replaced by placeholders) with tests/golden/<name>.json, and
 the exit code with the document's and README's. A change to the contract shows here as a diff;
-regenerate on purpose with `PATCHER_UPDATE_GOLDEN=1 python -m pytest tests/test_contract.py`.
+regenerate on purpose with `python scripts/generate.py` (which runs this module with
+PATCHER_UPDATE_GOLDEN=1), e.g. after adding a patch: the documents list every patch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tests.support.envs import fabricate_dist, light_env, site_file
 GOLDEN = Path(__file__).parent / "golden"
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 
-# README "Exit codes".
+# "Exit codes" (patcher/core/errors.py EXIT_MEANINGS: README and docs/reference/exit-codes.md).
 EXIT = {"ok": 0, "failed": 1, "usage": 2, "conflict": 3, "unreachable": 4, "locked": 5, "pending": 6}
 TARGET_KEYS = {
     "target",
@@ -65,8 +66,10 @@ def check(name: str, code: int, doc: dict | None, err: str, env: Path, expected_
     path = GOLDEN / f"{name}.json"
     if os.environ.get("PATCHER_UPDATE_GOLDEN"):
         path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    assert path.exists(), f"no golden file {path.name}: run with PATCHER_UPDATE_GOLDEN=1 once"
-    assert got == json.loads(path.read_text(encoding="utf-8")), f"{name}: the documented JSON changed"
+    assert path.exists(), f"no golden file {path.name}: run python scripts/generate.py"
+    assert got == json.loads(path.read_text(encoding="utf-8")), (
+        f"{name}: the documented JSON changed (on purpose, e.g. a new patch: run python scripts/generate.py)"
+    )
     return doc
 
 

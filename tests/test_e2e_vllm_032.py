@@ -1,8 +1,9 @@
 """End to end on the real vLLM 0.32.0 (CPU build, torch 2.13.0, transformers 5.19.0: the recipe
 in patcher/demo/releases.json), pinned: the newest release patcher is tested on in CI.
 
-Lean on purpose (CI has 2 cores): one generate batch with every patch, and the leave-one-out of
-each patch this release needs that 0.16 does not (v13-v16), each asserting its own symptom.
+Lean on purpose (CI has 2 cores): one generate batch with every patch, and each leave-one-out a
+patch declares on this release (Patch.leave_one_out: v13-v16 today), each asserting its own
+declared symptom.
 The 0.16 module (tests/test_e2e_vllm.py) covers the rest; bench/releases.py runs every release.
 """
 
@@ -13,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher
-from tests.support.e2e import error_of, extract, patch_as, pristine, summary
+from tests.support.declared import leave_one_outs, run_id
+from tests.support.e2e import assert_every_selected_patch_applies, extract, leave_out, pristine, summary
 from tests.support.envs import overlay_env
 
 pytestmark = pytest.mark.vllm
 
 VLLM = "0.32.0"
+NEEDED = [(p, run) for p, run in leave_one_outs(VLLM) if run.symptom is not None]
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +54,7 @@ def test_every_patch_it_needs_is_selected_and_one_batch_is_correct(target: Path,
     versions = doc["targets"][0]["versions"]
     assert versions["vllm"].startswith(VLLM) and versions["transformers"] == "5.19.0", versions
     assert versions["torch"].startswith("2.13.0"), versions
-    states = patch_as(target)
-    assert states.pop("v12") == "not-selected"  # vLLM 0.33's module move
-    assert states.pop("v17") == "not-selected"  # transformers 5.24's removal
-    assert all(state == "applied" for state in states.values()), states
+    assert_every_selected_patch_applies(target)
     report = extract(target, model, "1", "0.32 all patches")
     assert report["error"] is None, summary(report)
     assert report["calls"] and all(p["status"] == "ok" for c in report["calls"] for p in c["prompts"]), summary(report)
@@ -65,8 +65,7 @@ def test_the_run_check_passes_on_the_patched_environment(target: Path):
     """`patcher verify --run` (issue: the run check passes on the patched 0.16 and 0.32 environments):
     the same tiny model, made inside the target by its own transformers 5.19, through speculators and
     vLLM 0.32, against transformers."""
-    states = patch_as(target)
-    assert states["v19"] == "applied", states  # vLLM 0.32 defaults to Model Runner V2 where Triton is
+    assert_every_selected_patch_applies(target)
     code, doc, err = patcher("verify", "--run", "--python", str(target), "--json")
     assert code == 0, err[-3000:]
     check = doc["targets"][0]["run_check"]
@@ -79,32 +78,12 @@ def test_the_run_check_passes_on_the_patched_environment(target: Path):
     )
 
 
-def test_without_v13_request_refuses_eos_token_id(target: Path, model: Path):
-    patch_as(target, "v13")
-    error = error_of(extract(target, model, "1", "0.32 without v13"))
-    assert error["type"] == "TypeError" and error["phase"] == "generate 1", error
-    assert "unexpected keyword argument 'eos_token_id'" in error["message"]
-
-
-def test_without_v14_kv_cache_layout_unresolved(target: Path, model: Path):
-    patch_as(target, "v14")
-    error = error_of(extract(target, model, "1", "0.32 without v14"))
-    assert error["type"] == "ValueError" and error["phase"] == "init", error
-    assert "KV cache layout has not been resolved yet" in error["message"]
-
-
-def test_without_v15_no_common_block_size(target: Path, model: Path):
-    patch_as(target, "v15")
-    error = error_of(extract(target, model, "1", "0.32 without v15"))
-    assert error["phase"] == "init", error
-    assert "No common block size for 16" in error["message"] + error.get("traceback", ""), error
-
-
-def test_without_v16_speculators_does_not_import(target: Path, model: Path):
-    patch_as(target, "v16")
-    error = error_of(extract(target, model, "1", "0.32 without v16"))
-    assert error["type"] == "PydanticUndefinedAnnotation" and error["phase"] == "import", error
-    assert "name 'torch' is not defined" in error["message"]
+@pytest.mark.parametrize("patch,run", NEEDED, ids=[run_id(p, r) for p, r in NEEDED])
+def test_without_it_the_declared_symptom_shows(target: Path, model: Path, patch, run):
+    """Each patch's declared leave-one-out on 0.32.0 (Patch.leave_one_out): the symptom its
+    `without_it` names, as the extraction driver reports it."""
+    problems, said = leave_out(target, model, patch, run)
+    assert not problems, f"{run_id(patch, run)}: {problems}; the run said: {said}"
 
 
 def test_rollback_restores_the_pristine_files(target: Path):

@@ -12,6 +12,7 @@ import pytest
 
 from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher, sha, states
+from tests.support.declared import selected_on
 from tests.support.envs import fabricate_dist, light_env, reinstall_speculators, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
 
@@ -74,37 +75,17 @@ def test_second_apply_changes_nothing_and_does_not_parse(env: Path):
     assert target_file_hashes(env) == after_first
 
 
-# What a light environment lacks and a patch's conditions name: transformers (v16, v17), torch (v18).
-TRANSFORMERS_FOR = {"v16-pydantic-torch-namespace": "5.19.0", "v17-attn-mask-utils": "5.24.0"}
-TORCH_FOR = {"v18-lazy-compile": "2.11.0"}
-
-
-def others_for(patch) -> dict:
-    """The distributions besides speculators and vLLM a patch is selected on."""
-    return {
-        **({"transformers": TRANSFORMERS_FOR[patch.id]} if patch.id in TRANSFORMERS_FOR else {}),
-        **({"torch": TORCH_FOR[patch.id]} if patch.id in TORCH_FOR else {}),
-    }
-
-
-def vllm_for(patch) -> str:
-    """The vLLM a patch is selected on: 0.16.0, or the lowest its declaration allows (v12: 0.33.0)."""
-    from patcher.core.planning import select_one
-    from patcher.plan.selection import condition_holds
-
-    versions = {"speculators": "0.3.0", "vllm": "0.16.0", **others_for(patch)}
-    if select_one(patch.spec(), versions, condition_holds).selected:
-        return "0.16.0"
-    return patch.since_cell.split(" / ")[-1]
-
-
 @pytest.mark.parametrize("patch", [p.id for p in PATCHES])
 def test_each_patch_alone_applies_once_and_rolls_back_byte_identical(tmp_path: Path, patch: str):
-    # "alone": with the patches it needs (v11 needs v10), which are never selected without it
+    # "alone": with the patches it needs (v11 needs v10), which are never selected without it; on
+    # versions its own declaration selects it on (tests/support/declared.py: v12 on vLLM 0.33.0,
+    # v16 with transformers 5.4.0 beside it)
     declared = next(p for p in PATCHES if p.id == patch)
-    env = light_env(tmp_path, vllm=vllm_for(declared))
-    for name, version in others_for(declared).items():
-        fabricate_dist(env.parent.parent, name, version)
+    versions = selected_on(declared)
+    env = light_env(tmp_path, speculators=versions["speculators"], vllm=versions["vllm"])
+    for name, version in versions.items():
+        if name not in ("speculators", "vllm"):
+            fabricate_dist(env.parent.parent, name, version)
     needs = next(p for p in PATCHES if p.id == patch).needs
     only = [arg for item in (patch, *needs) for arg in ("--only", item)]
     before = target_file_hashes(env)

@@ -338,7 +338,7 @@ def test_a_remote_python_that_never_answers(tmp_path: Path, client, servers):
     )
     assert elapsed < 12 + 5 + 1 + 10  # the lock wait first; over ssh the connection's own limit comes on top
     # What ssh cannot end (a remote program that neither reads its input nor writes) is left
-    # running there: README says so. The agent itself is another matter (below).
+    # running there: docs/remote.md says so. The agent itself is another matter (below).
     pid = int((tmp_path / "remote-bin" / "pid").read_text())
     os.kill(pid, signal.SIGKILL)
 

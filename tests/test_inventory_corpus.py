@@ -2,7 +2,7 @@
 of the corpus is read by `ansible-inventory --list` and by patcher, and the hosts, their order and
 what ssh would be given (address, port, user, key, ssh args, interpreter, become) must agree. `--limit`
 patterns are compared with `ansible all --list-hosts --limit`. Where patcher differs on purpose the
-case is listed in EXPECTED_DIFFERENCES (and README), and the test checks that it still differs;
+case is listed in EXPECTED_DIFFERENCES (and docs/remote.md), and the test checks that it still differs;
 where the built-in reader cannot read what Ansible reads, it must refuse with one line that says why
 and what to do (REFUSED).
 """
@@ -221,7 +221,7 @@ CORPUS = [
     Case("address-pattern-is-not-a-name", {"hosts": GROUPED}, limits=("127.0.0.2*",)),
 ]
 
-# Where the built-in reader differs from Ansible on purpose (README, "Inventories as Ansible reads them").
+# Where the built-in reader differs from Ansible on purpose (docs/remote.md, "Inventories as Ansible reads them").
 EXPECTED_DIFFERENCES = {
     "group-vars-inline-comment": "an inline `# comment` after an unquoted [group:vars] value is dropped by patcher; "
     "Ansible keeps it in the value (the user `admin  # the ops team`)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -25,9 +26,11 @@ PRISTINE_0_3_0_SHA256 = {
 }
 
 PATCHES = load_patches()
-GENERATOR_PATCHES = tuple(p for p in PATCHES if p.target == GENERATOR)  # canonical order
-WORKER_PATCHES = tuple(p for p in PATCHES if p.target == WORKER)
-EAGLE3_CORE_PATCHES = tuple(p for p in PATCHES if p.target == EAGLE3_CORE)
+# every file a patch rewrites, with its patches in canonical order
+BY_TARGET = {
+    target: tuple(p for p in PATCHES if p.target == target) for target in dict.fromkeys(p.target for p in PATCHES)
+}
+GENERATOR_PATCHES, WORKER_PATCHES = BY_TARGET[GENERATOR], BY_TARGET[WORKER]
 TARGET_PATHS = tuple(sorted({GENERATOR.path, WORKER.path} | {p.target.path for p in PATCHES}))
 
 
@@ -41,31 +44,17 @@ def _subsets(patches):
 
 
 SUBSETS = [
-    pytest.param(target, subset, id=f"{label}:" + "+".join(p.short_id for p in subset))
-    for label, target, patches in (
-        ("generator", GENERATOR, GENERATOR_PATCHES),
-        ("worker", WORKER, WORKER_PATCHES),
-        ("eagle3-core", EAGLE3_CORE, EAGLE3_CORE_PATCHES),
-    )
+    pytest.param(target, subset, id=f"{Path(target.path).stem}:" + "+".join(p.short_id for p in subset))
+    for target, patches in BY_TARGET.items()
     for subset in _subsets(patches)
 ]
 
-# What each patch's codemods say on speculators 0.4.0's files (the release its `fixed_in`
-# names) is declared by the patch itself: Patch.on_fixed_in. Patches never run there (they
-# require speculators <0.4.0); this checks they recognise upstream's fix as their own, or find
-# the shape they rewrite gone and leave the file alone (anchor-missing). The reasons are in each
-# patch module, beside its on_fixed_in.
-EXPECTED_ON_0_4_0 = {
-    **{
-        p.id: p.on_fixed_in
-        for p in PATCHES
-        if p.on_fixed_in and p.fixed_in and p.fixed_in.startswith("speculators 0.4.0")
-    },
-    # 0.4.0 decorates with its own conditional_torch_compile (which asks torch.cuda.is_available()
-    # at class definition: it touches CUDA as 0.3.0 does). v18 is not fixed upstream (no fixed_in),
-    # so its declaration cannot carry on_fixed_in; its codemod still must leave 0.4.0's file alone.
-    "v18-lazy-compile": "anchor-missing",
-}
+# What each patch's codemods say on the files of the release just past its `requires`
+# (Patch.next_release: speculators 0.4.0, upstream's own fix where fixed_in says so) is declared by
+# the patch itself: Patch.on_fixed_in. Patches never run there; this checks they recognise
+# upstream's fix as their own, or find the shape they rewrite gone and leave the file alone
+# (anchor-missing). The reasons are in each patch module, beside its on_fixed_in.
+EXPECTED_ON_NEXT = {p.id: (p.next_release, p.on_fixed_in) for p in PATCHES if p.on_fixed_in}
 
 
 def _release(version: str) -> dict[str, str]:
@@ -79,11 +68,6 @@ def _release(version: str) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def speculators_0_3_0() -> dict[str, str]:
     return _release("0.3.0")
-
-
-@pytest.fixture(scope="session")
-def speculators_0_4_0() -> dict[str, str]:
-    return _release("0.4.0")
 
 
 def run(source, patches, filename):
@@ -174,20 +158,23 @@ def test_subsets_are_idempotent(speculators_0_3_0, target, subset):
     assert twice.result == once
 
 
-def test_what_the_patches_say_on_0_4_0(speculators_0_4_0, capsys):
+@pytest.mark.parametrize("release", sorted({release for release, _ in EXPECTED_ON_NEXT.values()}))
+def test_what_the_patches_say_on_the_next_release(release, capsys):
+    files = _release(release)
     report = {}
     for patch in PATCHES:
-        source = speculators_0_4_0[patch.target.path]
-        result = run(source, [patch], patch.target.path)
+        if EXPECTED_ON_NEXT.get(patch.id, ("",))[0] != release:
+            continue
+        result = run(files[patch.target.path], [patch], patch.target.path)
         outcome = result.outcome(patch.id)
         report[patch.id] = (outcome.outcome, outcome.edits, result.changed)
     with capsys.disabled():
-        print("\nspeculators 0.4.0, each patch alone on its file:")
+        print(f"\nspeculators {release}, each patch alone on its file:")
         for patch_id, (outcome, edits, changed) in report.items():
             print(f"  {patch_id}: {outcome} {edits}{' (would change the file)' if changed else ''}")
-    assert EXPECTED_ON_0_4_0, "no patch declares on_fixed_in"
-    for patch_id, expected in EXPECTED_ON_0_4_0.items():
-        outcome, edits, changed = report[patch_id]
+    assert report, f"no patch declares on_fixed_in for {release}"
+    for patch_id, (outcome, edits, changed) in report.items():
+        expected = EXPECTED_ON_NEXT[patch_id][1]
         if expected == "applies":
             assert outcome == "applied" and changed, (patch_id, outcome, edits)
             continue

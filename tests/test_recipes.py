@@ -15,7 +15,7 @@ import pytest
 
 from patcher.demo.environment import env_key, run_environment
 from patcher.demo.recipes import RecipeError, recipe_for
-from patcher.upstream.runs import load_runs, patch_code, patch_set_hash
+from patcher.upstream.runs import expected_selection, load_runs, patch_code, row_key
 
 # The keys of the environments built before 0.33.0's recipe (distribution "vllm") existed.
 BUILT = {"0.16.0": "73387572161f", "0.32.0": "c6ce0a0251f9"}
@@ -80,9 +80,11 @@ def test_a_row_is_stale_only_when_its_own_patches_or_recipe_differ(tmp_path):
         "apply": "exit 0, changed",
         "rollback_identical": True,
         "extract": {"ok": True, "max_rel_diff": 0.01, "rows_whole_in_order": True},
+        "versions_detected": {"speculators": "0.3.0", "vllm": "0.32.0", "transformers": "5.19.0"},
     }
-    current = patch_set_hash("0.32.0")
-    assert current and current != patch_set_hash("0.31.0")  # each release's own recipe
+    row["selected"] = expected_selection(row)
+    current = row_key("0.32.0", row["selected"])
+    assert current and current != row_key("0.31.0", row["selected"])  # each release's own recipe
     (tmp_path / f"0.32.0-{current}.json").write_text(json.dumps(row))
     assert load_runs(tmp_path)["0.32.0"].stale is False
     (tmp_path / f"0.32.0-{current}.json").rename(tmp_path / "0.32.0-0123456789ab.json")
@@ -97,6 +99,15 @@ def test_a_rows_key_follows_a_patchs_code_not_its_layout(tmp_path):
     three.write_text('X = {"a": 1, "b": 2}\n\n\ndef f(x):\n    return x + 2\n')
     assert patch_code(one) == patch_code(two)
     assert patch_code(two) != patch_code(three)
+    # nor does rewording a declaration (its docstring, without_it, a leave-one-out declared)
+    four, five = tmp_path / "four.py", tmp_path / "five.py"
+    four.write_text('"""v9: one thing."""\nP = Patch(id="v9-x", edits=(E,), without_it="a")\n')
+    five.write_text(
+        '"""v9: one thing, said better."""\nP = Patch(id="v9-x", edits=(E,), without_it="b", leave_one_out=(L,))\n'
+    )
+    six = tmp_path / "six.py"
+    six.write_text('"""v9: one thing."""\nP = Patch(id="v9-x", edits=(E, F), without_it="a")\n')
+    assert patch_code(four) == patch_code(five) != patch_code(six)
 
 
 def test_a_post_release_is_built_as_named_with_its_lines_recipe():
@@ -148,7 +159,7 @@ def test_0_11_2_and_its_rebuild_run_on_debian_13s_c_runtime_and_the_other_releas
     for other in ("0.11.0", "0.11.1.post2", "0.12.0", "0.12.0.post2", "0.32.0"):
         assert recipe_for(other).c_runtime is None and "c_runtime" not in recipe_for(other).row_fingerprint()
     assert env_key((3, 11), "0.11.0") == "b78f94e3680f"  # as built before the entry existed
-    assert patch_set_hash("0.11.1.post2") != patch_set_hash("0.11.2")
+    assert row_key("0.11.1.post2", ["v2"]) != row_key("0.11.2", ["v2"])
 
 
 def test_a_release_entry_adds_settings_and_a_bad_c_runtime_says_what_it_takes(tmp_path, monkeypatch):

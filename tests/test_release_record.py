@@ -1,4 +1,4 @@
-"""The release matrix's record (bench/results/releases/): the README table is made from it, each row
+"""The release matrix's record (bench/results/releases/): the docs' release pages are made from it, each row
 says which patch set it ran with, and check-upstream reads it beside the user's own runs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from patcher.demo.recipes import recipe_for
-from patcher.upstream.runs import load_runs, patch_set_hash, recorded_folder
+from patcher.upstream.runs import expected_selection, load_runs, recorded_folder, row_is_current, row_key
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,12 +28,10 @@ def releases():
 
 
 @pytest.mark.parametrize("left_out", [False, True], ids=["releases", "leave-one-out"])
-def test_the_readme_tables_are_the_record(releases, left_out):
-    readme = (ROOT / "README.md").read_text()
-    marks = (releases.LEAVE_OUT_START, releases.LEAVE_OUT_END) if left_out else (releases.MARK_START, releases.MARK_END)
-    shown = readme[readme.index(marks[0]) + len(marks[0]) : readme.index(marks[1])].strip()
-    expected = releases.table(releases.recorded_rows(left_out=left_out))
-    assert shown == expected, "run: python bench/releases.py --table-only --readme"
+def test_the_docs_tables_are_the_record(releases, left_out):
+    # docs/reference/releases.md is generated from the record (tests/test_generated.py keeps it current)
+    page = (ROOT / "docs" / "reference" / "releases.md").read_text()
+    assert releases.table(releases.recorded_rows(left_out=left_out)) in page, "run: python scripts/generate.py"
 
 
 def test_every_recorded_row_is_named_by_its_key_and_has_a_recipe(releases):
@@ -49,43 +47,82 @@ def test_every_recorded_row_is_named_by_its_key_and_has_a_recipe(releases):
         assert not any("\n" in cell or "|" in cell for cell in releases.cell(row)), row  # one table line each
 
 
+ALL_0_32 = ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11"]
+
+
+def row_of(release: str, **fields) -> dict:
+    """A row as bench/releases.py records it, with the patches today's declarations select on it."""
+    row = {"release": release, "versions_detected": {"speculators": "0.3.0", "vllm": release}, **fields}
+    return {**row, "selected": expected_selection(row)}
+
+
 def test_a_new_row_replaces_the_releases_earlier_one_only(releases, tmp_path):
-    releases.record_row({"release": "0.32.0", "apply": "exit 1, rolled back"}, "0123456789ab", tmp_path)
-    releases.record_row({"release": "0.31.0", "apply": "exit 0, changed"}, "ba9876543210", tmp_path)
-    key = patch_set_hash("0.32.0")
+    releases.record_row(row_of("0.32.0", apply="exit 1, rolled back"), "0123456789ab", tmp_path)
+    releases.record_row(row_of("0.31.0", apply="exit 0, changed"), "ba9876543210", tmp_path)
+    current = row_of("0.32.0", apply="exit 0, changed")
+    key = row_key("0.32.0", current["selected"])
     assert key
-    releases.record_row({"release": "0.32.0", "apply": "exit 0, changed"}, key, tmp_path)
+    releases.record_row(current, key, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0.31.0-ba9876543210.json", f"0.32.0-{key}.json"]
     rows = {r["release"]: r for r in releases.recorded_rows(tmp_path)}
     assert "run_with" not in rows["0.32.0"]  # these patches
     assert rows["0.31.0"]["run_with"].startswith("an earlier patch set (20")
 
 
+def test_a_rows_key_is_the_patches_it_selected(tmp_path):
+    # a patch that is not selected on a row does not make it stale: the row's key covers the
+    # patches it selected (and its recipe), and today's declarations must select the same ones
+    row = row_of("0.16.0", apply="exit 0, changed")
+    assert "v12" not in row["selected"] and "v3" in row["selected"]
+    key = row_key("0.16.0", row["selected"])
+    assert row_is_current({**row, "patch_set_hash": key})
+    assert key != row_key("0.16.0", [s for s in row["selected"] if s != "v3"])
+    assert key != row_key("0.17.1", row["selected"])  # another release's recipe
+    assert not row_is_current({**row, "patch_set_hash": key, "selected": row["selected"][1:]})  # one more selected now
+    assert not row_is_current({**row, "patch_set_hash": "0123456789ab"})
+
+
 def test_a_leave_one_out_row_is_kept_beside_the_releases_own(releases, tmp_path):
-    key = str(patch_set_hash("0.33.0"))
-    releases.record_row({"release": "0.33.0", "apply": "exit 0, changed"}, key, tmp_path)
-    releases.record_row({"release": "0.33.0", "left_out": "v12", "apply": "exit 1, rolled back"}, key, tmp_path)
-    releases.record_row({"release": "0.33.0", "left_out": "v12", "apply": "exit 1, rolled back: again"}, key, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"0.33.0-{key}.json", f"0.33.0-without-v12-{key}.json"]
+    own = row_of("0.33.0", apply="exit 0, changed")
+    key = str(row_key("0.33.0", own["selected"]))
+    releases.record_row(own, key, tmp_path)
+    left = {**own, "left_out": "v12"}
+    left["selected"] = expected_selection(left)
+    left_key = str(row_key("0.33.0", left["selected"]))
+    assert "v12" not in left["selected"] and left_key != key
+    releases.record_row({**left, "apply": "exit 1, rolled back"}, left_key, tmp_path)
+    releases.record_row({**left, "apply": "exit 1, rolled back: again"}, left_key, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"0.33.0-{key}.json", f"0.33.0-without-v12-{left_key}.json"]
     assert [r["apply"] for r in releases.recorded_rows(tmp_path)] == ["exit 0, changed"]
     (row,) = releases.recorded_rows(tmp_path, left_out=True)
     assert releases.cell(row)[0] == "0.33.0 without v12" and row["apply"].endswith("again")
+    assert "run_with" not in row  # current
     # check-upstream shows the release's own state, not the row that proves a patch's need
     assert load_runs(tmp_path)["0.33.0"].summary.startswith("exit 0, changed")
 
 
 def test_check_upstream_reads_a_rows_own_finish_time(tmp_path):
     # git keeps no file times: a recorded row carries its own
-    row = {
-        "release": "0.32.0",
-        "apply": "exit 0, changed",
-        "rollback_identical": True,
-        "extract": {"ok": True, "max_rel_diff": 0.07, "rows_whole_in_order": True},
-        "finished": "2026-12-01T10:00:00Z",
-    }
-    (tmp_path / f"0.32.0-{patch_set_hash('0.32.0')}.json").write_text(json.dumps(row))
+    row = row_of(
+        "0.32.0",
+        apply="exit 0, changed",
+        rollback_identical=True,
+        extract={"ok": True, "max_rel_diff": 0.07, "rows_whole_in_order": True},
+        finished="2026-12-01T10:00:00Z",
+    )
+    (tmp_path / f"0.32.0-{row_key('0.32.0', row['selected'])}.json").write_text(json.dumps(row))
     run = load_runs(tmp_path)["0.32.0"]
     assert run.finished == "2026-12-01T10:00:00Z" and run.ok and not run.stale
+
+
+def test_every_recorded_row_speaks_for_todays_patches(releases):
+    # what the release pages show as "these patches": every row's selection is today's, its key current
+    stale = [
+        releases.row_name(r)
+        for r in releases.recorded_rows() + releases.recorded_rows(left_out=True)
+        if "run_with" in r
+    ]
+    assert not stale, f"rows run with other patches: {stale} (python bench/releases.py --release ... runs them again)"
 
 
 def test_the_matrix_runs_each_lines_newest_release_and_its_newest_rebuild(releases):
@@ -140,7 +177,7 @@ def test_a_runs_exit_says_whether_every_row_it_ran_passed(releases):
 
 
 def test_check_upstream_reads_a_release_without_a_cpu_build_as_its_apply_and_rollback(tmp_path):
-    # 0.33.0's row is apply and verification only (no CPU build): it passed, as the README table says
+    # 0.33.0's row is apply and verification only (no CPU build): it passed, as the docs' record page says
     assert load_runs(recorded_folder())["0.33.0"].ok
     skipped = {"release": "0.33.0", "apply": "exit 0, changed", "rollback_identical": True, "finished": "2026-12-01"}
     skipped["extract"] = {"skipped": "no CPU build: apply and verification only"}

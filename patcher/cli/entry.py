@@ -2,8 +2,8 @@
 the command line (click and the commands' modules cost several times a bare interpreter start,
 bench/local.py); everything else goes to patcher.cli.
 
-The help text is click's own, rendered for an 80-column screen and kept in patcher/help_text.py;
-tests/test_cli_entry.py fails when it no longer matches (regenerate: `python scripts/write_help_text.py`).
+The help text is click's own, rendered for an 80-column screen and kept in patcher/cli/help_text.py;
+tests/test_cli_entry.py fails when it no longer matches (regenerate: `python scripts/generate.py`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Exit codes (README "Exit codes") and every error kind a run can end with, in one table shared
-by the controller (report.py, run.py), the agent (remote/agent.py mirrors AGENT_KINDS: a test
-checks they agree) and a bundle (which embeds this module's text).
+"""Exit codes (README's and the docs' tables are written from EXIT_MEANINGS) and every error kind a
+run can end with, in one table shared by the controller (report.py, run.py), the agent
+(remote/agent.py mirrors AGENT_KINDS: a test checks they agree) and a bundle (which embeds this
+module's text).
 
 Standard library only, Python 3.9+, no imports from patcher: a bundle runs this text as is.
 """
@@ -13,6 +14,31 @@ EXIT_UNREACHABLE = 4
 EXIT_LOCKED = 5
 EXIT_PENDING = 6  # `plan` only: changes are pending (0 means nothing to do)
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports it: 128 + 2
+
+# What each exit code means, in words: README's table and the docs' (scripts/generate.py writes both).
+EXIT_MEANINGS = (
+    (EXIT_OK, "success, also nothing to do or no patch selected (the reason is printed)"),
+    (
+        EXIT_FAILED,
+        (
+            "a patch or verification failed (everything rolled back), the target is not writable, or the run "
+            "check failed or cannot run there (files stay as written); `demo`: its environment did not build "
+            "(the line gives pip's error and the log's path) or the check failed"
+        ),
+    ),
+    (
+        EXIT_USAGE,
+        (
+            "usage error: not a Python, libraries not installed there, unknown patch id, a `demo --vllm` "
+            "release the package index lacks (the line names the releases it has)"
+        ),
+    ),
+    (EXIT_CONFLICT, "conflict: a file changed by hand, an anchor missing, a damaged backup or state record"),
+    (EXIT_UNREACHABLE, "target unreachable, or it did not answer within its time limit (status `timed-out`)"),
+    (EXIT_LOCKED, "target locked by another patcher run"),
+    (EXIT_PENDING, "`plan` only: changes are pending (`plan` exits 0 when there is nothing to do)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGINT): targets in flight are `interrupted`, the JSON says 130 too"),
+)
 
 # kind -> (the target's status, its exit code). An unknown kind is a failure (exit 1).
 ERROR_KINDS = {

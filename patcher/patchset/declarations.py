@@ -30,7 +30,16 @@ PATCH_PACKAGE = "patcher.patches"
 
 _TYPES = {
     cls.__name__: cls
-    for cls in (model.TargetFile, model.Fact, model.Edit, model.Example, model.AttributeCall, model.Patch)
+    for cls in (
+        model.TargetFile,
+        model.Fact,
+        model.Edit,
+        model.Example,
+        model.AttributeCall,
+        model.Symptom,
+        model.LeaveOneOut,
+        model.Patch,
+    )
 }
 
 

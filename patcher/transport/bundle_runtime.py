@@ -40,7 +40,7 @@ CORE = None  # the text of patcher/core's modules, in a bundle
 
 # ------------------------------------------------------------------ PEP 440, the part patches use
 # (checked against `packaging` for every condition and many versions around each boundary when
-# the bundle is made: see patcher/bundle.py)
+# the bundle is made: see patcher/transport/bundle.py, check_runtime_versions)
 
 _PEP440 = re.compile(
     r"""^\s*v?

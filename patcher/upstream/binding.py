@@ -10,7 +10,7 @@ call (AttributeCall: `self.executor.sample_tokens(...)` against `MultiprocExecut
 bound to the callee's parameters: required arguments present, no unknown keyword, not too many
 positional arguments. Names are resolved by names.py.
 
-What it cannot see (said in the README): calls through values it cannot type (a method of an
+What it cannot see (said in docs/check-upstream.md): calls through values it cannot type (a method of an
 object returned by vLLM, a class's methods), names a package defines outside itself or lazily (a
 module `__getattr__`, torch's C functions), signatures made at run time (decorators, metaclasses
 that change them), classes whose constructor comes from outside the package (msgspec, pydantic

@@ -14,18 +14,22 @@ bench/releases.py's own rows (`<release>-<patch-set hash>.json`: "release", "app
 matrix's record in the repository (bench/results/releases): ok when apply exited 0 (verified), the
 extraction was ok with every row whole and in order (or, for a release without a CPU build, whose
 row is apply and verification only, was not run), and rollback was byte-identical; finished is the row's
-own (else the file's time). A row whose hash is not that of the patches and the release's recipe
-here is marked stale (it ran other ones). The newest `finished` per release wins; a file that reads
+own (else the file's time). A row is marked stale when it no longer speaks for the patches here
+(row_is_current): today's declarations select other patches on its versions, or the ones it
+selected, or its release's recipe, changed since it ran. The newest `finished` per release wins; a file that reads
 as neither is skipped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,36 +55,125 @@ class RunResult:
         }
 
 
+# A Patch's keywords that describe it and never change what a run does: editing them (a clearer
+# without_it, a new leave-one-out declared, an example added) leaves every recorded row current.
+DESCRIPTIVE_KEYWORDS = frozenset(
+    {"title", "upstream", "without_it", "since", "fixed_in", "on_fixed_in", "leave_one_out", "examples", "satisfied"}
+)
+
+
 def patch_code(path: Path) -> str:
-    """A patch module's code without its layout: the syntax tree, so that reformatting a module
-    (ruff format, comments) does not make every row stale, and any change to what it does does.
-    The dump's format can differ between Python versions: a key made by another interpreter
-    misses (the row runs again), never matches wrongly."""
+    """A patch module's code without its layout or its descriptions: the syntax tree, less
+    docstrings and the declaration's descriptive keywords, so that reformatting a module (ruff
+    format, comments) or rewording it does not make a row stale, and any change to what it does
+    does. The dump's format can differ between Python versions: a key made by another
+    interpreter misses (the row runs again), never matches wrongly."""
     import ast
 
     from .facts import parse  # under the lock check-upstream's threads share (CPython 3.11's AST race)
 
-    return ast.dump(parse(path.read_text(encoding="utf-8")))
+    tree = parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                node.body = body[1:] or [ast.Pass()]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Patch":
+            node.keywords = [k for k in node.keywords if k.arg not in DESCRIPTIVE_KEYWORDS]
+    # the model's names it imports (LeaveOneOut, Symptom: descriptions) show where they are used
+    if isinstance(tree, ast.Module):
+        tree.body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.module == "patcher.model")]
+    return ast.dump(tree)
 
 
-def patch_set_hash(release: str) -> str | None:
-    """bench/releases.py's key for `release`'s row: every patch module's code and that release's recipe
-    (what its environment is built from: another line's recipe does not make the row stale), or
-    None where this installation has no recipes file."""
-    from patcher.demo.recipes import RecipeError, recipe_for
+@functools.lru_cache(maxsize=256)
+def _module_key(path: str, mtime_ns: int, size: int) -> str:
+    """patch_code's digest, once per version of a file (a table of rows asks for each module often)."""
+    return hashlib.sha256(patch_code(Path(path)).encode()).hexdigest()
 
+
+def _patches_folder() -> Path | None:
+    """The patch modules' folder in a checkout with the release recipes (None in an installed wheel)."""
     root = Path(__file__).resolve().parent.parent.parent
-    patches = root / "patches"
-    if not (root / "patcher" / "demo" / "releases.json").is_file() or not patches.is_dir():
+    if not (root / "patcher" / "demo" / "releases.json").is_file() or not (root / "patches").is_dir():
         return None
+    return root / "patches"
+
+
+def row_key(release: str, selected: Sequence[str]) -> str | None:
+    """bench/releases.py's key for a row of `release` that selected these patches (short ids): the
+    code of those patch modules (patch_code) and what the planning reads of their declarations,
+    and that release's recipe (what its environment is built from). A patch the row did not select
+    is not in it: adding one, or changing one, leaves the rows it is not selected on current.
+    None where this installation has no recipes file or a selected patch has no module."""
+    from patcher.demo.recipes import RecipeError, recipe_for
+    from patcher.patchset.registry import load_patches
+
+    folder = _patches_folder()
+    if folder is None:
+        return None
+    declared = {p.short_id: p for p in load_patches()}
     digest = hashlib.sha256()
-    for path in sorted(patches.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + patch_code(path).encode())
+    for short in sorted(selected, key=lambda s: int(s.lstrip("v"))):
+        patch = declared.get(short)
+        if patch is None:
+            return None
+        path = folder / f"{patch.module_name}.py"
+        stat = path.stat()
+        code = _module_key(str(path), stat.st_mtime_ns, stat.st_size)
+        spec = json.dumps(dataclasses.asdict(patch.spec()), sort_keys=True, default=list)
+        digest.update(path.name.encode() + b"\0" + code.encode() + b"\0" + spec.encode() + b"\0")
     try:
         digest.update(b"\0recipe\0" + recipe_for(release).row_fingerprint().encode())
     except RecipeError:
         return None
     return digest.hexdigest()[:12]
+
+
+def row_versions(row: dict) -> dict[str, str]:
+    """The versions a row's target had: detected by its apply, or (rows carried over from a table)
+    its release, torch and transformers, with speculators 0.3.0, the matrix's."""
+    detected = row.get("versions_detected")
+    if detected:
+        return {k: str(v) for k, v in detected.items()}
+    versions = {"speculators": str(row.get("speculators", "0.3.0")), "vllm": str(row["release"])}
+    for name in ("torch", "transformers"):
+        if row.get(name) and row[name] != "?":
+            versions[name] = str(row[name])
+    return versions
+
+
+def expected_selection(row: dict) -> list[str]:
+    """The patches (short ids, in order) today's declarations select on a row's versions, less the
+    one it left out and those that need it: what a row run now would apply."""
+    from patcher.patchset.registry import load_patches
+    from patcher.plan.selection import select_patches
+
+    patches = load_patches()
+    chosen = select_patches(patches, row_versions(row))
+    kept = [p for p in patches if chosen[p.id].selected and p.short_id != row.get("left_out")]
+    while True:  # a patch whose needs are left out goes too (v11 without v10)
+        ids = {p.id for p in kept}
+        fewer = [p for p in kept if all(n in ids for n in p.needs)]
+        if len(fewer) == len(kept):
+            return [p.short_id for p in kept]
+        kept = fewer
+
+
+def row_is_current(row: dict, key: str | None = None) -> bool | None:
+    """Whether a recorded row speaks for today's patches: today's declarations select what it
+    selected on its versions, and those patches' code and its recipe are the ones it ran with
+    (`key`: the row's own, else its patch_set_hash). None where that cannot be told here."""
+    selected = list(row.get("selected") or [])
+    current = row_key(str(row["release"]), selected)
+    if current is None:
+        return None
+    return current == (key or row.get("patch_set_hash")) and expected_selection(row) == selected
 
 
 def bench_row_passed(data: dict) -> bool:
@@ -112,8 +205,7 @@ def _from_bench_row(data: dict, file: Path) -> RunResult:
         summary += f"; largest relative error {extract['max_rel_diff']:.3f}"
     finished = str(data.get("finished") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(file.stat().st_mtime)))
     match = re.search(r"-([0-9a-f]{12})\.json$", file.name)
-    current = patch_set_hash(str(data["release"]))
-    stale = bool(match and current and match.group(1) != current)
+    stale = bool(match) and row_is_current(data, match.group(1) if match else None) is False
     return RunResult(str(data["release"]), ok, finished, summary, "", str(file), stale)
 
 

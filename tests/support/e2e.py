@@ -99,3 +99,38 @@ def assert_all_correct(report: dict) -> None:
             assert p["max_rel_diff"] <= report["tolerance"], (call["call"], p)
             assert p["status"] == "ok", (call["call"], p)
     assert report["ok"]
+
+
+def leave_out(target: Path, model: Path, patch, run) -> tuple[list[str], str]:
+    """A declared leave-one-out run (patcher.model.LeaveOneOut) on this target: every patch but
+    the ones it leaves out, then the extraction (or, for a 'verify' symptom, apply with its
+    verification). What the run lacks of the declared symptom ([] when it shows), and its summary.
+    A run that needs no patch (symptom None) is test_e2e_vllm's, all of them left out at once."""
+    from tests.support.declared import apply_refusal_shows, left_out, report_shows
+
+    skipped = left_out(patch, run)
+    if run.symptom is not None and run.symptom.phase == "verify":
+        code, doc, err = patcher("rollback", "--python", str(target), "--json")
+        assert code == 0 and pristine(target), err
+        skips = [arg for short in skipped for arg in ("--skip", short)]
+        code, doc, err = patcher("apply", "--python", str(target), *skips, "--json")
+        entry = doc["targets"][0] if doc else {"status": "?", "message": err}
+        return apply_refusal_shows(run.symptom, code, entry["status"], entry["message"]), entry["message"]
+    patch_as(target, *skipped)
+    report = extract(target, model, run.calls, "without " + "+".join(skipped))
+    return report_shows(run.symptom, report), summary(report)
+
+
+def assert_every_selected_patch_applies(target: Path) -> dict[str, str]:
+    """Apply every patch: the ones the declarations select on the target's versions are applied,
+    the others not selected (no list of ids kept here)."""
+    from tests.support.declared import selected_ids
+
+    code, doc, err = patcher("status", "--python", str(target), "--json")
+    assert code == 0, err
+    versions = doc["targets"][0]["versions"]
+    expected = selected_ids(versions)
+    states = patch_as(target)
+    assert {short for short, state in states.items() if state == "applied"} == expected, (versions, states)
+    assert all(state == "not-selected" for short, state in states.items() if short not in expected), states
+    return states

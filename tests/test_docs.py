@@ -1,0 +1,55 @@
+"""The docs site (mkdocs.yml, docs/) builds with --strict: a broken link or anchor, or a page in
+docs/ that the navigation leaves out, fails here; README stays short and keeps the quick start's
+commands, the test command being exactly what .ci/run runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README_LIMIT = 15 * 1024  # bytes: the five-minute read; the rest is the docs site's
+
+
+def build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's notice about its successor
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_the_docs_build_strictly(tmp_path):
+    done = build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "site" / "reference" / "patches" / "index.html").is_file()
+    assert (tmp_path / "site" / "writing-a-patch" / "index.html").is_file()
+
+
+def test_a_broken_link_or_a_page_left_out_of_the_nav_fails_the_build(tmp_path):
+    for change, said in (
+        (lambda docs: (docs / "usage.md").open("a").write("\n[gone](no-such-page.md)\n"), "no-such-page.md"),
+        (lambda docs: (docs / "usage.md").open("a").write("\n[gone](patches.md#no-such-heading)\n"), "no-such-heading"),
+        (lambda docs: (docs / "orphan.md").write_text("# Orphan\n"), "orphan.md"),
+    ):
+        copy = tmp_path / f"copy{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(ROOT / "docs", copy / "docs")
+        shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
+        change(copy / "docs")
+        done = build(copy / "mkdocs.yml", copy / "site")
+        assert done.returncode != 0 and said in done.stderr, done.stderr[-2000:]
+
+
+def test_readme_is_short_and_its_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.encode()) <= README_LIMIT, f"README.md is {len(readme.encode())} bytes: move detail to docs/"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert ci == ".ci/bootstrap && .venv/bin/python -m pytest", ci
+    assert f"```\n{ci}\n```" in readme
+    assert "```\n.ci/bootstrap && .venv/bin/patcher demo\n```" in readme
