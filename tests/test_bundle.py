@@ -272,9 +272,10 @@ def test_a_vllm_version_outside_what_it_carries_is_refused(tmp_path: Path, bundl
 
     data = json.loads(zlib.decompress(base64.b64decode(source[start:end])))
     data["variants"] = {key: v for key, v in data["variants"].items() if "v1-block-hasher" not in key}
-    blob = base64.b64encode(zlib.compress(json.dumps(data).encode())).decode()
+    raw = json.dumps(data).encode()
+    blob = base64.b64encode(zlib.compress(raw)).decode()
     trimmed = tmp_path / "trimmed.py"
-    trimmed.write_text(source[:start] + blob + source[end:])
+    trimmed.write_text(with_digest(source[:start] + blob + source[end:], "DATA", hashlib.sha256(raw).hexdigest()))
     target = light_env(tmp_path)
     pristine = files(target)
     code, doc, err = run_bundle(trimmed, target, "apply", "--no-verify", "--json")
@@ -361,6 +362,14 @@ def test_apply_verifies_against_the_real_vllm(bundle: Path, tmp_path: Path):
     assert doc["targets"][0]["message"].endswith(", verified")
     assert run_bundle(bundle, target, "rollback")[0] == 0
     assert files(target) == pristine
+
+
+def with_digest(source: str, name: str, digest: str) -> str:
+    """The bundle's text with the sha256 it keeps for blob `name` replaced (an edit made on purpose)."""
+    found = re.search(r"^DIGESTS = (\{.*?\})", source, re.MULTILINE)
+    assert found is not None
+    digests = json.loads(found.group(1))
+    return source.replace(found.group(0), f"DIGESTS = {json.dumps({**digests, name: digest}, sort_keys=True)}", 1)
 
 
 def _blob_text(source: str, name: str) -> tuple[int, int]:
