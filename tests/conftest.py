@@ -50,6 +50,22 @@ def host_env(tmp_path: Path):
     return make
 
 
+@pytest.fixture(scope="module")
+def releases():
+    """bench/releases.py as a module (the release matrix's runner: its recipes and pass rule)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_releases", Path(__file__).parent.parent / "bench" / "releases.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 

@@ -5,9 +5,7 @@ run's record (bench/gpu/results/). And every recorded leave-one-out row is one a
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
@@ -25,16 +23,6 @@ from tests.support.declared import (
 DECLARED = [(p, run) for p in patches() for run in p.leave_one_out]
 RECORDED_ON_CPU = [(p, run) for p, run in DECLARED if run.device == "cpu" and run.vllm not in END_TO_END]
 ON_CUDA = [(p, run) for p, run in DECLARED if run.device == "cuda"]
-
-
-@pytest.fixture(scope="module")
-def releases():
-    spec = importlib.util.spec_from_file_location("bench_releases", ROOT / "bench" / "releases.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_patch_declares_where_its_need_is_shown():

@@ -3,7 +3,6 @@ says which patch set it ran with, and check-upstream reads it beside the user's 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,16 +14,6 @@ from patcher.demo.recipes import recipe_for
 from patcher.upstream.runs import expected_selection, load_runs, recorded_folder, row_is_current, row_key
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def releases():
-    spec = importlib.util.spec_from_file_location("bench_releases", ROOT / "bench" / "releases.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("left_out", [False, True], ids=["releases", "leave-one-out"])
