@@ -14,7 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .inventory_files import Entry, Inventory, InventoryError
+from .inventory_files import Entry, Inventory, InventoryError, limit_from_environment
 
 TIMEOUT = 300  # a cloud plugin may page through many instances; never forever
 OUTPUT_VARIABLE = "PATCHER_INVENTORY_MAX_MIB"
@@ -29,10 +29,7 @@ def _first_error(stderr: str) -> str:
 
 
 def max_output_bytes() -> int:
-    try:
-        return max(1, int(os.environ.get(OUTPUT_VARIABLE, "256"))) << 20
-    except ValueError:
-        return 256 << 20
+    return limit_from_environment(OUTPUT_VARIABLE, 256) << 20
 
 
 def _run_bounded(command: list[str], env: dict, binary: str, where: str) -> tuple[int, bytes, str]:

@@ -50,7 +50,8 @@ DEPTH_VARIABLE = "PATCHER_INVENTORY_MAX_DEPTH"
 NODES_VARIABLE = "PATCHER_INVENTORY_MAX_NODES"
 
 
-def _limit(variable: str, default: int) -> int:
+def limit_from_environment(variable: str, default: int) -> int:
+    """A positive whole number from the environment (the default when unset or not a number)."""
     try:
         return max(1, int(os.environ.get(variable, default)))
     except ValueError:
@@ -58,13 +59,13 @@ def _limit(variable: str, default: int) -> int:
 
 
 def max_group_depth() -> int:
-    return _limit(DEPTH_VARIABLE, 100)
+    return limit_from_environment(DEPTH_VARIABLE, 100)
 
 
 def max_nodes() -> int:
     """Values (mappings, lists, scalars) a YAML inventory may expand to once its aliases are
     followed: a 100,000-host inventory is well under it, a billion-laughs chain far over."""
-    return _limit(NODES_VARIABLE, 5_000_000)
+    return limit_from_environment(NODES_VARIABLE, 5_000_000)
 
 
 def check_expanded_size(data, where: str) -> None:
