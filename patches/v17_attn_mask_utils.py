@@ -1,6 +1,7 @@
 """v17: speculators' EAGLE model without transformers.modeling_attn_mask_utils.
 
-transformers 5.24.0 removed src/transformers/modeling_attn_mask_utils.py. speculators 0.3.0's
+transformers 5.24.0 removed src/transformers/modeling_attn_mask_utils.py (5.25.0 brought it back,
+deprecated). speculators 0.3.0's
 speculators/models/eagle.py imports `_prepare_4d_causal_attention_mask` from it at module level,
 and `import speculators` imports that module (its model registry), so nothing of speculators
 imports any more. The function is used in one place, `EagleSpeculator.forward`, for a 2-D padding
@@ -22,8 +23,8 @@ from .targets import EAGLE, SPECULATORS_0_3
 MODULE = "transformers.modeling_attn_mask_utils"
 FUNCTION = "_prepare_4d_causal_attention_mask"
 
-# transformers 5.24.0 removed the module.
-MODULE_GONE_SINCE = {"transformers": ">=5.24.0"}
+# transformers 5.24.0 removed the module; 5.25.0 has it again.
+MODULE_GONE_SINCE = {"transformers": ">=5.24.0,<5.25.0"}
 
 FALLBACK = f"""\
 try:
@@ -115,8 +116,8 @@ PATCH = Patch(
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
-    upstream="transformers 5.24.0: src/transformers/modeling_attn_mask_utils.py removed",
-    without_it="without it with transformers 5.24 or later: `import speculators` fails, `ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'` (the patch defines a local causal-mask function where the import fails)",
+    upstream="transformers 5.24.0: src/transformers/modeling_attn_mask_utils.py removed; 5.25.0: restored",
+    without_it="without it with transformers 5.24.0: `import speculators` fails, `ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'` (the patch defines a local causal-mask function where the import fails)",
     leave_one_out=(
         LeaveOneOut(
             "0.30.0",

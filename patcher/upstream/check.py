@@ -44,6 +44,7 @@ DEFAULT_SINCE = {"vllm": "0.11.0", "transformers": "4.57.0"}
 class CheckOptions:
     since: Mapping[str, str] = field(default_factory=dict)  # distribution -> first release to read
     only: Mapping[str, Sequence[str]] = field(default_factory=dict)  # distribution -> the releases to read
+    until: Mapping[str, str] = field(default_factory=dict)  # distribution -> its newest release to read
     pre: bool = False
     nightlies: Sequence[str] = DEFAULT_NIGHTLIES
     workers: int = 4
@@ -200,6 +201,8 @@ class _Check:
                 index = Index({**index.versions, **load_index(lacking, pre=options.pre).versions}, index.pre)
         except IndexUnreachable as error:
             raise _Unreachable(str(error)) from None
+        if options.until:
+            index = index.until(options.until)
         self.report.index = index.versions
         return index
 

@@ -34,6 +34,13 @@ def _split_dist(value: str, default: str) -> tuple[str, str]:
     help="read only these releases of DIST (e.g. vllm=0.11.0,0.12.0; transformers=... and torch=... limit the "
     "releases the patched files are bound against to those, of the ones each vLLM release allows); repeatable",
 )
+@click.option(
+    "--until",
+    multiple=True,
+    metavar="DIST=VERSION",
+    help="read the index as it stood when VERSION was DIST's newest release (e.g. transformers=5.25.0): "
+    "the same answer on a later day; repeatable",
+)
 @click.option("--pre", is_flag=True, help="include the pre-releases the index serves")
 @click.option(
     "--nightly",
@@ -58,7 +65,7 @@ def _split_dist(value: str, default: str) -> tuple[str, str]:
 )
 @click.option("--json", "json_mode", is_flag=True, help="print the JSON report (schema_version 1) on stdout")
 @click.option("--quiet", "-q", is_flag=True, help="no progress and no tables, only problems and the verdict")
-def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache, markdown, json_mode, quiet) -> None:
+def check_upstream(since, releases, until, pre, nightlies, no_nightlies, workers, cache, markdown, json_mode, quiet) -> None:
     """Check every patch against upstream releases from the package index.
 
     \b
@@ -83,6 +90,7 @@ def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache
 
     try:
         since_map, only = _ranges(since, releases, nightlies)
+        newest = _newest(until)
     except click.BadParameter as error:
         click.echo(f"error: {error.message}", err=True)
         sys.exit(EXIT_USAGE)
@@ -93,6 +101,7 @@ def check_upstream(since, releases, pre, nightlies, no_nightlies, workers, cache
             click.echo(f"error: --markdown: {error}", err=True)
             sys.exit(EXIT_USAGE)
     options = _options(since_map, only, pre, nightlies, no_nightlies, workers, cache, quiet)
+    options.until = newest
     report = run_check(load_patches(), options)
     if json_mode:
         click.echo(json.dumps(report.to_json(), indent=2))
@@ -122,6 +131,20 @@ def _ranges(since, releases, nightlies) -> tuple[dict[str, str], dict[str, list[
     for value in nightlies:
         _valid(value)
     return since_map, only
+
+
+def _newest(until) -> dict[str, str]:
+    """--until as distribution -> version."""
+    newest: dict[str, str] = {}
+    for value in until:
+        dist, version = _split_dist(value, "")
+        if not dist or not version:
+            raise click.BadParameter(f"--until {value!r}: name the distribution and its release, e.g. vllm=0.33.0")
+        try:
+            newest[dist] = _valid(version)
+        except click.BadParameter as error:
+            raise click.BadParameter(f"--until {value!r}: {error.message}") from None
+    return newest
 
 
 def _options(since_map, only, pre, nightlies, no_nightlies, workers, cache, quiet):

@@ -30,6 +30,18 @@ class Index:
     def releases(self, distribution: str) -> list[str]:
         return self.versions.get(distribution, [])
 
+    def until(self, newest: Mapping[str, str]) -> Index:
+        """The index as it stood when `newest[distribution]` was that distribution's newest release:
+        a check that gives the same answer tomorrow (a vLLM key speaks for its source wheels too)."""
+        limits = {c: v for d, v in newest.items() for c in source_candidates(d)}
+        return Index(
+            {
+                d: [v for v in vs if d not in limits or Version(v) <= Version(limits[d])]
+                for d, vs in self.versions.items()
+            },
+            self.pre,
+        )
+
     def source_wheel(self, distribution: str, version: str) -> str | None:
         """The distribution whose wheel to read for `distribution==version` (None: not served)."""
         for candidate in source_candidates(distribution):
