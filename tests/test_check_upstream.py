@@ -23,8 +23,8 @@ from patcher.patchset.registry import load_patches
 from patcher.plan.selection import condition_holds
 from patcher.upstream.check import EXIT_OK, EXIT_UNREACHABLE, EXIT_WRONG_GATE, CheckOptions, run_check
 from patcher.upstream.facts import SourceTree, Verdict, evaluate
-from patcher.upstream.index import Index
 from patcher.upstream.gates import ReleaseRead, check_gate
+from patcher.upstream.index import Index
 from patcher.upstream.nightly import check_nightly
 from patcher.upstream.render import render_markdown
 from patcher.upstream.sources import ReleaseFiles

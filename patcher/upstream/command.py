@@ -65,7 +65,9 @@ def _split_dist(value: str, default: str) -> tuple[str, str]:
 )
 @click.option("--json", "json_mode", is_flag=True, help="print the JSON report (schema_version 1) on stdout")
 @click.option("--quiet", "-q", is_flag=True, help="no progress and no tables, only problems and the verdict")
-def check_upstream(since, releases, until, pre, nightlies, no_nightlies, workers, cache, markdown, json_mode, quiet) -> None:
+def check_upstream(
+    since, releases, until, pre, nightlies, no_nightlies, workers, cache, markdown, json_mode, quiet
+) -> None:
     """Check every patch against upstream releases from the package index.
 
     \b
