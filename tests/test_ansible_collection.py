@@ -12,6 +12,7 @@ ansible-core of the test extra) against real targets, each with its own light ta
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pwd
@@ -24,7 +25,10 @@ from pathlib import Path
 import pytest
 
 from patcher.patchset.registry import load_patches
+from patcher.transport.ansible_task import COMMANDS, OPTIONS
+from tests.support.ansible_sanity import SHORT_FORM, run_sanity
 from tests.support.envs import light_env, site_file
+from tests.support.releases import cache_dir
 from tests.support.sshd import SshClient, SshServer, why_no_sshd
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -379,3 +383,80 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
         "(or ansible_python_interpreter)"
     ), messages["no-target"]
     assert all("\n" not in m for m in messages.values()), messages
+
+
+def test_delegate_to_and_a_templated_interpreter(collections, patched, tmp_path: Path):
+    """`delegate_to: near` patches near's environment over near's connection (local), with near's
+    ansible_python_interpreter (a template, rendered as Ansible renders it), never the play host's."""
+    python = light_env(tmp_path / "near")
+    pristine = files(python)
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(
+        "[gpus]\nfar ansible_host=127.0.0.254 ansible_port=1 ansible_python_interpreter=/nonexistent/bin/python3\n"
+        "[workers]\nnear ansible_connection=local ansible_python_interpreter='{{ envs }}/near/env/bin/python'\n"
+        f"[all:vars]\nenvs={tmp_path}\n"
+    )
+    book = tmp_path / "delegated.yml"
+    env = ansible_env(tmp_path, collections)
+    for command, wanted in (("apply", patched), ("rollback", pristine)):
+        book.write_text(
+            "- hosts: gpus\n  gather_facts: false\n  tasks:\n"
+            f"    - patcher.fleet.patch: {{command: {command}, verify: false}}\n      delegate_to: near\n"
+        )
+        done = subprocess.run(
+            [str(BIN / "ansible-playbook"), "-v", "-i", str(inventory), str(book)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "changed: [far -> near]" in done.stdout, done.stdout
+        assert files(python) == wanted, command
+        result = json.loads(done.stdout.split("changed: [far -> near] => ", 1)[1].splitlines()[0])
+        assert result["patcher"]["target"] == "far (delegated to near)"
+        assert result["patcher"]["python"] == str(python), result["patcher"]["python"]
+
+
+def test_ansible_doc_renders_and_documents_exactly_the_actions_options(collections):
+    """`ansible-doc` renders the module's documentation (text and JSON), and its options are the
+    ones the action accepts: a new option cannot go undocumented, nor a documented one unaccepted."""
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections), "ANSIBLE_NOCOLOR": "1"}
+    text = subprocess.run(
+        [
+            str(
+                BIN / "ansible-doc",
+            ),
+            "patcher.fleet.patch",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert text.returncode == 0 and not text.stderr.strip(), text.stderr
+    for heading in ("OPTIONS", "ATTRIBUTES", "NOTES", "REQUIREMENTS", "EXAMPLES", "RETURN VALUES"):
+        assert heading in text.stdout, heading
+    assert "This module has a corresponding action plugin" in text.stdout
+    done = subprocess.run(
+        [str(BIN / "ansible-doc"), "--json", "patcher.fleet.patch"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)["patcher.fleet.patch"]["doc"]
+    action = (collections / "ansible_collections" / "patcher" / "fleet" / "plugins" / "action" / "patch.py").read_text()
+    accepted = ast.literal_eval(action.split("_VALID_ARGS = frozenset(", 1)[1].split(")\n", 1)[0])
+    assert set(doc["options"]) == set(OPTIONS) == set(accepted)
+    assert doc["options"]["command"]["choices"] == list(COMMANDS)
+    assert doc["attributes"]["check_mode"]["support"] == "full" and doc["attributes"]["diff_mode"]["support"] == "full"
+
+
+def test_ansible_test_sanity_short_form(tmp_path: Path):
+    """`ansible-test sanity` (the pinned ansible-core's) on the collection: the tests of its
+    documentation and metadata, and those that need no environment. Its environments are kept in
+    patcher's test cache (made once, from the package index); bench/ansible_sanity.py runs all of
+    the sanity tests."""
+    done = run_sanity(tmp_path, cache_dir() / "ansible-test-home", SHORT_FORM)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    for test in SHORT_FORM:
+        assert f'Running sanity test "{test}"' in output, (test, output[-3000:])

@@ -26,6 +26,9 @@ from ..report import EXIT_OK, EXIT_PENDING
 from .local import AgentFailure, TransportError, agent_source, bootstrap
 
 COMMANDS = ("status", "apply", "rollback")
+# the task's options: remote/ansible/plugins/action/patch.py (_VALID_ARGS) and the module's
+# DOCUMENTATION list the same (tests/test_ansible_collection.py)
+OPTIONS = ("command", "python", "only", "skip", "verify", "force", "lock_timeout")
 
 # patcher's messages name its command-line options; a task's result names the task's options
 CLI_TO_TASK = (
@@ -114,12 +117,20 @@ class AnsibleTransport:
         return path
 
 
-def _python(args: dict, task_vars: dict) -> str:
+def _python(action, args: dict, task_vars: dict) -> str:
+    """The target interpreter: the task's `python`, else the host's ansible_python_interpreter (with
+    delegate_to, the delegated host's, as Ansible picks a module's interpreter), templated as
+    Ansible does; `auto*` (interpreter discovery, which runs no module here) is python3."""
     if args.get("python"):
         return str(args["python"])
-    configured = task_vars.get("ansible_python_interpreter")
-    if isinstance(configured, str) and configured and not configured.startswith("auto") and "{" not in configured:
-        return configured
+    host_vars = task_vars
+    if action._task.delegate_to:
+        host_vars = task_vars.get("ansible_delegated_vars", {}).get(action._task.delegate_to, {})
+    configured = host_vars.get("ansible_python_interpreter")
+    if isinstance(configured, str) and "{" in configured:
+        configured = action._templar.template(configured)
+    if isinstance(configured, str) and configured.strip() and not configured.strip().startswith("auto"):
+        return configured.strip()
     return "python3"
 
 
@@ -130,7 +141,7 @@ def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) 
     from ..run import RunOptions, run_target
     from ..transform.transforms import shared_transforms
 
-    unknown = set(args) - {"command", "python", "only", "skip", "verify", "force", "lock_timeout"}
+    unknown = set(args) - set(OPTIONS)
     if unknown:
         return {
             "failed": True,
@@ -166,7 +177,9 @@ def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) 
         check=check_mode and command != "status",
     )
     label = str(task_vars.get("inventory_hostname", "host"))
-    transport = AnsibleTransport(action, _python(args, task_vars), label)
+    if action._task.delegate_to:
+        label += f" (delegated to {action._task.delegate_to})"
+    transport = AnsibleTransport(action, _python(action, args, task_vars), label)
     persist = None
     if not os.environ.get("PATCHER_NO_TRANSFORM_CACHE"):
         persist = Path(os.environ.get("PATCHER_CACHE", "~/.cache/patcher")).expanduser() / "transforms"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The action of `patcher.fleet.patch`. It runs on the controller: the work is patcher's own
 (patcher.transport.ansible_task), which plans with libcst here and starts patcher's standard-library agent
 on the host over Ansible's connection. Nothing of this file runs on a host."""
