@@ -460,3 +460,27 @@ def test_ansible_test_sanity_short_form(tmp_path: Path):
     assert done.returncode == 0, output[-6000:]
     for test in SHORT_FORM:
         assert f'Running sanity test "{test}"' in output, (test, output[-3000:])
+
+
+def test_patcher_is_imported_once_by_ansible_playbook_before_it_forks_the_hosts_workers(collections, tmp_path: Path):
+    """The action plugin imports patcher (and reads the patch set) when ansible-playbook loads it,
+    in ansible-playbook's own process, which then forks one worker per host: three hosts, one
+    import, in the process whose stderr `-X importtime` reports (the workers' is not shown)."""
+    python = light_env(tmp_path / "env")
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(
+        "[gpus]\n" + "".join(f"h{i} ansible_connection=local ansible_python_interpreter={python}\n" for i in range(3))
+    )
+    book = tmp_path / "status.yml"
+    book.write_text("- hosts: gpus\n  gather_facts: false\n  tasks:\n    - patcher.fleet.patch: {command: status}\n")
+    done = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), str(book)],
+        capture_output=True,
+        text=True,
+        env={**ansible_env(tmp_path, collections), "PYTHONPROFILEIMPORTTIME": "1"},
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert done.returncode == 0 and "ok=1" in done.stdout, done.stdout + done.stderr[-3000:]
+    imports = [line for line in done.stderr.splitlines() if line.endswith("| patcher.transport.ansible_task")]
+    assert len(imports) == 1, imports

@@ -22,7 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
 from ..report import EXIT_OK, EXIT_PENDING
+from ..run import RunOptions, run_target
+from ..transform.transforms import code_fingerprint, shared_transforms
 from .local import AgentFailure, TransportError, agent_source, bootstrap
 
 COMMANDS = ("status", "apply", "rollback")
@@ -117,6 +120,19 @@ class AnsibleTransport:
         return path
 
 
+def prepare() -> None:
+    """What every host's task reads the same: the patch set, the agent's source and bootstrap, the
+    transform cache's code fingerprint. The action plugin calls this when it is loaded, which
+    ansible-playbook does in its own process (the strategy looks the action up before it forks
+    a worker per host and task): each worker starts with this module imported and these read,
+    instead of paying for them once per host (tests/test_ansible_collection.py checks that the
+    import happens in ansible-playbook's process; bench/ansible.py measures the difference)."""
+    load_patches()
+    agent_source()
+    bootstrap()
+    code_fingerprint()
+
+
 def _python(action, args: dict, task_vars: dict) -> str:
     """The target interpreter: the task's `python`, else the host's ansible_python_interpreter (with
     delegate_to, the delegated host's, as Ansible picks a module's interpreter), templated as
@@ -137,10 +153,6 @@ def _python(action, args: dict, task_vars: dict) -> str:
 def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) -> dict:
     """The task's result: Ansible's `changed`, `failed`, `msg`, `diff`, and `patcher` (the host's
     entry of patcher's JSON, schema_version 1)."""
-    from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
-    from ..run import RunOptions, run_target
-    from ..transform.transforms import shared_transforms
-
     unknown = set(args) - set(OPTIONS)
     if unknown:
         return {
