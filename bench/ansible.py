@@ -33,6 +33,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -116,6 +117,14 @@ def ansible_inventory(fleet: Fleet, n: int) -> Path:
 LAST_CPU = [0.0]  # the controller's CPU seconds (the command and its children) of the last timed run
 
 
+def cold_connections(env: dict, fleet: Fleet) -> dict:
+    """`env` with a control path folder of its own: the run starts its ssh connections (ControlPersist
+    keeps them for the run), as patcher's runner does, rather than reusing the last run's."""
+    runs = fleet.work / "control-paths"
+    runs.mkdir(exist_ok=True)
+    return {**env, "ANSIBLE_SSH_CONTROL_PATH_DIR": tempfile.mkdtemp(dir=runs)}
+
+
 def timed(command: list[str], env: dict, cwd: Path) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -158,7 +167,9 @@ def time_collection(fleet: Fleet, n: int, env: dict) -> float:
         "- hosts: gpus\n  gather_facts: false\n  tasks:\n    - patcher.fleet.patch: {command: apply, verify: false}\n"
     )
     return timed(
-        [str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)], env, fleet.work
+        [str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)],
+        cold_connections(env, fleet),
+        fleet.work,
     )
 
 
@@ -175,7 +186,9 @@ def time_copy(fleet: Fleet, n: int, env: dict, patched: dict[str, bytes]) -> flo
     book = fleet.work / "copy.yml"
     book.write_text(f"- hosts: gpus\n  gather_facts: false\n  tasks:\n{tasks}")
     return timed(
-        [str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)], env, fleet.work
+        [str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)],
+        cold_connections(env, fleet),
+        fleet.work,
     )
 
 
@@ -231,7 +244,7 @@ PATHS = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", default="8,32")
-    parser.add_argument("--repeat", type=int, default=1, help="timed runs per point; the median is reported")
+    parser.add_argument("--repeat", type=int, default=1, help="timed runs per point, round robin; medians reported")
     parser.add_argument("--no-pyinfra", action="store_true")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
@@ -240,21 +253,14 @@ def main() -> None:
     if not (BIN / "ansible-playbook").exists():
         raise SystemExit("ansible-core is not installed beside patcher: pip install -e '.[test]'")
     sizes = [int(x) for x in args.hosts.split(",")]
-    import tempfile
-
     work = Path(tempfile.mkdtemp(prefix="patcher-bench-ansible-"))
     fleet = Fleet(work, max(sizes))
     results: dict = {"cpus": os.cpu_count(), "repeat": args.repeat, "forks": 8, "points": []}
 
-    def measure(run, n: int) -> dict:
-        """The median wall time of `repeat` runs, with the last run's controller CPU and ssh
-        client processes per host."""
-        times = [run() for _ in range(args.repeat)]
-        return {
-            "s": round(statistics.median(times), 2),
-            "cpu_s": round(LAST_CPU[0], 2),
-            "ssh_per_host": round(sessions(fleet) / n, 1),
-        }
+    def one_run(run, n: int) -> tuple[float, float, int]:
+        """One timed run: wall seconds, the controller's CPU seconds, ssh client processes."""
+        seconds = run()
+        return seconds, LAST_CPU[0], sessions(fleet)
 
     try:
         env = ansible_env(fleet, install_collection(work, "collections"))
@@ -264,8 +270,15 @@ def main() -> None:
         patched = {rel: site_file(fleet.pythons[0], rel).read_bytes() for rel in TARGETS}
         # one host: the inventory read by the built-in reader, then by ansible-inventory
         one = {
-            "builtin_s": measure(lambda: time_runner(fleet, 1, ["--no-ansible-inventory"], "status"), 1)["s"],
-            "ansible_inventory_s": measure(lambda: time_runner(fleet, 1, [], "status"), 1)["s"],
+            "builtin_s": round(
+                statistics.median(
+                    time_runner(fleet, 1, ["--no-ansible-inventory"], "status") for _ in range(args.repeat)
+                ),
+                2,
+            ),
+            "ansible_inventory_s": round(
+                statistics.median(time_runner(fleet, 1, [], "status") for _ in range(args.repeat)), 2
+            ),
         }
         results["one_host_status"] = one
         print(json.dumps(one), file=sys.stderr)
@@ -281,10 +294,20 @@ def main() -> None:
             if pyinfra:
                 runs["pyinfra"] = lambda n=n: time_pyinfra(fleet, n, pyinfra, patched)
             point: dict = {"hosts": n}
-            for name, run in runs.items():
-                point[name] = measure(run, n)
-                fleet.check_patched(n, patched)
-                print(n, name, json.dumps(point[name]), file=sys.stderr)
+            samples: dict[str, list[tuple[float, float, int]]] = {name: [] for name in runs}
+            # round robin: a load that drifts during the run (a shared machine) weighs on every path alike
+            for _ in range(args.repeat):
+                for name, run in runs.items():
+                    samples[name].append(one_run(run, n))
+                    fleet.check_patched(n, patched)
+                    print(n, name, samples[name][-1], file=sys.stderr)
+            for name, taken in samples.items():
+                point[name] = {
+                    "s": round(statistics.median(t[0] for t in taken), 2),
+                    "cpu_s": round(statistics.median(t[1] for t in taken), 2),
+                    "ssh_per_host": round(statistics.median(t[2] for t in taken) / n, 1),
+                    "runs_s": [round(t[0], 2) for t in taken],
+                }
             results["points"].append(point)
     finally:
         fleet.stop()
