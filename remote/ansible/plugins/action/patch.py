@@ -14,7 +14,7 @@ MISSING = ""
 try:
     from patcher.transport.ansible_task import prepare, run_task
 except ImportError as exc:
-    run_task = None
+    run_task = None  # type: ignore[assignment]  # the task then fails with MISSING
     MISSING = str(exc)
 else:
     prepare()
