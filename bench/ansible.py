@@ -1,16 +1,23 @@
 """Fleets through Ansible: on 8 and 32 loopback hosts (and 1, for the inventory reader), in one run,
-from pristine files each time, verification left out everywhere (--no-verify / verify: false):
+from pristine files each time, verification left out everywhere (--no-verify / verify: false),
+every path on the same Ansible INI inventory:
 
-- patcher's own runner: `patcher apply -i HOSTS --forks 8` (built-in inventory reader, warm
+- patcher's own runner: `patcher apply -i HOSTS.ini --forks 8` (built-in inventory reader, warm
   transform cache: the baseline of the ratios);
 - the collection: `ansible-playbook` with `patcher.fleet.patch command=apply` (forks 8, pipelining
   and ControlPersist on), built and installed from remote/ansible;
+- the same with pipelining off (each request a file put in the host's remote tmp);
+- the collection as it was before patcher was imported in ansible-playbook's own process (the
+  action plugin importing patcher in run(), so once per host's worker): what that change saved;
 - Ansible copying the patched files (`copy` with backup: yes, same settings);
 - pyinfra 3 putting the same files (`files.put`, --parallel 8): a second anchor, not Ansible;
 - one host: `patcher status -i` with the built-in reader and through `ansible-inventory --list`
   (what reading the inventory with ansible-core adds to a run).
 
-    sudo .venv/bin/python bench/ansible.py [--hosts 8,32] [--repeat 1]
+Each timed run also counts the ssh client processes started (one per command over Ansible's ssh
+connection, one per host for patcher's runner), per host.
+
+    sudo .venv/bin/python bench/ansible.py [--hosts 8,32] [--repeat 1] [--json bench/results/ansible.json]
 
 Needs root (sshd), /usr/sbin/sshd, ansible-core beside patcher (the test extra); pyinfra is
 installed into ~/.cache/patcher/bench-pyinfra the first time (from the package index).
@@ -21,9 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,9 +54,52 @@ PYINFRA_VERSION = "3.10.0"
 def ansible_env(fleet: Fleet, collections: Path) -> dict:
     return {
         **ansible_base_env(fleet),
+        "PATH": fleet.env["PATH"],  # the ssh that counts its sessions (bench/fleet.py)
         "ANSIBLE_COLLECTIONS_PATH": str(collections),
         "PATCHER_CACHE": str(fleet.work / "cache-warm"),
     }
+
+
+# The action plugin before patcher was imported in ansible-playbook's own process: the import
+# (and the patch set's reading) in run(), so in each host's forked worker.
+ACTION_IMPORTING_PER_WORKER = """\
+from ansible.plugins.action import ActionBase
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("command", "python", "only", "skip", "verify", "force", "lock_timeout"))
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        from patcher.transport.ansible_task import run_task
+
+        result.update(
+            run_task(self, dict(self._task.args), task_vars or {}, bool(self._task.check_mode), bool(self._task.diff))
+        )
+        return result
+"""
+
+
+def install_collection(work: Path, name: str, action: str | None = None) -> Path:
+    """remote/ansible built and installed under work/NAME (its action plugin replaced by `action`)."""
+    source = work / f"{name}-src"
+    shutil.copytree(ROOT / "remote" / "ansible", source, ignore=shutil.ignore_patterns("__pycache__", "*.tar.gz"))
+    if action is not None:
+        (source / "plugins" / "action" / "patch.py").write_text(action)
+    built = work / f"{name}-built"
+    sh([str(BIN / "ansible-galaxy"), "collection", "build", str(source), "--output-path", str(built)])
+    target = work / name
+    sh([str(BIN / "ansible-galaxy"), "collection", "install", str(next(built.glob("*.tar.gz"))), "-p", str(target)])
+    return target
+
+
+def sessions(fleet: Fleet) -> int:
+    """ssh client processes started since the last reset (bench/fleet.py's counting ssh)."""
+    try:
+        return sum(1 for line in fleet.counter.read_text().splitlines() if line == "session")
+    except FileNotFoundError:
+        return 0
 
 
 def ansible_inventory(fleet: Fleet, n: int) -> Path:
@@ -62,10 +115,24 @@ def ansible_inventory(fleet: Fleet, n: int) -> Path:
     return path
 
 
+LAST_CPU = [0.0]  # the controller's CPU seconds (the command and its children) of the last timed run
+
+
+def cold_connections(env: dict, fleet: Fleet) -> dict:
+    """`env` with a control path folder of its own: the run starts its ssh connections (ControlPersist
+    keeps them for the run), as patcher's runner does, rather than reusing the last run's."""
+    runs = fleet.work / "control-paths"
+    runs.mkdir(exist_ok=True)
+    return {**env, "ANSIBLE_SSH_CONTROL_PATH_DIR": tempfile.mkdtemp(dir=runs)}
+
+
 def timed(command: list[str], env: dict, cwd: Path) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    LAST_CPU[0] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if done.returncode != 0:
         raise SystemExit(
             f"{' '.join(command[:4])} ... exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
@@ -81,7 +148,7 @@ def time_runner(fleet: Fleet, n: int, extra: list[str], command: str = "apply") 
         "-q",
         "--no-retry-file",
         "-i",
-        str(fleet.inventory(n)),
+        str(ansible_inventory(fleet, n)),
         "--forks",
         "8",
         "--ssh-config",
@@ -94,13 +161,16 @@ def time_runner(fleet: Fleet, n: int, extra: list[str], command: str = "apply") 
 
 
 def time_collection(fleet: Fleet, n: int, env: dict) -> float:
+    """The collection's apply; `env` picks the installed collection and Ansible's settings."""
     fleet.reset(n)
     book = fleet.work / "collection.yml"
     book.write_text(
         "- hosts: gpus\n  gather_facts: false\n  tasks:\n    - patcher.fleet.patch: {command: apply, verify: false}\n"
     )
     return timed(
-        [str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)], env, fleet.work
+        [str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)],
+        cold_connections(env, fleet),
+        fleet.work,
     )
 
 
@@ -117,7 +187,9 @@ def time_copy(fleet: Fleet, n: int, env: dict, patched: dict[str, bytes]) -> flo
     book = fleet.work / "copy.yml"
     book.write_text(f"- hosts: gpus\n  gather_facts: false\n  tasks:\n{tasks}")
     return timed(
-        [str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)], env, fleet.work
+        [str(BIN / "ansible-playbook"), "-i", str(ansible_inventory(fleet, n)), "-f", "8", str(book)],
+        cold_connections(env, fleet),
+        fleet.work,
     )
 
 
@@ -160,10 +232,20 @@ def time_pyinfra(fleet: Fleet, n: int, binary: Path, patched: dict[str, bytes]) 
     return timed([str(binary), str(inventory), str(deploy), "--yes", "--parallel", "8"], env, fleet.work)
 
 
+PATHS = (
+    ("runner", "patcher apply -i"),
+    ("collection", "collection"),
+    ("collection_unpipelined", "collection, pipelining off"),
+    ("collection_import_per_worker", "collection, import per worker (before)"),
+    ("ansible_copy", "Ansible copy"),
+    ("pyinfra", "pyinfra put"),
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", default="8,32")
-    parser.add_argument("--repeat", type=int, default=1, help="timed runs per point; the median is reported")
+    parser.add_argument("--repeat", type=int, default=1, help="timed runs per point, round robin; medians reported")
     parser.add_argument("--no-pyinfra", action="store_true")
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--record", action="store_true", help="also record them: bench/results/benchmarks/ansible.json")
@@ -173,62 +255,67 @@ def main() -> None:
     if not (BIN / "ansible-playbook").exists():
         raise SystemExit("ansible-core is not installed beside patcher: pip install -e '.[test]'")
     sizes = [int(x) for x in args.hosts.split(",")]
-    import tempfile
-
     work = Path(tempfile.mkdtemp(prefix="patcher-bench-ansible-"))
     fleet = Fleet(work, max(sizes))
-    median = lambda f: statistics.median(f() for _ in range(args.repeat))  # noqa: E731
-    results: dict = {"cpus": os.cpu_count(), "repeat": args.repeat, "points": []}
+    results: dict = {"cpus": os.cpu_count(), "repeat": args.repeat, "forks": 8, "points": []}
+
+    def one_run(run, n: int) -> tuple[float, float, int]:
+        """One timed run: wall seconds, the controller's CPU seconds, ssh client processes."""
+        seconds = run()
+        return seconds, LAST_CPU[0], sessions(fleet)
+
     try:
-        built = work / "built"
-        sh(
-            [
-                str(BIN / "ansible-galaxy"),
-                "collection",
-                "build",
-                str(ROOT / "remote" / "ansible"),
-                "--output-path",
-                str(built),
-            ]
-        )
-        sh(
-            [
-                str(BIN / "ansible-galaxy"),
-                "collection",
-                "install",
-                str(next(built.glob("*.tar.gz"))),
-                "-p",
-                str(work / "collections"),
-            ]
-        )
-        env = ansible_env(fleet, work / "collections")
+        env = ansible_env(fleet, install_collection(work, "collections"))
+        unpipelined = {**env, "ANSIBLE_PIPELINING": "False"}
+        per_worker = ansible_env(fleet, install_collection(work, "collections-before", ACTION_IMPORTING_PER_WORKER))
         time_runner(fleet, 1, ["--no-ansible-inventory"])  # warms the transform cache
         patched = {rel: site_file(fleet.pythons[0], rel).read_bytes() for rel in TARGETS}
         # one host: the inventory read by the built-in reader, then by ansible-inventory
         one = {
-            "builtin_s": median(lambda: time_runner(fleet, 1, ["--no-ansible-inventory"], "status")),
-            "ansible_inventory_s": median(lambda: time_runner(fleet, 1, [], "status")),
+            "builtin_s": round(
+                statistics.median(
+                    time_runner(fleet, 1, ["--no-ansible-inventory"], "status") for _ in range(args.repeat)
+                ),
+                2,
+            ),
+            "ansible_inventory_s": round(
+                statistics.median(time_runner(fleet, 1, [], "status") for _ in range(args.repeat)), 2
+            ),
         }
         results["one_host_status"] = one
         print(json.dumps(one), file=sys.stderr)
         pyinfra = None if args.no_pyinfra else pyinfra_bin()
         for n in sizes:
-            point = {"hosts": n, "runner_s": median(lambda n=n: time_runner(fleet, n, ["--no-ansible-inventory"]))}
-            fleet.check_patched(n, patched)
-            point["collection_s"] = median(lambda n=n: time_collection(fleet, n, env))
-            fleet.check_patched(n, patched)
-            point["ansible_copy_s"] = median(lambda n=n: time_copy(fleet, n, env, patched))
-            fleet.check_patched(n, patched)
+            runs = {
+                "runner": lambda n=n: time_runner(fleet, n, ["--no-ansible-inventory"]),
+                "collection": lambda n=n: time_collection(fleet, n, env),
+                "collection_unpipelined": lambda n=n: time_collection(fleet, n, unpipelined),
+                "collection_import_per_worker": lambda n=n: time_collection(fleet, n, per_worker),
+                "ansible_copy": lambda n=n: time_copy(fleet, n, env, patched),
+            }
             if pyinfra:
-                point["pyinfra_s"] = median(lambda n=n: time_pyinfra(fleet, n, pyinfra, patched))
-                fleet.check_patched(n, patched)
+                runs["pyinfra"] = lambda n=n: time_pyinfra(fleet, n, pyinfra, patched)
+            point: dict = {"hosts": n}
+            samples: dict[str, list[tuple[float, float, int]]] = {name: [] for name in runs}
+            # round robin: a load that drifts during the run (a shared machine) weighs on every path alike
+            for _ in range(args.repeat):
+                for name, run in runs.items():
+                    samples[name].append(one_run(run, n))
+                    fleet.check_patched(n, patched)
+                    print(n, name, samples[name][-1], file=sys.stderr)
+            for name, taken in samples.items():
+                point[name] = {
+                    "s": round(statistics.median(t[0] for t in taken), 2),
+                    "cpu_s": round(statistics.median(t[1] for t in taken), 2),
+                    "ssh_per_host": round(statistics.median(t[2] for t in taken) / n, 1),
+                    "runs_s": [round(t[0], 2) for t in taken],
+                }
             results["points"].append(point)
-            print(json.dumps(point), file=sys.stderr)
     finally:
         fleet.stop()
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
+    load = os.getloadavg()
+    results["load_at_end"] = [round(x, 1) for x in load]
     one = results["one_host_status"]
     print(
         f"\none host, `patcher status -i`: built-in reader {one['builtin_s']:.2f} s, through ansible-inventory "
@@ -236,20 +323,19 @@ def main() -> None:
         f"{one['ansible_inventory_s'] / one['builtin_s']:.1f}x)"
     )
     print(
-        f"apply on loopback hosts, {results['cpus']} CPUs, forks 8, median of {args.repeat}; ratios against patcher's runner"
-    )
-    print(
-        f"{'hosts':>5} {'runner':>8} {'collection':>11} {'ratio':>6} {'ansible copy':>13} {'ratio':>6} {'pyinfra put':>12} {'ratio':>6}"
+        f"apply on loopback hosts, {results['cpus']} CPUs, forks 8, median of {args.repeat}; ratio: wall time "
+        "against patcher's runner; cpu: the controller's CPU seconds; ssh: ssh client processes per host"
     )
     for p in results["points"]:
-        line = (
-            f"{p['hosts']:>5} {p['runner_s']:>7.2f}s {p['collection_s']:>10.2f}s {p['collection_s'] / p['runner_s']:>5.1f}x "
-            f"{p['ansible_copy_s']:>12.2f}s {p['ansible_copy_s'] / p['runner_s']:>5.1f}x"
-        )
-        if "pyinfra_s" in p:
-            line += f" {p['pyinfra_s']:>11.2f}s {p['pyinfra_s'] / p['runner_s']:>5.1f}x"
-        print(line)
-    load = os.getloadavg()
+        base = p["runner"]["s"]
+        print(f"{p['hosts']} hosts")
+        for name, label in PATHS:
+            if name in p:
+                m = p[name]
+                print(
+                    f"  {label:40} {m['s']:>8.2f} s {m['s'] / base:>5.1f}x  cpu {m['cpu_s']:>6.2f} s"
+                    f"  ssh {m['ssh_per_host']:>4.1f}"
+                )
     print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     record.write("ansible", results, args.json, args.record)
 

@@ -6,7 +6,10 @@ same standard-library agent `patcher --host` runs. So any file patcher can patch
 through Ansible (a bundle knows only the pristine files it was built from), `--diff` shows the
 plan's diffs, `--check` is the plan, and the result holds the same per-host JSON as
 `patcher --json`. Each agent round trip (facts, then apply or rollback) is one command over
-Ansible's own connection (its ssh, become, pipelining), the agent and its request on stdin.
+Ansible's own connection (its ssh, become, pipelining): the agent and its request go on the
+command's stdin where the connection pipelines (ssh and local, pipelining on), else in a file
+in the task's remote temporary folder that the command reads (pipelining off, and paramiko_ssh,
+which cannot feed a command's stdin at all): what Ansible itself does with a module.
 """
 
 from __future__ import annotations
@@ -18,10 +21,29 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
 from ..report import EXIT_OK, EXIT_PENDING
+from ..run import RunOptions, run_target
+from ..transform.transforms import code_fingerprint, shared_transforms
 from .local import AgentFailure, TransportError, agent_source, bootstrap
 
 COMMANDS = ("status", "apply", "rollback")
+# the task's options: remote/ansible/plugins/action/patch.py (_VALID_ARGS) and the module's
+# DOCUMENTATION list the same (tests/test_ansible_collection.py)
+OPTIONS = ("command", "python", "only", "skip", "verify", "force", "lock_timeout")
+
+# patcher's messages name its command-line options; a task's result names the task's options
+CLI_TO_TASK = (
+    ("with --python PATH", "with python: (or ansible_python_interpreter)"),
+    ("rerun with --force", "rerun with force: true"),
+    ("--lock-timeout raises the wait", "lock_timeout: raises the wait"),
+)
+
+
+def task_message(message: str) -> str:
+    for cli, task in CLI_TO_TASK:
+        message = message.replace(cli, task)
+    return message
 
 
 class AnsibleTransport:
@@ -32,12 +54,20 @@ class AnsibleTransport:
         self.python = python
         self.label = label
         self.invocations = 0
+        self.tmpdir: str | None = None  # the task's remote temporary folder, made for the first unpipelined request
 
     def start(self) -> None: ...
 
     def prestart(self) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        if self.tmpdir is None:
+            return
+        tmpdir, self.tmpdir = self.tmpdir, None
+        try:
+            self.action._remove_tmp_path(tmpdir)
+        except Exception as exc:  # noqa: BLE001 - a lost connection must not hide the task's own outcome
+            self.action._display.warning(f"patcher.fleet.patch: could not remove {tmpdir} on {self.label}: {exc}")
 
     def call(self, request: Mapping[str, Any], timeout: float = 900, limit: str = "") -> Any:
         self.invocations += 1
@@ -45,11 +75,20 @@ class AnsibleTransport:
         # answer is the line that starts with the mark, so nothing a login shell prints is
         # taken for it. A writing request's plan is checked under the lock (its "expect").
         mark = "patcher-answer:" + secrets.token_hex(12)
-        stdin = json.dumps({**request, "agent": agent_source(), "mark": mark}) + "\n"
+        payload = (json.dumps({**request, "agent": agent_source(), "mark": mark}) + "\n").encode("utf-8")
         command = f"{shlex.quote(self.python)} -c {shlex.quote(bootstrap())}"
         # an unreachable host raises Ansible's own connection error here: Ansible reports it
-        done = self.action._low_level_execute_command(command, in_data=stdin, sudoable=True)
-        for line in (done.get("stdout") or "").splitlines():
+        connection = self.action._connection
+        if connection.is_pipelining_enabled():
+            done = self.action._low_level_execute_command(command, in_data=payload, sudoable=True)
+        else:
+            # Pipelining off (the user's choice, e.g. for sudo's requiretty: Ansible then gives
+            # the command a tty), or a connection that cannot pipe data to a command
+            # (paramiko_ssh): the request goes to a file, as a module would.
+            path = self._upload(payload)
+            done = self.action._low_level_execute_command(f"{command} < {shlex.quote(path)}", sudoable=True)
+        stdout = done.get("stdout") or ""
+        for line in stdout.splitlines():
             if line.startswith(mark + " "):
                 answer = json.loads(line[len(mark) + 1 :])
                 if not answer.get("ok"):
@@ -57,7 +96,9 @@ class AnsibleTransport:
                     raise AgentFailure(error.get("kind", "unknown"), error.get("message", "agent failed"))
                 return answer["result"]
         rc = done.get("rc")
-        detail = ((done.get("stderr") or "").strip().splitlines() or [f"exit status {rc}"])[-1]
+        # with a tty (pipelining off) the command's stderr arrives on its stdout
+        said = (done.get("stderr") or "").strip().splitlines() or stdout.strip().splitlines()
+        detail = (said or [f"exit status {rc}"])[-1]
         if rc == 127:
             raise TransportError(
                 "usage", f"no python at {self.python} on {self.label}; set python: (or ansible_python_interpreter)"
@@ -66,28 +107,66 @@ class AnsibleTransport:
             "usage", f"{self.python} did not answer as a Python 3.9+ interpreter on {self.label} ({detail})"
         )
 
+    def _upload(self, payload: bytes) -> str:
+        """The request as a file in the task's remote temporary folder (made once per task, removed
+        by close()), readable by the become user (Ansible's _fixup_perms2: ACLs, chown, ...)."""
+        action = self.action
+        if self.tmpdir is None:
+            self.tmpdir = action._make_tmp_path()
+        path = action._connection._shell.join_path(self.tmpdir, f"patcher-request-{self.invocations}.json")
+        action._transfer_data(path, payload)
+        action._fixup_perms2([self.tmpdir, path], execute=False)
+        return path
 
-def _python(args: dict, task_vars: dict) -> str:
+
+def prepare() -> None:
+    """What every host's task reads the same: the patch set, the agent's source and bootstrap, the
+    transform cache's code fingerprint. The action plugin calls this when it is loaded, which
+    ansible-playbook does in its own process (the strategy looks the action up before it forks
+    a worker per host and task): each worker starts with this module imported and these read,
+    instead of paying for them once per host (tests/test_ansible_collection.py checks that the
+    import happens in ansible-playbook's process; bench/ansible.py measures the difference)."""
+    load_patches()
+    agent_source()
+    bootstrap()
+    code_fingerprint()
+
+
+def _python(action, args: dict, task_vars: dict) -> str:
+    """The target interpreter: the task's `python`, else the host's ansible_python_interpreter (with
+    delegate_to, the delegated host's, as Ansible picks a module's interpreter), templated as
+    Ansible does; `auto*` (interpreter discovery, which runs no module here) is python3."""
     if args.get("python"):
         return str(args["python"])
-    configured = task_vars.get("ansible_python_interpreter")
-    if isinstance(configured, str) and configured and not configured.startswith("auto") and "{" not in configured:
-        return configured
+    host_vars = task_vars
+    if action._task.delegate_to:
+        host_vars = task_vars.get("ansible_delegated_vars", {}).get(action._task.delegate_to, {})
+    configured = host_vars.get("ansible_python_interpreter")
+    if isinstance(configured, str) and "{" in configured:
+        configured = action._templar.template(configured)
+    if isinstance(configured, str) and configured.strip() and not configured.strip().startswith("auto"):
+        return configured.strip()
     return "python3"
 
 
 def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) -> dict:
     """The task's result: Ansible's `changed`, `failed`, `msg`, `diff`, and `patcher` (the host's
     entry of patcher's JSON, schema_version 1)."""
-    from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
-    from ..run import RunOptions, run_target
-    from ..transform.transforms import shared_transforms
-
-    unknown = set(args) - {"command", "python", "only", "skip", "verify", "force", "lock_timeout"}
+    unknown = set(args) - set(OPTIONS)
     if unknown:
         return {
             "failed": True,
             "msg": f"unknown option(s) {', '.join(sorted(unknown))}; see ansible-doc patcher.fleet.patch",
+        }
+    shell = action._connection._shell
+    if getattr(shell, "_IS_WINDOWS", False) or getattr(shell, "SHELL_FAMILY", "sh") in ("powershell", "cmd"):
+        # the agent is started by a POSIX command line (sh quoting, `<` redirection)
+        return {
+            "failed": True,
+            "msg": (
+                f"patcher.fleet.patch needs a POSIX shell on the host; this host's is {shell.SHELL_FAMILY} "
+                "(a Windows connection, or ansible_shell_type): leave the host out of the play"
+            ),
         }
     command = args.get("command", "status")
     if command not in COMMANDS:
@@ -109,7 +188,9 @@ def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) 
         check=check_mode and command != "status",
     )
     label = str(task_vars.get("inventory_hostname", "host"))
-    transport = AnsibleTransport(action, _python(args, task_vars), label)
+    if action._task.delegate_to:
+        label += f" (delegated to {action._task.delegate_to})"
+    transport = AnsibleTransport(action, _python(action, args, task_vars), label)
     persist = None
     if not os.environ.get("PATCHER_NO_TRANSFORM_CACHE"):
         from ..cache import trusted_subfolder
@@ -120,7 +201,7 @@ def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) 
     entry = report.as_json()
     written = report.status == "changed" and any(f.get("action") in ("write", "restore") for f in report.files)
     would = options.check and report.exit_code == EXIT_PENDING
-    result: dict = {"changed": bool(written or would), "patcher": entry, "msg": report.message}
+    result: dict = {"changed": bool(written or would), "patcher": entry, "msg": task_message(report.message)}
     if report.exit_code not in (EXIT_OK, EXIT_PENDING):
         result["failed"] = True
     if diff:
