@@ -239,7 +239,10 @@ GUARD_COMMENT = "# nothing captured, or no shared buffer (logged): vLLM's RPC qu
 SELF_EXECUTOR = m.Attribute(value=m.Name("self"), attr=m.Name("executor"))
 GET_CAPTURED_CALL = m.Call(
     func=m.Attribute(value=SELF_EXECUTOR, attr=m.Name("collective_rpc")),
-    args=[m.Arg(value=m.SimpleString('"_get_captured_states"') | m.SimpleString("'_get_captured_states'")), m.ZeroOrMore()],
+    args=[
+        m.Arg(value=m.SimpleString('"_get_captured_states"') | m.SimpleString("'_get_captured_states'")),
+        m.ZeroOrMore(),
+    ],
 )
 REPLY_TARGET = [m.AssignTarget(target=m.Name(REPLY))]
 RPC_ASSIGN = m.SimpleStatementLine(body=[m.Assign(targets=REPLY_TARGET, value=GET_CAPTURED_CALL)])
@@ -278,10 +281,7 @@ class CapturedStatesThroughSharedMemory(PatchCodemod):
     speculators 0.4.0's reply keyed by request id) is not this shape: anchor-missing.
     """
 
-    ANCHOR = (
-        f"{REPLY} = self.executor.collective_rpc(\"_get_captured_states\", args=({TOKENS},), ...) "
-        "(v11's call)"
-    )
+    ANCHOR = f'{REPLY} = self.executor.collective_rpc("_get_captured_states", args=({TOKENS},), ...) (v11\'s call)'
 
     def __init__(self, filename: str = "<source>") -> None:
         super().__init__(filename)
@@ -340,7 +340,7 @@ class CapturedStatesThroughSharedMemory(PatchCodemod):
 # Every release: the RPC queue carries the reply on every release the patches support.
 EVERY_RELEASE = {"vllm": ">=0.11.0"}
 
-BEFORE = '''\
+BEFORE = """\
 import torch
 
 
@@ -354,12 +354,12 @@ class VllmHiddenStatesGenerator:
             unique_reply_rank=0,
         )
         return captured_states_list
-'''
+"""
 
 AFTER = (
     "import torch\n\n\n"
     + HELPERS_SOURCE
-    + '''
+    + """
 
 class VllmHiddenStatesGenerator:
     def generate(self, token_ids):
@@ -374,7 +374,7 @@ class VllmHiddenStatesGenerator:
                 unique_reply_rank=0,
             )
         return captured_states_list
-'''
+"""
 )
 
 PATCH = Patch(
