@@ -44,7 +44,6 @@ from .targets import GENERATOR, SPECULATORS_0_3
 
 REPLY = "captured_states_list"
 FETCH = "_captured_states_through_shared_memory"
-TOKENS = "request_tokens"
 MARKER = "# How the captured states reach the generator (patcher v21):"
 
 HELPERS_SOURCE = '''\
@@ -100,10 +99,11 @@ def _map_shared_states(path, size, pin):
 
 
 def _write_captured_states(worker, request_tokens, path, mapped_buffer):
-    """In the worker (collective_rpc sends it): copy the captured rows, each request's in the
-    order of request_tokens, into the host buffer shared with the generator; return where
-    each layer lies. A new buffer (a larger call, or one the generator has not mapped) is the
-    file at path, which the generator made and removes.
+    """In the worker (collective_rpc sends it): copy the captured rows into the host buffer
+    shared with the generator and return where each layer lies; the rows are those
+    _get_captured_states(request_tokens) would return (each request's in the order of
+    request_tokens; with None, as vLLM computed them). A new buffer (a larger call, or one the
+    generator has not mapped) is the file at path, which the generator made and removes.
 
     None where nothing was captured (tensor parallel ranks other than 0); {"unavailable": why}
     where no buffer could be made: the states are kept for _get_captured_states.
@@ -111,14 +111,17 @@ def _write_captured_states(worker, request_tokens, path, mapped_buffer):
     import os
     import time
 
-    from speculators.data_generation.custom_worker import _rows_by_request
-
     if getattr(worker, "_captured_states", None) is None:
         return None
     started = time.perf_counter()
-    layers = _rows_by_request(
-        worker._captured_states, getattr(worker, "_request_metadata", None) or [], request_tokens
-    )
+    if request_tokens is None:
+        layers = [torch.cat(steps, dim=0) for steps in worker._captured_states]
+    else:
+        from speculators.data_generation.custom_worker import _rows_by_request
+
+        layers = _rows_by_request(
+            worker._captured_states, getattr(worker, "_request_metadata", None) or [], request_tokens
+        )
     offsets = []
     end = 0
     for layer in layers:
@@ -168,10 +171,11 @@ def _write_captured_states(worker, request_tokens, path, mapped_buffer):
 
 
 def _captured_states_through_shared_memory(generator, request_tokens):
-    """The captured states, one CPU tensor per layer holding each request's rows in the order
-    of request_tokens: views of the buffer shared with the worker, valid until the next call
-    (generate() clones each prompt's rows out of them). None where the worker captured
-    nothing or could make no buffer (then vLLM's RPC queue carries them).
+    """What collective_rpc("_get_captured_states", args=(request_tokens,), unique_reply_rank=0)
+    returns (one tensor per layer; in a one-element list where the executor wraps the reply, as
+    vLLM 0.11.0 does), as CPU views of the buffer shared with the worker, valid until the next
+    call: generate() clones each prompt's rows out of them. None where the worker captured
+    nothing or could make no buffer (then the RPC queue carries them).
     """
     import mmap
     import os
@@ -189,7 +193,8 @@ def _captured_states_through_shared_memory(generator, request_tokens):
             args=(request_tokens, path, state["buffer"]),
             unique_reply_rank=0,
         )
-        if isinstance(reply, list) and len(reply) == 1:  # vLLM 0.11.0 wraps the single reply
+        wrapped = isinstance(reply, list)  # vLLM 0.11.0 wraps the single reply in a list
+        if wrapped:
             reply = reply[0]
         if reply is not None and reply.get("made"):
             state["host"] = None  # the old buffer goes once no view of it is left
@@ -230,10 +235,9 @@ def _captured_states_through_shared_memory(generator, request_tokens):
         "pinned": reply["pinned"],
         "made": reply["made"],
     }
-    return layers
+    return [layers] if wrapped else layers
 '''
 
-FAST_SOURCE = f"{REPLY} = {FETCH}(self, {TOKENS})\n"
 GUARD_COMMENT = "# nothing captured, or no shared buffer (logged): vLLM's RPC queue carries them"
 
 SELF_EXECUTOR = m.Attribute(value=m.Name("self"), attr=m.Name("executor"))
@@ -247,12 +251,7 @@ GET_CAPTURED_CALL = m.Call(
 REPLY_TARGET = [m.AssignTarget(target=m.Name(REPLY))]
 RPC_ASSIGN = m.SimpleStatementLine(body=[m.Assign(targets=REPLY_TARGET, value=GET_CAPTURED_CALL)])
 FAST_ASSIGN = m.SimpleStatementLine(
-    body=[
-        m.Assign(
-            targets=REPLY_TARGET,
-            value=m.Call(func=m.Name(FETCH), args=[m.Arg(value=m.Name("self")), m.Arg(value=m.Name(TOKENS))]),
-        )
-    ]
+    body=[m.Assign(targets=REPLY_TARGET, value=m.Call(func=m.Name(FETCH), args=[m.Arg(value=m.Name("self")), m.Arg()]))]
 )
 REPLY_IS_NONE = m.Comparison(
     left=m.Name(REPLY), comparisons=[m.ComparisonTarget(operator=m.Is(), comparator=m.Name("None"))]
@@ -260,31 +259,32 @@ REPLY_IS_NONE = m.Comparison(
 GUARD = m.If(test=REPLY_IS_NONE, body=m.IndentedBlock(body=[RPC_ASSIGN]))
 
 
-def _passes_request_tokens(statement: cst.SimpleStatementLine) -> bool:
-    """v11's call: collective_rpc("_get_captured_states", args=(request_tokens,), ...)."""
+def _request_tokens_of(statement: cst.SimpleStatementLine) -> cst.BaseExpression | None:
+    """What the RPC passes as request_tokens: X of args=(X,) (v11), the expression None where it
+    passes no arguments (0.3.0's own call); Python None for any other call (left alone)."""
     call = statement.body[0].value  # type: ignore[attr-defined]
-    return any(
-        arg.keyword is not None
-        and arg.keyword.value == "args"
-        and m.matches(arg.value, m.Tuple(elements=[m.Element(value=m.Name(TOKENS))]))
-        for arg in call.args
-    )
+    rest = call.args[1:]
+    args = [a for a in rest if a.keyword is not None and a.keyword.value == "args"]
+    if any(a.keyword is None for a in rest) or len(args) > 1:
+        return None
+    if not args:
+        return cst.Name("None")
+    value = args[0].value
+    if (
+        isinstance(value, cst.Tuple)
+        and len(value.elements) == 1
+        and not isinstance(value.elements[0], cst.StarredElement)
+    ):
+        return value.elements[0].value
+    return None
 
 
-class CapturedStatesThroughSharedMemory(PatchCodemod):
-    """`captured_states_list = self.executor.collective_rpc("_get_captured_states",
-    args=(request_tokens,), ...)` (v11's call) becomes the shared-memory fetch, with that call
-    kept as the fallback under `if captured_states_list is None:`; the module gets the helpers
-    (before its first class).
+class _Blocks(cst.CSTTransformer):
+    """Rewrites the RPC statement in every block of one function (see the codemod)."""
 
-    Patched: the fetch followed by that guard. The RPC call anywhere else (v11 not applied, or
-    speculators 0.4.0's reply keyed by request id) is not this shape: anchor-missing.
-    """
-
-    ANCHOR = f'{REPLY} = self.executor.collective_rpc("_get_captured_states", args=({TOKENS},), ...) (v11\'s call)'
-
-    def __init__(self, filename: str = "<source>") -> None:
-        super().__init__(filename)
+    def __init__(self, codemod: PatchCodemod) -> None:
+        super().__init__()
+        self.codemod = codemod
         self.in_guard = 0
 
     def visit_If(self, node: cst.If) -> None:
@@ -304,11 +304,14 @@ class CapturedStatesThroughSharedMemory(PatchCodemod):
         changed = False
         for index, statement in enumerate(body):
             if m.matches(statement, GUARD) and index and m.matches(body[index - 1], FAST_ASSIGN):
-                self.found_patched()
-            elif m.matches(statement, RPC_ASSIGN) and _passes_request_tokens(statement):
-                self.rewrote()
+                self.codemod.found_patched()
+            elif m.matches(statement, RPC_ASSIGN) and (tokens := _request_tokens_of(statement)) is not None:
+                self.codemod.rewrote()
                 changed = True
-                fast = cst.parse_statement(FAST_SOURCE).with_changes(leading_lines=statement.leading_lines)
+                expression = cst.Module(body=[]).code_for_node(tokens)
+                fast = cst.parse_statement(f"{REPLY} = {FETCH}(self, {expression})\n").with_changes(
+                    leading_lines=statement.leading_lines
+                )
                 guard = cst.parse_statement(f"if {REPLY} is None:\n    pass\n")
                 assert isinstance(guard, cst.If)
                 fallback = statement.with_changes(
@@ -319,6 +322,36 @@ class CapturedStatesThroughSharedMemory(PatchCodemod):
             out.append(statement)
         return updated.with_changes(body=out) if changed else updated
 
+
+class CapturedStatesThroughSharedMemory(PatchCodemod):
+    """`captured_states_list = self.executor.collective_rpc("_get_captured_states", ...)`, with
+    args=(X,) (v11's call) or none (0.3.0's), becomes the shared-memory fetch of the same
+    states (X, or None), with that call kept as the fallback under
+    `if captured_states_list is None:`; the module gets the helpers (before its first class).
+
+    Patched: the fetch followed by that guard. speculators 0.4.0 assigns its reply (keyed by
+    request id) to another name: anchor-missing. The rewrite runs on each outermost function as
+    it is left, after the edits of earlier patches on it (v11 rewrites the whole of generate()
+    there), so the fetch always asks for what the RPC asks for.
+    """
+
+    ANCHOR = f'{REPLY} = self.executor.collective_rpc("_get_captured_states", ...)'
+
+    def __init__(self, filename: str = "<source>") -> None:
+        super().__init__(filename)
+        self.depth = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.depth += 1
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.depth -= 1
+        if self.depth:
+            return updated
+        result = updated.visit(_Blocks(self))
+        assert isinstance(result, cst.FunctionDef)
+        return result
+
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         if not (self.rewrites or self.patched_seen):
             return updated
@@ -328,12 +361,12 @@ class CapturedStatesThroughSharedMemory(PatchCodemod):
         # After a first statement, so the opening comment stays with the code it describes
         # (a module's leading comments would otherwise become its header).
         helpers = list(cst.parse_module("_ = None\n" + HELPERS_SOURCE).body[1:])
-        blank = [cst.EmptyLine(), cst.EmptyLine()]
-        helpers[0] = helpers[0].with_changes(leading_lines=[*blank, *helpers[0].leading_lines])
         body = list(updated.body)
         index = next((i for i, s in enumerate(body) if isinstance(s, cst.ClassDef)), len(body))
+        blank = [cst.EmptyLine(), cst.EmptyLine()] if index else []
+        helpers[0] = helpers[0].with_changes(leading_lines=[*blank, *helpers[0].leading_lines])
         if index < len(body):
-            body[index] = body[index].with_changes(leading_lines=blank)
+            body[index] = body[index].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
         return updated.with_changes(body=[*body[:index], *helpers, *body[index:]])
 
 
@@ -377,6 +410,21 @@ class VllmHiddenStatesGenerator:
 """
 )
 
+OWN_CALL = 'captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)'
+BEFORE_0_3_0 = (
+    f"import torch\n\n\nclass G:\n    def generate(self):\n        {OWN_CALL}\n        return captured_states_list\n"
+)
+AFTER_0_3_0 = (
+    "import torch\n\n\n"
+    + HELPERS_SOURCE
+    + "\n\nclass G:\n    def generate(self):\n"
+    + f"        {REPLY} = {FETCH}(self, None)\n"
+    + f"        if {REPLY} is None:\n"
+    + f"            {GUARD_COMMENT}\n"
+    + f"            {OWN_CALL}\n"
+    + "        return captured_states_list\n"
+)
+
 PATCH = Patch(
     id="v21-shared-memory-states",
     title="the captured states reach the generator through a shared host buffer, not vLLM's RPC queue",
@@ -396,13 +444,16 @@ PATCH = Patch(
             ),
         ),
     ),
-    examples=(Example(before=BEFORE, after=AFTER),),
+    examples=(
+        Example(before=BEFORE, after=AFTER),
+        # 0.3.0's own call (v11 not applied): the same rows, in the order vLLM computed them
+        Example(before=BEFORE_0_3_0, after=AFTER_0_3_0),
+    ),
     satisfied=(AFTER,),
     upstream="not a vLLM change: vLLM's executor message queue "
     "(vllm/distributed/device_communicators/shm_broadcast.py) is built for small replies; vLLM's "
     "own hidden-states connector (vllm/distributed/kv_transfer/kv_connector/v1/"
     "example_hidden_states_connector.py) writes files instead",
-    needs=("v10-worker-request-capture", "v11-multistep-prefill"),
     attribute_calls=(
         AttributeCall(
             "generator.executor",
