@@ -463,6 +463,6 @@ PATCH = Patch(
     ),
     without_it="correct but slow: every captured tensor travels through vLLM's RPC message queue "
     "(about 225 MB/s on an H200: 18,242 tokens/s, 0.071 of vLLM's own prefill, 1.0B Llama, hidden 2048)",
-    readme="correct but slow: every captured tensor travels through vLLM's RPC message queue (about 225 MB/s measured on an H200, CUDA vLLM 0.20.0: the generator at 0.071 of vLLM's own prefill); see docs/extraction-speed.md; needs v10 and v11",
+    readme="correct but slow: every captured tensor travels through vLLM's RPC message queue (about 225 MB/s measured on an H200, CUDA vLLM 0.20.0: the generator at 0.071 of vLLM's own prefill, 1.0B Llama); figures in docs/extraction-speed.md",
     since="any",
 )
