@@ -79,8 +79,17 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=520, help="no phase starts after this (default 520 s)")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every prompt count (a smoke run: 0.125)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a rehearsal of every step where no GPU is: the tiny model for both records, 8 prompts of 64 tokens",
+    )
+    parser.add_argument("--work", type=Path, default=Path("/tmp"), help="where site/, wheels/, the models go (/tmp)")
     args = parser.parse_args()
+    global MODELS, LOGS
+    # read by gpu_run's Run (PYTHONPATH), install, its end-to-end check and the rollback check
+    gpu_run.SITE, gpu_run.WHEELS, gpu_run.MODEL = args.work / "site", args.work / "wheels", args.work / "model"
+    MODELS, LOGS = args.work / "models", args.work / "extract-logs"
     started = time.monotonic()
     deadline = started + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
@@ -118,10 +127,10 @@ def main() -> int:
     )
     records = {}
     for shape, settings in SETTINGS.items():
-        scaled = dict(settings)
-        for key in ("prompts", "leave_out_prompts"):
-            scaled[key] = max(scaled["per_call"], int(scaled[key] * args.scale))
-        records[shape] = extract.new_record(shape, str(MODELS / shape), scaled)
+        if args.smoke:
+            settings = dict(settings, prompts=8, prompt_len=64, per_call=4, leave_out_prompts=4, dump_prompts=2)
+            settings.update(gpu_memory_utilization=0.1, layers=[0, 2, 3])
+        records[shape] = extract.new_record(shape, str(gpu_run.MODEL if args.smoke else MODELS / shape), settings)
 
     def save() -> None:
         for record in records.values():
@@ -133,7 +142,7 @@ def main() -> int:
         run.save()
 
     # the tiny model is gpu_run's end-to-end check's (its MODEL folder)
-    models = {"tiny": str(gpu_run.MODEL), **{shape: str(MODELS / shape) for shape in SETTINGS}}
+    models = {"tiny": str(gpu_run.MODEL), **({} if args.smoke else {shape: str(MODELS / shape) for shape in SETTINGS})}
     made = bench.phase("make-model", {"models": models}, "make-models")
     run.summary["models"] = made
     try:
