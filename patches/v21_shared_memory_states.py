@@ -9,13 +9,14 @@ that call, 805 MB a call at about 225 MB/s, 18,242 tokens/s against 256,290 for 
 prefill of the same prompts. The cost is per byte, so a model of hidden size 7168 is capped near
 5,000 tokens/s whatever the GPUs do.
 
-With this patch, per generate() call (v11's request_tokens gives the caller's order):
+With this patch, per generate() call, the same reply by another path (whatever the RPC asks
+for: with v11, each request's rows in the caller's order; without it, 0.3.0's concatenation):
 - the generator makes one empty file with mkstemp (mode 0600) on a tmpfs (/dev/shm where it can
   write there, else tempfile's folder) and sends only its path through the RPC, with a callable
   that runs in the worker (collective_rpc takes callables on every release; it is pickled by
   reference, so the worker runs this same patched module);
 - the worker (tensor parallel rank 0, the only one that captures; the others answer None) takes
-  v10's rows request by request in that order and copies each layer into a host buffer it keeps
+  the rows _get_captured_states would return and copies each layer into a host buffer it keeps
   for later calls; only when a call needs more room than the buffer has (or the caller has not
   mapped it) does it size that file (posix_fallocate: ENOSPC now, not SIGBUS later), map it and,
   where CUDA is, pin it (cudaHostRegister, as torch's own checkpoint stager pins shared memory),
@@ -30,6 +31,12 @@ Host memory: the buffer is as large as the largest call's captured states (page-
 layer), shared by the two processes (counted once), and goes with them. Where no buffer can be
 made (a full /dev/shm), the worker keeps its states, one warning names the reason, and the RPC
 queue carries them as before.
+
+Why not the alternatives: CUDA IPC handles would make the generator's process open a CUDA
+context (v18 exists to keep CUDA out of it) and copy there; a pinned staging buffer in the worker
+written into a file (as vLLM's example hidden-states connector writes safetensors files) copies
+every byte once more on the host; memfd_create would need the descriptor passed between the
+processes. The cleanup argument above needs no signal handler and no sweep of stale files.
 """
 
 from __future__ import annotations
