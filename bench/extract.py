@@ -97,16 +97,23 @@ class HostMemory:
 
     @staticmethod
     def tree() -> list[int]:
+        """This process and its descendants (from every /proc/PID/stat's parent field)."""
+        parents: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])  # the name may hold spaces
+            parents.setdefault(ppid, []).append(int(entry))
         pids, todo = [], [os.getpid()]
         while todo:
             pid = todo.pop()
             pids.append(pid)
-            try:
-                for task in os.listdir(f"/proc/{pid}/task"):
-                    with open(f"/proc/{pid}/task/{task}/children") as fh:
-                        todo.extend(int(c) for c in fh.read().split())
-            except OSError:
-                continue
+            todo.extend(parents.get(pid, ()))
         return pids
 
     @classmethod
