@@ -78,7 +78,10 @@ def _release_shared_states(buffer):
     buffer.pop("host", None)
     mapping = buffer.pop("mapping", None)
     if mapping is not None:
-        mapping.close()
+        try:
+            mapping.close()
+        except BufferError:  # a view of it is still alive: unmapped when that goes
+            pass
 
 
 def _map_shared_states(path, size, pin):
