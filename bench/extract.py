@@ -7,7 +7,7 @@
 One run, the same prompts (random token ids, fixed seed) for every phase, each phase a process of
 its own in the target interpreter (vLLM, torch and the patched speculators):
 - `generator`: speculators' VllmHiddenStatesGenerator.generate(), K prompts a call; wall time of
-  the calls after one warm-up call, split into execute (executor.execute_model), sample
+  the calls after one warm-up call of K prompts (4 without v21), split into execute (executor.execute_model), sample
   (executor.sample_tokens), transfer (the captured states' collective_rpc), schedule, other RPCs,
   and assemble (the rest: slicing and cloning each prompt's rows, bookkeeping);
 - `vllm-eager`: vLLM's LLM.generate(prompts, SamplingParams(max_tokens=1)) with the generator's
@@ -268,8 +268,12 @@ def phase_generator(config: dict) -> dict:
         gpu_memory_utilization=config["gpu_memory_utilization"],
     )
     init_s = time.monotonic() - t0
-    # warm-up: one call of a few prompts (first-call costs: buffers, caches, lazy imports)
-    generator.generate(calls[0][: min(4, len(calls[0]))])
+    # Warm-up, untimed: first-call costs (lazy imports, caches; with v21 the shared buffer is
+    # sized, mapped and pinned once for a call of this size: its cost is reported as warmup).
+    t0 = time.perf_counter()
+    generator.generate(calls[0][: config.get("warmup_prompts") or len(calls[0])])
+    warmup_s = time.perf_counter() - t0
+    warmup_transfer = dict(getattr(generator, "__dict__", {}).get("_shared_states", {}).get("last") or {})
 
     times: dict = {}
     executor = generator.executor
@@ -316,6 +320,8 @@ def phase_generator(config: dict) -> dict:
         "transfer": "shared memory (v21)" if shared and shared.get("calls") else "RPC queue",
         "import_s": round(import_s, 1),
         "init_s": round(init_s, 1),
+        "warmup_s": round(warmup_s, 3),
+        "warmup_transfer": warmup_transfer,
     }
     if transfers:
         report["shared_buffer_mib"] = round(max(t["buffer_bytes"] for t in transfers) / 2**20, 1)
@@ -544,8 +550,10 @@ def run_without(bench: Bench, record: dict, dumps: Path) -> None:
     label, patch = record["label"], record["config"]["leave_out"]
     prompts = min(record["config"]["prompts"], record["config"].get("leave_out_prompts") or 10**9)
     dump = dumps / f"{label}-without.pt"
+    # a short warm-up: the old path has no buffer to size, and each call costs seconds there
+    config = generator_config(record, prompts=prompts, dump=str(dump), warmup_prompts=4)
     record["phases"][f"generator-without-{patch}"] = bench.phase(
-        "generator", generator_config(record, prompts=prompts, dump=str(dump)), f"{label}-generator-without-{patch}"
+        "generator", config, f"{label}-generator-without-{patch}"
     )
     with_dump = dumps / f"{label}-with.pt"
     if with_dump.is_file() and dump.is_file():
