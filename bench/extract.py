@@ -226,28 +226,29 @@ def phase_make_model(config: dict) -> dict:
     return {"models": made}
 
 
-def _timed(method, key: str, times: dict):
+def _timed(method, key, times: dict):
+    """method, with its wall time added to times[key] (key: a name, or a function of the
+    call's first argument). Calls made inside another timed call (the executor's execute_model
+    goes through its own collective_rpc) count only for the outer one."""
+
     def wrapper(*args, **kwargs):
+        if times.get("_depth"):
+            return method(*args, **kwargs)
+        name = key(args[0] if args else None) if callable(key) else key
+        times["_depth"] = 1
         started = time.perf_counter()
         try:
             return method(*args, **kwargs)
         finally:
-            times[key] = times.get(key, 0.0) + time.perf_counter() - started
+            times[name] = times.get(name, 0.0) + time.perf_counter() - started
+            times["_depth"] = 0
 
     return wrapper
 
 
-def _rpc_timed(method, times: dict):
-    def wrapper(target, *args, **kwargs):
-        name = target if isinstance(target, str) else getattr(target, "__name__", "callable")
-        key = "transfer" if name in ("_get_captured_states", "_write_captured_states") else "rpc_other"
-        started = time.perf_counter()
-        try:
-            return method(target, *args, **kwargs)
-        finally:
-            times[key] = times.get(key, 0.0) + time.perf_counter() - started
-
-    return wrapper
+def _rpc_kind(target) -> str:
+    name = target if isinstance(target, str) else getattr(target, "__name__", "callable")
+    return "transfer" if name in ("_get_captured_states", "_write_captured_states") else "rpc_other"
 
 
 def phase_generator(config: dict) -> dict:
@@ -279,7 +280,7 @@ def phase_generator(config: dict) -> dict:
     executor = generator.executor
     executor.execute_model = _timed(executor.execute_model, "execute", times)
     executor.sample_tokens = _timed(executor.sample_tokens, "sample", times)
-    executor.collective_rpc = _rpc_timed(executor.collective_rpc, times)
+    executor.collective_rpc = _timed(executor.collective_rpc, _rpc_kind, times)
     generator.scheduler.schedule = _timed(generator.scheduler.schedule, "schedule", times)
 
     keep = min(config.get("dump_prompts", 0), len(calls[0]))
@@ -302,12 +303,14 @@ def phase_generator(config: dict) -> dict:
                 transfers.append(last)
             del results
         wall = time.perf_counter() - t0
+        times.pop("_depth", None)
+        split = {key: round(value, 3) for key, value in sorted(times.items())}
+        split["assemble"] = round(wall - sum(times.values()), 3)
+        times["_depth"] = 1  # the repeated call below is not timed
     again = [r["hidden_states"] for r in generator.generate(calls[0])[:keep]] if keep else []
     if config.get("dump"):
         torch.save({"first": first, "again": again, "prompts": calls[0][:keep]}, config["dump"])
     shared = getattr(generator, "__dict__", {}).get("_shared_states")
-    split = {key: round(value, 3) for key, value in sorted(times.items())}
-    split["assemble"] = round(wall - sum(times.values()), 3)
     report = {
         "tokens": tokens,
         "calls": len(calls),
