@@ -110,6 +110,34 @@ def join_wheels(stage: Path, release: str | None, run: Run) -> list[Path]:
     return joined
 
 
+def install(run: Run, stage: Path, release: str | None, run_dir: Path) -> bool:
+    """Join and check the staged wheels, then install them and run_dir's patcher wheel into SITE."""
+    wheels = join_wheels(stage, release, run)
+    wheels += sorted(run_dir.glob("patcher-*.whl"))  # this checkout's patcher, carried with the script
+    if SITE.exists():
+        shutil.rmtree(SITE)
+    done = run.step(
+        "install",
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "--target",
+            str(SITE),
+            *map(str, wheels),
+        ],
+    )
+    if done.returncode != 0:
+        run.say(done.stderr[-3000:])
+    return done.returncode == 0
+
+
 def patcher_json(run: Run, name: str, *args: str) -> tuple[int, dict | None]:
     done = run.step(name, [sys.executable, "-m", "patcher.cli", *args, "--python", sys.executable, "--json"])
     try:
@@ -249,29 +277,7 @@ def main() -> int:
     }
     run.say(f"machine: {run.summary['machine']}")
 
-    wheels = join_wheels(args.stage, args.release, run)
-    wheels += sorted(args.run_dir.glob("patcher-*.whl"))  # this checkout's patcher, carried with the script
-    if SITE.exists():
-        shutil.rmtree(SITE)
-    done = run.step(
-        "install",
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-index",
-            "--no-deps",
-            "--no-compile",
-            "--disable-pip-version-check",
-            "--target",
-            str(SITE),
-            *map(str, wheels),
-        ],
-    )
-    if done.returncode != 0:
-        run.say(done.stderr[-3000:])
+    if not install(run, args.stage, args.release, args.run_dir):
         return 1
     if MODEL.exists():
         shutil.rmtree(MODEL)

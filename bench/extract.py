@@ -1,0 +1,734 @@
+"""Extraction speed: speculators' patched generator against vLLM's own prefill of the same prompts.
+
+    python bench/extract.py [--quick] [--shape tiny|llama-1b|wide-7168] [--prompts N] [--prompt-len L]
+                            [--per-call K] [--layers 1,2,3] [--leave-out v21] [--out DIR]
+                            [--target PYTHON --patcher 'CMD'] [--model DIR] [--phases ...]
+
+One run, the same prompts (random token ids, fixed seed) for every phase, each phase a process of
+its own in the target interpreter (vLLM, torch and the patched speculators):
+- `generator`: speculators' VllmHiddenStatesGenerator.generate(), K prompts a call; wall time of
+  the calls after one warm-up call of K prompts (4 without v21), split into execute (executor.execute_model), sample
+  (executor.sample_tokens), transfer (the captured states' collective_rpc), schedule, other RPCs,
+  and assemble (the rest: slicing and cloning each prompt's rows, bookkeeping);
+- `vllm-eager`: vLLM's LLM.generate(prompts, SamplingParams(max_tokens=1)) with the generator's
+  own engine settings (enforce_eager=True, max_num_seqs=32, max_num_batched_tokens=max(8192,
+  max_model_len), prefix caching off), all prompts in one call, after one warm-up call;
+- `vllm-default`: the same with vLLM's defaults (CUDA graphs, compilation, prefix caching, its own
+  batch limits); only max_model_len is set;
+- with --leave-out v21: `patcher rollback`, `patcher apply --skip v21`, the generator again (its old
+  throughput; --leave-out-prompts of them), then the patches are put back as they were;
+- the equality check: each generator phase keeps the results of its first call (the same prompts,
+  the same batch) and of the same call made once more at the end; the tensors with v21 are
+  compared with those without it, against the unpatched generator's own run-to-run spread.
+Peak host memory: the largest sum of Pss (/proc/PID/smaps_rollup: shared pages counted once) over
+the phase's process and its children, sampled every 0.1 s, before and during the timed calls; the
+generator phase drops each call's results once counted, so the peak is one call's results plus
+what the transfer holds.
+
+Ratio = the generator's tokens/s over vLLM's (eager, the generator's settings; default beside it).
+Nothing here asserts speed: the figures go to DIR/extract-<label>.json and .md, and the table is
+printed. Exit 0 when every phase ran (and, with --leave-out, the tensors were equal within the
+spread), 1 otherwise, 2 for a command line it refuses.
+
+Without --target (this machine): the demo environment (vLLM 0.16 CPU, patcher.demo) with a
+throwaway target on top (its own speculators 0.3.0, all patches applied, then rolled back), and
+the tiny model, as tests/test_e2e_vllm.py uses them. bench/gpu/extract_gpu.py runs the GPU form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULT_PREFIX = "EXTRACT-BENCH-RESULT "
+SHAPES = {
+    # the demo's model (patcher/demo/tiny_model.py): hidden 128, 4 layers
+    "tiny": None,
+    # issue 26's model: a 1.0B Llama (hidden 2048, 16 layers, bf16)
+    "llama-1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 32000,
+    },
+    # Kimi-K2.5's hidden size (7168) with few layers: the bytes per token of the large models
+    "wide-7168": {
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 56,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 32000,
+    },
+}
+PHASE_NAMES = ("generator", "vllm-eager", "vllm-default")
+MAX_NUM_SEQS = 32  # speculators 0.3.0's generator: MAX_NUM_SEQS
+MIN_BATCHED_TOKENS = 8192  # and max_num_batched_tokens = max(8192, max_model_len)
+
+
+# --- inside the target interpreter: the phases ------------------------------------------------
+
+
+class HostMemory:
+    """Peak of the summed Pss of this process and its descendants, sampled in a thread."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.interval = interval
+        self.peak = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    @staticmethod
+    def tree() -> list[int]:
+        """This process and its descendants (from every /proc/PID/stat's parent field)."""
+        parents: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])  # the name may hold spaces
+            parents.setdefault(ppid, []).append(int(entry))
+        pids, todo = [], [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            pids.append(pid)
+            todo.extend(parents.get(pid, ()))
+        return pids
+
+    @classmethod
+    def now(cls) -> int:
+        """Bytes: the sum of Pss over the tree (0 where /proc has no smaps_rollup)."""
+        total = 0
+        for pid in cls.tree():
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as fh:
+                    for line in fh:
+                        if line.startswith("Pss:"):
+                            total += int(line.split()[1]) * 1024
+                            break
+            except OSError:
+                continue
+        return total
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.peak = max(self.peak, self.now())
+            self.stop.wait(self.interval)
+
+    def __enter__(self) -> HostMemory:
+        self.before = self.now()
+        self.peak = self.before
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.peak = max(self.peak, self.now())
+
+    def figures(self) -> dict:
+        return {
+            "before_mib": round(self.before / 2**20, 1),
+            "peak_mib": round(self.peak / 2**20, 1),
+            "peak_extra_mib": round((self.peak - self.before) / 2**20, 1),
+        }
+
+
+def make_prompts(count: int, length: int, vocab_size: int, seed: int = 26) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    first_free = 3  # <unk>, <s>, </s> (patcher/demo/tiny_model.py)
+    return [[rng.randrange(first_free, vocab_size) for _ in range(length)] for _ in range(count)]
+
+
+def vocab_of(model: str) -> int:
+    with open(os.path.join(model, "config.json")) as fh:
+        return json.load(fh)["vocab_size"]
+
+
+def phase_make_model(config: dict) -> dict:
+    """Random Llamas, {shape: folder} in config["models"]: weights drawn directly (no init pass),
+    bfloat16, on the GPU where there is one; the demo's tokenizer (patcher/demo/tiny_model.py).
+    "tiny" is the demo's own model (tiny_model.build)."""
+    import importlib.util
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = importlib.util.spec_from_file_location("tiny_model", ROOT / "patcher" / "demo" / "tiny_model.py")
+    assert spec is not None and spec.loader is not None
+    tiny_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny_model)
+
+    made = {}
+    for shape_name, folder in config["models"].items():
+        started = time.monotonic()
+        out = Path(folder)
+        if shape_name == "tiny":
+            tiny_model.build(out)
+            made[shape_name] = {"model": str(out), "seconds": round(time.monotonic() - started, 1)}
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        tokenizer = tiny_model.build_tokenizer(out, dict(tiny_model.PARAMS))
+        llama = LlamaConfig(
+            **SHAPES[shape_name],
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            torch_dtype="bfloat16",
+        )
+        with torch.device("meta"):
+            names = {name: tuple(p.shape) for name, p in LlamaForCausalLM(llama).state_dict().items()}
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        generator = torch.Generator(device=device).manual_seed(20261202)
+        weights = {}
+        for name, size in names.items():
+            if name == "lm_head.weight":
+                continue  # tied to the embedding
+            if name.endswith("norm.weight"):
+                weights[name] = torch.ones(size, dtype=torch.bfloat16)
+            else:
+                drawn = torch.randn(size, generator=generator, device=device, dtype=torch.float32) * 0.02
+                weights[name] = drawn.to(torch.bfloat16).cpu()
+        save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+        llama.save_pretrained(out)
+        made[shape_name] = {
+            "model": str(out),
+            "parameters": sum(t.numel() for t in weights.values()),
+            "seconds": round(time.monotonic() - started, 1),
+        }
+    return {"models": made}
+
+
+def _timed(method, key, times: dict):
+    """method, with its wall time added to times[key] (key: a name, or a function of the
+    call's first argument). Calls made inside another timed call (the executor's execute_model
+    goes through its own collective_rpc) count only for the outer one."""
+
+    def wrapper(*args, **kwargs):
+        if times.get("_depth"):
+            return method(*args, **kwargs)
+        name = key(args[0] if args else None) if callable(key) else key
+        times["_depth"] = 1
+        started = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            times[name] = times.get(name, 0.0) + time.perf_counter() - started
+            times["_depth"] = 0
+
+    return wrapper
+
+
+def _rpc_kind(target) -> str:
+    name = target if isinstance(target, str) else getattr(target, "__name__", "callable")
+    return "transfer" if name in ("_get_captured_states", "_write_captured_states") else "rpc_other"
+
+
+def phase_generator(config: dict) -> dict:
+    import torch
+
+    started = time.monotonic()
+    from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
+
+    import_s = time.monotonic() - started
+    prompts = make_prompts(config["prompts"], config["prompt_len"], vocab_of(config["model"]))
+    per_call = config["per_call"]
+    calls = [prompts[i : i + per_call] for i in range(0, len(prompts), per_call)]
+    t0 = time.monotonic()
+    generator = VllmHiddenStatesGenerator(
+        config["model"],
+        layer_ids=config["layers"],
+        max_model_len=config["max_model_len"],
+        gpu_memory_utilization=config["gpu_memory_utilization"],
+    )
+    init_s = time.monotonic() - t0
+    # Warm-up, untimed: first-call costs (lazy imports, caches; with v21 the shared buffer is
+    # sized, mapped and pinned once for a call of this size: its cost is reported as warmup).
+    t0 = time.perf_counter()
+    generator.generate(calls[0][: config.get("warmup_prompts") or len(calls[0])])
+    warmup_s = time.perf_counter() - t0
+    warmup_transfer = dict(getattr(generator, "__dict__", {}).get("_shared_states", {}).get("last") or {})
+
+    times: dict = {}
+    executor = generator.executor
+    executor.execute_model = _timed(executor.execute_model, "execute", times)
+    executor.sample_tokens = _timed(executor.sample_tokens, "sample", times)
+    executor.collective_rpc = _timed(executor.collective_rpc, _rpc_kind, times)
+    generator.scheduler.schedule = _timed(generator.scheduler.schedule, "schedule", times)
+
+    keep = min(config.get("dump_prompts", 0), len(calls[0]))
+    first: list = []
+    tokens = 0
+    result_bytes = 0
+    transfers = []
+    with HostMemory() as memory:
+        t0 = time.perf_counter()
+        for number, batch in enumerate(calls):
+            results = generator.generate(batch)
+            tokens += sum(len(r["input_ids"]) for r in results)
+            result_bytes = max(
+                result_bytes, sum(h.numel() * h.element_size() for r in results for h in r["hidden_states"])
+            )
+            if number == 0:
+                first = [r["hidden_states"] for r in results[:keep]]
+            last = getattr(generator, "__dict__", {}).get("_shared_states", {}).get("last")
+            if last:
+                transfers.append(last)
+            del results
+        wall = time.perf_counter() - t0
+        times.pop("_depth", None)
+        split = {key: round(value, 3) for key, value in sorted(times.items())}
+        split["assemble"] = round(wall - sum(times.values()), 3)
+        times["_depth"] = 1  # the repeated call below is not timed
+    again = [r["hidden_states"] for r in generator.generate(calls[0])[:keep]] if keep else []
+    if config.get("dump"):
+        torch.save({"first": first, "again": again, "prompts": calls[0][:keep]}, config["dump"])
+    shared = getattr(generator, "__dict__", {}).get("_shared_states")
+    report = {
+        "tokens": tokens,
+        "calls": len(calls),
+        "per_call": per_call,
+        "seconds": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+        "split_s": split,
+        "host_memory": memory.figures(),
+        "largest_call_results_mib": round(result_bytes / 2**20, 1),
+        "transfer": "shared memory (v21)" if shared and shared.get("calls") else "RPC queue",
+        "import_s": round(import_s, 1),
+        "init_s": round(init_s, 1),
+        "warmup_s": round(warmup_s, 3),
+        "warmup_transfer": warmup_transfer,
+    }
+    if transfers:
+        report["shared_buffer_mib"] = round(max(t["buffer_bytes"] for t in transfers) / 2**20, 1)
+        report["pinned"] = all(t["pinned"] for t in transfers)
+        report["worker_copy_s"] = round(sum(t["worker_seconds"] for t in transfers), 3)
+        report["transfer_gib_per_s"] = round(
+            sum(t["bytes"] for t in transfers) / max(split.get("transfer", 0.0), 1e-9) / 2**30, 2
+        )
+    if shared and shared.get("warned"):
+        report["fallback"] = "the RPC queue (no shared buffer): see the log"
+    generator.executor.shutdown()
+    return report
+
+
+def phase_vllm(config: dict) -> dict:
+    started = time.monotonic()
+    from vllm import LLM, SamplingParams
+
+    import_s = time.monotonic() - started
+    prompts = make_prompts(config["prompts"], config["prompt_len"], vocab_of(config["model"]))
+    settings = {
+        "model": config["model"],
+        "max_model_len": config["max_model_len"],
+        "skip_tokenizer_init": True,  # the random ids lie past the tiny tokenizer's vocabulary
+        "gpu_memory_utilization": config["gpu_memory_utilization"],
+    }
+    if config["settings"] == "generator":
+        settings.update(
+            enforce_eager=True,
+            max_num_seqs=MAX_NUM_SEQS,
+            max_num_batched_tokens=max(MIN_BATCHED_TOKENS, config["max_model_len"]),
+            enable_prefix_caching=False,
+        )
+    t0 = time.monotonic()
+    llm = LLM(**settings)
+    init_s = time.monotonic() - t0
+    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    batch = [{"prompt_token_ids": ids} for ids in prompts]
+    llm.generate(batch[: min(4, len(batch))], params, use_tqdm=False)  # warm-up
+    with HostMemory() as memory:
+        t0 = time.perf_counter()
+        outputs = llm.generate(batch, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+    tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    config_used = llm.llm_engine.vllm_config
+    return {
+        "tokens": tokens,
+        "seconds": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+        "host_memory": memory.figures(),
+        "settings": {k: v for k, v in settings.items() if k != "model"},
+        "engine": {
+            "enforce_eager": config_used.model_config.enforce_eager,
+            "max_num_seqs": config_used.scheduler_config.max_num_seqs,
+            "max_num_batched_tokens": config_used.scheduler_config.max_num_batched_tokens,
+            "enable_prefix_caching": config_used.cache_config.enable_prefix_caching,
+        },
+        "import_s": round(import_s, 1),
+        "init_s": round(init_s, 1),
+    }
+
+
+def phase_compare(config: dict) -> dict:
+    """Largest absolute difference between dumps: with v21 against without, and each one's
+    run-to-run spread (the same call made twice in one process)."""
+    import torch
+
+    def load(path):
+        return torch.load(path, map_location="cpu")
+
+    def largest(a, b) -> float | None:
+        if len(a) != len(b) or not a:
+            return None
+        worst = 0.0
+        for layers_a, layers_b in zip(a, b):
+            for x, y in zip(layers_a, layers_b):
+                if x.shape != y.shape or x.dtype != y.dtype:
+                    return float("inf")
+                worst = max(worst, float((x.float() - y.float()).abs().max()))
+        return worst
+
+    new, old = load(config["with"]), load(config["without"])
+    same_prompts = new["prompts"] == old["prompts"]
+    report = {
+        "prompts_compared": len(new["first"]),
+        "same_prompts": same_prompts,
+        "with_vs_without": largest(new["first"], old["first"]),
+        "spread_without": largest(old["first"], old["again"]),
+        "spread_with": largest(new["first"], new["again"]),
+        "bit_equal": same_prompts
+        and all(
+            torch.equal(x, y)
+            for layers_a, layers_b in zip(new["first"], old["first"])
+            for x, y in zip(layers_a, layers_b)
+        )
+        and len(new["first"]) == len(old["first"]) > 0,
+    }
+    diff, spread = report["with_vs_without"], report["spread_without"]
+    report["equal_within_spread"] = bool(same_prompts and diff is not None and spread is not None and diff <= spread)
+    return report
+
+
+PHASES = {
+    "make-model": phase_make_model,
+    "generator": phase_generator,
+    "vllm": phase_vllm,
+    "compare": phase_compare,
+}
+
+
+def run_phase_here(name: str, config: dict) -> None:
+    try:
+        result = {"ok": True, **PHASES[name](config)}
+    except Exception as error:  # the failure is the result: reported, not raised  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+        result = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:2000]}"}
+    sys.stderr.flush()
+    sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    os._exit(0 if result["ok"] else 1)  # vLLM's threads and atexit handlers must not hold the exit
+
+
+# --- the orchestrator --------------------------------------------------------------------------
+
+
+class Bench:
+    """Runs phases in the target interpreter and patcher's CLI on it; each phase's output goes to
+    LOGS/<label>.log. A phase that cannot start before `deadline` (time.monotonic()) is skipped,
+    and one still running then is stopped: the figures so far are still written."""
+
+    def __init__(self, target: str, patcher: list[str], logs: Path, env: dict, log, deadline: float | None = None):
+        self.target = target
+        self.patcher = patcher
+        self.logs = logs
+        self.env = env
+        self.log = log
+        self.deadline = deadline
+
+    def phase(self, name: str, config: dict, label: str, timeout: float = 1800) -> dict:
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - time.monotonic())
+            if timeout < 30:
+                self.log(f"== {label}: skipped, out of time")
+                return {"ok": False, "skipped": True, "error": "skipped: out of time"}
+        self.log(f"== {label}")
+        started = time.monotonic()
+        command = [self.target, str(Path(__file__).resolve()), "--phase", name, "--phase-config", json.dumps(config)]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, env=self.env, timeout=timeout, cwd=tempfile.gettempdir()
+            )
+            stdout, stderr, code = done.stdout, done.stderr, done.returncode
+        except subprocess.TimeoutExpired as error:
+            stdout = error.stdout.decode() if isinstance(error.stdout, bytes) else (error.stdout or "")
+            stderr, code = f"timed out after {timeout:.0f} s", 124
+        (self.logs / f"{label}.log").write_text(
+            f"$ {shlex.join(command)}\n-- stdout\n{stdout[-50000:]}\n-- stderr\n{stderr[-50000:]}\n"
+        )
+        lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+        result = json.loads(lines[-1][len(RESULT_PREFIX) :]) if lines else {"ok": False, "error": stderr[-1500:]}
+        result["wall_s"] = round(time.monotonic() - started, 1)
+        result["exit"] = code
+        self.log(f"   {label}: {summary_line(result)}")
+        return result
+
+    def patch(self, *args: str) -> None:
+        command = [*self.patcher, *args, "--python", self.target, "--json"]
+        done = subprocess.run(command, capture_output=True, text=True, env=self.env, cwd=tempfile.gettempdir())
+        if done.returncode != 0:
+            raise RuntimeError(f"{shlex.join(command)}: exit {done.returncode}: {done.stderr[-1500:]}")
+
+    def applied(self) -> list[str]:
+        command = [*self.patcher, "status", "--python", self.target, "--json"]
+        done = subprocess.run(command, capture_output=True, text=True, env=self.env, cwd=tempfile.gettempdir())
+        doc = json.loads(done.stdout or "{}")
+        return [p["id"] for p in doc.get("targets", [{}])[0].get("patches", []) if p.get("state") == "applied"]
+
+    @contextlib.contextmanager
+    def without(self, patch: str):
+        """Every patch but `patch` applied for the block; then the patches as they were."""
+        before = self.applied()
+        self.patch("rollback")
+        self.patch("apply", "--no-verify", "--skip", patch)
+        try:
+            yield
+        finally:
+            self.patch("rollback")
+            if before:
+                self.patch("apply", "--no-verify")
+
+
+def summary_line(result: dict) -> str:
+    if not result.get("ok"):
+        return f"FAILED (exit {result.get('exit')}): {str(result.get('error'))[-300:]}"
+    if "tokens_per_s" in result:
+        return f"{result['tokens_per_s']:,.0f} tokens/s ({result['tokens']} tokens in {result['seconds']} s)"
+    return json.dumps({k: v for k, v in result.items() if k not in ("ok",)})[:300]
+
+
+def new_record(label: str, model: str, settings: dict) -> dict:
+    """settings: prompts, prompt_len, per_call, layers, max_model_len, gpu_memory_utilization,
+    dump_prompts, leave_out, leave_out_prompts."""
+    return {"label": label, "model": model, "config": dict(settings), "phases": {}}
+
+
+def generator_config(record: dict, **changes) -> dict:
+    return {"model": record["model"], **record["config"], **changes}
+
+
+def run_with(bench: Bench, record: dict, phases: list[str], dumps: Path) -> None:
+    """The phases that run with every patch applied, into record["phases"]."""
+    label, config = record["label"], generator_config(record)
+    if "generator" in phases:
+        dump = str(dumps / f"{label}-with.pt")
+        record["phases"]["generator"] = bench.phase("generator", dict(config, dump=dump), f"{label}-generator")
+    for name, settings in (("vllm-eager", "generator"), ("vllm-default", "default")):
+        if name in phases:
+            record["phases"][name] = bench.phase("vllm", dict(config, settings=settings), f"{label}-{name}")
+
+
+def run_without(bench: Bench, record: dict, dumps: Path) -> None:
+    """The generator with record's leave_out patch left out (Bench.without must be in force), and
+    the equality check against the run with every patch."""
+    label, patch = record["label"], record["config"]["leave_out"]
+    prompts = min(record["config"]["prompts"], record["config"].get("leave_out_prompts") or 10**9)
+    dump = dumps / f"{label}-without.pt"
+    # a short warm-up: the old path has no buffer to size, and each call costs seconds there
+    config = generator_config(record, prompts=prompts, dump=str(dump), warmup_prompts=4)
+    record["phases"][f"generator-without-{patch}"] = bench.phase(
+        "generator", config, f"{label}-generator-without-{patch}"
+    )
+    with_dump = dumps / f"{label}-with.pt"
+    if with_dump.is_file() and dump.is_file():
+        record["equality"] = bench.phase("compare", {"with": str(with_dump), "without": str(dump)}, f"{label}-compare")
+
+
+def finish(record: dict) -> dict:
+    record["ratios"] = ratios(record["phases"], record["config"].get("leave_out", ""))
+    record["passed"] = passed(record, record["config"].get("leave_out", ""))
+    return record
+
+
+def write_record(record: dict, out: Path) -> str:
+    (out / f"extract-{record['label']}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    text = markdown(record)
+    (out / f"extract-{record['label']}.md").write_text(text)
+    return text
+
+
+def ratios(phases: dict, leave_out: str) -> dict:
+    def rate(name: str) -> float | None:
+        phase = phases.get(name) or {}
+        return phase.get("tokens_per_s") if phase.get("ok") else None
+
+    out = {}
+    generator = rate("generator")
+    for baseline in ("vllm-eager", "vllm-default"):
+        if generator and rate(baseline):
+            out[f"generator/{baseline}"] = round(generator / rate(baseline), 3)
+    old = rate(f"generator-without-{leave_out}") if leave_out else None
+    if old and rate("vllm-eager"):
+        out[f"generator-without-{leave_out}/vllm-eager"] = round(old / rate("vllm-eager"), 3)
+    if old and generator:
+        out[f"generator/generator-without-{leave_out}"] = round(generator / old, 2)
+    return out
+
+
+def markdown(record: dict) -> str:
+    lines = [f"## {record['label']}", "", f"config: `{json.dumps(record['config'])}`", ""]
+    lines += ["| phase | tokens/s | seconds | peak host MiB (extra) | split (s) |", "|---|---:|---:|---:|---|"]
+    for name, phase in record["phases"].items():
+        if not phase.get("ok"):
+            lines.append(f"| {name} | FAILED | | | {str(phase.get('error'))[:200]} |")
+            continue
+        memory = phase.get("host_memory", {})
+        split = ", ".join(f"{k} {v}" for k, v in phase.get("split_s", {}).items())
+        lines.append(
+            f"| {name} | {phase['tokens_per_s']:,.0f} | {phase['seconds']} | "
+            f"{memory.get('peak_mib')} ({memory.get('peak_extra_mib')}) | {split} |"
+        )
+    lines += ["", "ratios: " + ", ".join(f"{k} = {v}" for k, v in record["ratios"].items())]
+    if "equality" in record:
+        lines += ["", "equality: `" + json.dumps(record["equality"]) + "`"]
+    return "\n".join(lines) + "\n"
+
+
+def passed(record: dict, leave_out: str) -> bool:
+    ok = all(phase.get("ok") for phase in record["phases"].values())
+    if leave_out:
+        ok = ok and bool(record.get("equality", {}).get("equal_within_spread"))
+    return ok
+
+
+def cpu_target(work: Path, log) -> tuple[str, str]:
+    """This machine: a throwaway target over the demo environment, and the tiny model."""
+    sys.path.insert(0, str(ROOT))
+    from patcher.demo.environment import build_demo_env
+    from patcher.demo.overlay import make_overlay
+    from patcher.demo.tiny_model import ensure_tiny_model
+    from tests.support.envs import cache_dir, download_wheel
+
+    demo = build_demo_env(progress=log)
+    model = ensure_tiny_model(demo, progress=log)
+    wheel = download_wheel("speculators", "0.3.0", cache_dir() / "wheels")
+    return str(make_overlay(demo, work / "overlay", str(wheel))), str(model)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
+    parser.add_argument("--phase-config", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="the suite's short form: 8 prompts of 64 tokens, 4 a call")
+    parser.add_argument("--target", help="python with vLLM and speculators (default: a target over the demo env)")
+    parser.add_argument("--patcher", default="", help="patcher's command line, for --leave-out (default: this one's)")
+    parser.add_argument("--model", help="model folder (default: made from --shape)")
+    parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES), help="model made when --model is not given")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--per-call", type=int, default=16, help="prompts per generate() call")
+    parser.add_argument("--layers", default="1,2,3", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.1)
+    parser.add_argument("--phases", default=",".join(PHASE_NAMES), type=lambda s: [p for p in s.split(",") if p])
+    parser.add_argument("--leave-out", default="", help="also run the generator without this patch (e.g. v21)")
+    parser.add_argument("--leave-out-prompts", type=int, default=0, help="prompts for that run (default: all)")
+    parser.add_argument("--dump-prompts", type=int, default=4, help="prompts of the first call kept for equality")
+    parser.add_argument("--label", default="", help="results are named extract-LABEL (default: the shape)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "extract")
+    parser.add_argument("--logs", type=Path, help="each phase's output (default: a temporary folder, kept)")
+    args = parser.parse_args()
+
+    if args.phase:
+        run_phase_here(args.phase, json.loads(args.phase_config or "{}"))
+    unknown = [p for p in args.phases if p not in PHASE_NAMES]
+    if unknown:
+        print(f"--phases: unknown {', '.join(unknown)}; name {', '.join(PHASE_NAMES)}", file=sys.stderr)
+        return 2
+    if args.leave_out and not re.fullmatch(r"v[0-9]+", args.leave_out):
+        print(f"--leave-out: a patch's short id such as v21, not {args.leave_out!r}", file=sys.stderr)
+        return 2
+    if args.quick:
+        args.prompts, args.prompt_len, args.per_call, args.dump_prompts = 8, 64, 4, 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="extract-bench-logs-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    label = args.label or args.shape + ("-quick" if args.quick else "")
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # CPU build: GiB of KV cache for LLM(); the generator sizes its own
+    work = Path(tempfile.mkdtemp(prefix="extract-bench-work-"))
+    own_target = args.target is None
+    patcher = shlex.split(args.patcher) if args.patcher else [sys.executable, "-m", "patcher.cli.entry"]
+    bench = None
+    try:
+        if own_target:
+            target, model = cpu_target(work, log)
+            bench = Bench(target, patcher, logs, env, log)
+            bench.patch("apply", "--no-verify")
+        else:
+            target, model = args.target, args.model
+            bench = Bench(target, patcher, logs, env, log)
+        if args.model:
+            model = args.model
+        elif not own_target or args.shape != "tiny":
+            made = bench.phase(
+                "make-model", {"shape": args.shape, "out": str(work / args.shape)}, f"{label}-make-model"
+            )
+            if not made.get("ok"):
+                return 1
+            model = made["model"]
+        settings = {
+            "prompts": args.prompts,
+            "prompt_len": args.prompt_len,
+            "per_call": args.per_call,
+            "layers": args.layers,
+            "max_model_len": args.max_model_len,
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "dump_prompts": args.dump_prompts,
+            "leave_out": args.leave_out,
+            "leave_out_prompts": args.leave_out_prompts,
+        }
+        record = new_record(label, model, settings)
+        run_with(bench, record, args.phases, work)
+        if args.leave_out:
+            with bench.without(args.leave_out):
+                run_without(bench, record, work)
+        record["applied"] = bench.applied()
+        finish(record)
+    finally:
+        if own_target and bench is not None:
+            try:
+                bench.patch("rollback")
+            except RuntimeError as error:
+                log(f"rollback failed: {error}")
+        shutil.rmtree(work, ignore_errors=True)
+    print(write_record(record, args.out))
+    print(f"phase logs: {logs}")
+    return 0 if record["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""On the GPU machine: bench/extract.py's extraction speed, in one call, with patcher's own install.
+
+    python3 bench/gpu/extract_gpu.py --stage /tmp/stage --run-dir .gpu/run --out "$OUT" [--budget-s 520]
+
+Runs under the machine's own python3 (its torch, CUDA build), from the checkout the device tool
+sends; standard library only here (the phases run in bench/extract.py, in that python3 with
+PYTHONPATH=/tmp/site). Steps, most telling first, each result saved as soon as it is known:
+1. join and install the staged wheels and this checkout's patcher wheel (bench/gpu/gpu_run.py);
+2. `patcher status`, then `patcher apply` WITH verification (exit 0 and v21 applied required);
+3. the models, random weights, in one process: `llama-1b` (issue 26's: hidden 2048, 16 layers,
+   bf16), `wide-7168` (Kimi-K2.5's hidden size, 4 layers) and the demo's tiny model;
+4. llama-1b, 512 prompts of 1024 tokens, 64 a call, layers 1,2,3: the generator (v21), vLLM's own
+   prefill with the generator's settings; then with every patch but v21 (old throughput, 64
+   prompts, and the same first call for the equality check against the v21 run);
+5. wide-7168, 128 prompts of 1024 tokens: the generator, vLLM's prefill with its settings;
+6. the end-to-end check of gpu_run.py (patcher/demo/extract.py against transformers, TP 1);
+7. llama-1b with vLLM's defaults (the longest start: compilation and CUDA graphs);
+8. wide-7168 without v21 (old throughput, 64 prompts; equality);
+9. `patcher rollback`: every target file's sha256 equal to its pristine one.
+A phase that cannot start before --budget-s has passed is skipped (and named so); the rollback and
+the summary always run. $OUT gets at most 8 files: log.txt, summary.json, extract-<model>.json and
+.md for each model, phases.tar.gz (every phase's output), e2e-tp1.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import gpu_run  # noqa: E402  (beside this file)
+
+spec = importlib.util.spec_from_file_location("extract_bench", HERE.parent / "extract.py")
+assert spec is not None and spec.loader is not None
+extract = importlib.util.module_from_spec(spec)
+sys.modules["extract_bench"] = extract
+spec.loader.exec_module(extract)
+
+MODELS = Path("/tmp/models")
+LOGS = Path("/tmp/extract-logs")
+SETTINGS = {
+    "llama-1b": {
+        "prompts": 512,
+        "prompt_len": 1024,
+        "per_call": 64,
+        "layers": [1, 2, 3],
+        "max_model_len": 2048,
+        "gpu_memory_utilization": 0.8,
+        "dump_prompts": 8,
+        "leave_out": "v21",
+        "leave_out_prompts": 64,
+    },
+    "wide-7168": {
+        "prompts": 128,
+        "prompt_len": 1024,
+        "per_call": 64,
+        "layers": [1, 2, 3],
+        "max_model_len": 2048,
+        "gpu_memory_utilization": 0.8,
+        "dump_prompts": 2,
+        "leave_out": "v21",
+        "leave_out_prompts": 64,
+    },
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stage", type=Path, required=True, help="folder holding manifest.json and the staged folders")
+    parser.add_argument("--release", help="which staged release to install (default: the only one staged)")
+    parser.add_argument(
+        "--run-dir", type=Path, required=True, help="folder holding the patcher wheel (fetch.py's run/)"
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=520, help="no phase starts after this (default 520 s)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a rehearsal of every step where no GPU is: the tiny model for both records, 8 prompts of 64 tokens",
+    )
+    parser.add_argument("--work", type=Path, default=Path("/tmp"), help="where site/, wheels/, the models go (/tmp)")
+    args = parser.parse_args()
+    global MODELS, LOGS
+    # read by gpu_run's Run (PYTHONPATH), install, its end-to-end check and the rollback check
+    gpu_run.SITE, gpu_run.WHEELS, gpu_run.MODEL = args.work / "site", args.work / "wheels", args.work / "model"
+    MODELS, LOGS = args.work / "models", args.work / "extract-logs"
+    started = time.monotonic()
+    deadline = started + args.budget_s
+    args.out.mkdir(parents=True, exist_ok=True)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    run = gpu_run.Run(args.out)
+
+    import shutil
+
+    import torch  # the machine's own
+
+    shm = shutil.disk_usage("/dev/shm") if Path("/dev/shm").is_dir() else None
+    run.summary["machine"] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "gpu_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "dev_shm_free_gib": round(shm.free / 2**30, 1) if shm else None,
+    }
+    run.say(f"machine: {run.summary['machine']}")
+    if not gpu_run.install(run, args.stage, args.release, args.run_dir):
+        return 1
+    code, status = gpu_run.patcher_json(run, "status", "status")
+    pristine = gpu_run.target_hashes(status)
+    code, applied = gpu_run.patcher_json(run, "apply", "apply")
+    states = {p["id"]: p["state"] for p in (applied or {}).get("targets", [{}])[0].get("patches", [])}
+    run.summary["patches"] = states
+    run.summary["apply_ok"] = code == 0 and states.get("v21-shared-memory-states") == "applied"
+    run.save()
+    if not run.summary["apply_ok"]:
+        run.say(f"apply failed (exit {code}) or v21 not applied: {states}")
+        gpu_run.patcher_json(run, "rollback", "rollback")
+        return 1
+
+    bench = extract.Bench(
+        sys.executable, [sys.executable, "-m", "patcher.cli"], LOGS, run.env, run.say, deadline=deadline
+    )
+    records = {}
+    for shape, settings in SETTINGS.items():
+        if args.smoke:
+            settings = dict(settings, prompts=8, prompt_len=64, per_call=4, leave_out_prompts=4, dump_prompts=2)
+            settings.update(gpu_memory_utilization=0.1, layers=[0, 2, 3])
+        records[shape] = extract.new_record(shape, str(gpu_run.MODEL if args.smoke else MODELS / shape), settings)
+
+    def save() -> None:
+        for record in records.values():
+            extract.write_record(extract.finish(record), args.out)
+        run.summary["records"] = {
+            shape: {"ratios": r.get("ratios"), "equality": r.get("equality"), "passed": r.get("passed")}
+            for shape, r in records.items()
+        }
+        run.save()
+
+    # the tiny model is gpu_run's end-to-end check's (its MODEL folder)
+    models = {"tiny": str(gpu_run.MODEL), **({} if args.smoke else {shape: str(MODELS / shape) for shape in SETTINGS})}
+    made = bench.phase("make-model", {"models": models}, "make-models")
+    run.summary["models"] = made
+    try:
+        if made.get("ok"):
+            one_b, wide = records["llama-1b"], records["wide-7168"]
+            extract.run_with(bench, one_b, ["generator", "vllm-eager"], LOGS)
+            save()
+            with bench.without("v21"):
+                extract.run_without(bench, one_b, LOGS)
+            save()
+            extract.run_with(bench, wide, ["generator", "vllm-eager"], LOGS)
+            save()
+            if deadline - time.monotonic() > 90:
+                gpu_run.extract(run, "tp1", 1, timeout=int(min(300, deadline - time.monotonic())))
+            else:
+                run.say("e2e-tp1: skipped, out of time")
+            extract.run_with(bench, one_b, ["vllm-default"], LOGS)
+            save()
+            if deadline - time.monotonic() > 90:
+                with bench.without("v21"):
+                    extract.run_without(bench, wide, LOGS)
+            else:
+                run.say("wide-7168 without v21: skipped, out of time")
+            save()
+    finally:
+        code_back, _ = gpu_run.patcher_json(run, "rollback", "rollback")
+        after = {path: gpu_run.sha256(gpu_run.SITE / path) for path in pristine}
+        run.summary["rollback_identical"] = code_back == 0 and after == pristine and bool(pristine)
+        save()
+        with tarfile.open(args.out / "phases.tar.gz", "w:gz") as tar:
+            for path in sorted(LOGS.glob("*.log")):
+                tar.add(path, arcname=path.name)
+        run.summary["minutes"] = round((time.monotonic() - started) / 60, 2)
+        run.save()
+    for record in records.values():
+        run.say(extract.markdown(record))
+    ok = run.summary["rollback_identical"] and all(r.get("passed") for r in records.values())
+    run.say(f"rollback byte-identical: {run.summary['rollback_identical']}; {run.summary['minutes']} min in all")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""bench/extract.py's short form runs on the real vLLM 0.16.0 CPU build and reports: every phase
+(the generator with v21, vLLM's prefill with the generator's settings and with its defaults, the
+generator without v21), the ratios, the time split, peak host memory and the equality check.
+Nothing here is about speed: the figures are whatever they are; only that they are there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "extract.py"), "--quick", "--leave-out", "v21", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=str(ROOT),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "extract-tiny-quick.json").read_text())
+    phases = record["phases"]
+    assert set(phases) == {"generator", "vllm-eager", "vllm-default", "generator-without-v21"}, phases
+    assert all(p["ok"] and p["tokens"] == 8 * 64 and p["tokens_per_s"] > 0 for p in phases.values()), phases
+    generator, old = phases["generator"], phases["generator-without-v21"]
+    assert generator["transfer"] == "shared memory (v21)" and old["transfer"] == "RPC queue", (generator, old)
+    assert set(generator["split_s"]) >= {"execute", "sample", "transfer", "schedule", "assemble"}, generator
+    assert generator["shared_buffer_mib"] > 0 and generator["pinned"] is False  # no CUDA here
+    for phase in phases.values():
+        memory = phase["host_memory"]
+        assert memory["peak_mib"] >= memory["before_mib"] > 0, memory
+    assert set(record["ratios"]) == {
+        "generator/vllm-eager",
+        "generator/vllm-default",
+        "generator-without-v21/vllm-eager",
+        "generator/generator-without-v21",
+    }, record["ratios"]
+    equality = record["equality"]
+    # the CPU build: the same tensors to the last bit, with and without v21
+    assert equality["bit_equal"] and equality["with_vs_without"] == 0.0, equality
+    assert equality["equal_within_spread"], equality
+    assert record["passed"]
+    assert "v21-shared-memory-states" in record["applied"]  # put back after the leave-one-out
+    assert (tmp_path / "extract-tiny-quick.md").read_text().startswith("## tiny-quick")

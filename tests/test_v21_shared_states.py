@@ -1,0 +1,185 @@
+"""v21 on the real vLLM 0.16.0 (CPU build): the captured states come back through the shared host
+buffer, the same tensors to the last bit as through the RPC queue without v21, each result
+owning its storage and valid after later calls and after the generator is gone; and no file of
+the transfer, nor any new shared-memory segment, is left after a run, after an exception raised in
+the worker during the transfer, or after a SIGINT at any moment of it (before the request, while
+the caller waits, after the reply) or in the middle of a loop of calls.
+
+The driver (tests/support/shared_states_driver.py) runs in a throwaway target over the demo
+environment, patched through the real CLI as tests/test_e2e_vllm.py does; one vLLM at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import patcher
+from tests.support.e2e import patch_as
+from tests.support.envs import overlay_env
+
+pytestmark = pytest.mark.vllm
+
+DRIVER = Path(__file__).resolve().parent / "support" / "shared_states_driver.py"
+REPORT = "SHARED-STATES-REPORT "
+FOLDERS = ("/dev/shm", tempfile.gettempdir())
+
+
+@pytest.fixture(scope="module")
+def demo_python() -> Path:
+    from patcher.demo.environment import build_demo_env
+
+    return build_demo_env(progress=lambda message: None)
+
+
+@pytest.fixture(scope="module")
+def model(demo_python: Path) -> Path:
+    from patcher.demo.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model(demo_python, progress=lambda message: None)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory, demo_python: Path):
+    python = overlay_env(tmp_path_factory.mktemp("v21"), demo_python)
+    try:
+        yield python
+    finally:
+        patcher("rollback", "--python", str(python), "--json")
+
+
+def transfer_files() -> set[str]:
+    """The transfer's files (v21 names them speculators-states-*), in both folders it may use."""
+    return {str(p) for folder in FOLDERS if os.path.isdir(folder) for p in Path(folder).glob("speculators-states-*")}
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+class Leftovers:
+    """What a block leaves behind: transfer files and /dev/shm entries that were not there before."""
+
+    def __enter__(self) -> Leftovers:
+        self.files, self.shm = transfer_files(), shm_entries()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.new_files = transfer_files() - self.files
+        self.new_shm = shm_entries() - self.shm
+
+
+def drive(target: Path, model: Path, mode: str, *extra: str) -> dict:
+    done = subprocess.run(
+        [str(target), str(DRIVER), mode, "--model", str(model), *extra],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=str(target.parent.parent),
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith(REPORT)]
+    assert lines, f"no report (exit {done.returncode}); stderr:\n{done.stderr[-3000:]}"
+    report = json.loads(lines[-1][len(REPORT) :])
+    report["stderr"] = done.stderr
+    return report
+
+
+def equal_in_target(target: Path, a: Path, b: Path) -> dict:
+    code = (
+        "import json, sys, torch\n"
+        "a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])\n"
+        "pairs = [(x, y) for la, lb in zip(a, b) for x, y in zip(la, lb)]\n"
+        "print(json.dumps({'tensors': len(pairs), 'same_count': len(a) == len(b),\n"
+        "    'bit_equal': all(torch.equal(x, y) for x, y in pairs),\n"
+        "    'max_abs': max(float((x.float() - y.float()).abs().max()) for x, y in pairs)}))\n"
+    )
+    done = subprocess.run([str(target), "-c", code, str(a), str(b)], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_v21_states_own_their_storage_stay_valid_and_leave_nothing(target: Path, model: Path, tmp_path: Path):
+    patch_as(target)
+    with Leftovers() as left:
+        report = drive(target, model, "run", "--dump", str(tmp_path / "with.pt"))
+    assert report["ok"], report
+    assert report["transfer"] == {"path": "shared memory", "calls": 3}, report["transfer"]
+    assert report["devices"] == ["cpu"]
+    assert not left.new_files and not left.new_shm, (left.new_files, left.new_shm)
+
+
+def test_without_v21_the_rpc_queue_carries_the_same_tensors(target: Path, model: Path, tmp_path: Path):
+    """The leave-one-out: the old path, and bit for bit the tensors v21 returns (CPU build)."""
+    patch_as(target)
+    drive(target, model, "run", "--dump", str(tmp_path / "with.pt"))
+    states = patch_as(target, "v21")
+    assert states["v21"] != "applied", states
+    report = drive(target, model, "run", "--dump", str(tmp_path / "without.pt"))
+    assert report["ok"], report
+    assert report["transfer"]["path"] == "RPC queue", report["transfer"]
+    compared = equal_in_target(target, tmp_path / "with.pt", tmp_path / "without.pt")
+    assert compared["same_count"] and compared["tensors"] == 7 * 3, compared
+    assert compared["bit_equal"], compared
+
+
+def test_an_exception_in_the_worker_during_the_transfer_leaves_nothing(target: Path, model: Path):
+    # a KV cache smaller than the prompt: the scheduler never starts it, and the worker's
+    # request-by-request check (v10) raises inside the transfer
+    patch_as(target)
+    with Leftovers() as left:
+        report = drive(target, model, "worker-error")
+    assert report["ok"], report
+    assert report["error"]["type"] == "RuntimeError", report["error"]
+    assert "captured 0 rows of hidden states, expected 1000" in report["error"]["message"], report["error"]
+    assert not left.new_files and not left.new_shm, (left.new_files, left.new_shm)
+
+
+@pytest.mark.parametrize("moment", ["before-reply", "during-rpc", "after-reply"])
+def test_a_sigint_during_the_transfer_leaves_nothing(target: Path, model: Path, moment: str):
+    patch_as(target)
+    with Leftovers() as left:
+        report = drive(target, model, f"sigint-{moment}")
+    assert report.get("interrupted"), report
+    assert report["rpc_file"] and not report["file_left"], report
+    if moment == "after-reply":
+        assert report["reply_made_file"], report  # the worker had sized and mapped the file
+    assert not left.new_files and not left.new_shm, (left.new_files, left.new_shm)
+
+
+def test_ctrl_c_in_a_loop_of_calls_leaves_nothing(target: Path, model: Path):
+    patch_as(target)
+    with Leftovers() as left:
+        proc = subprocess.Popen(
+            [str(target), str(DRIVER), "loop", "--model", str(model)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=str(target.parent.parent),
+            start_new_session=True,  # its own process group: the test cleans up only what it started
+        )
+        try:
+            assert proc.stdout is not None
+            calls = []
+            deadline = time.monotonic() + 600
+            for line in proc.stdout:
+                if line.startswith("calls "):
+                    calls.append(json.loads(line.split(" ", 2)[2]))
+                    if len(calls) == 2:
+                        time.sleep(0.3)  # into the third call
+                        proc.send_signal(signal.SIGINT)
+                        break
+                assert time.monotonic() < deadline, "no second call in 10 minutes"
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert calls and calls[-1]["path"] == "shared memory", calls
+    assert code != 0  # KeyboardInterrupt
+    assert not left.new_files and not left.new_shm, (left.new_files, left.new_shm)
