@@ -3,7 +3,7 @@ transformers' output_hidden_states of the same weights.
 
 Runs INSIDE the demo environment (vLLM, speculators, transformers, torch), as a script:
 
-    python extract.py --model DIR [--report PATH] [--calls all|...]
+    python extract.py --model DIR [--reference DIR] [--report PATH] [--calls all|...] [--noise]
 
 One process, one generator, several generate() calls whose batches are what real training data
 looks like and what broke 0.3.0 on newer vLLM:
@@ -28,6 +28,14 @@ The report is JSON, printed as the last line of stdout (and written to --report 
  "error": {"type", "module", "message", "phase", "where", "chain", "traceback"} or null}.
 A failure inside speculators or vLLM is caught and reported with its exception type, message and
 the innermost frame, so a test can assert the exact symptom. The exit status is 0 when ok.
+
+The reference is transformers' model of --reference (default: the model directory itself, or the
+directory a tiny checkpoint's tiny-model.json names: the Kimi-K2.5 wrappers of patcher/demo/
+tiny_moe.py keep a DeepseekV3ForCausalLM of their text weights in reference/). The report also
+gives "median_rel_diff" (over every row of every prompt and layer; a wrong MoE expert, scale or
+dequantization moves every row, a near-tied routing choice flipped by bfloat16 only a few) and,
+with --noise, "noise": transformers' own bfloat16 run against its float32 run on the same prompts
+({"max_rel_diff", "median_rel_diff"}): the band bfloat16 alone spans, beside the tolerance.
 """
 
 from __future__ import annotations
@@ -96,15 +104,26 @@ def make_batches(tokenizer, vocab_size: int, seed: int = 7) -> list[list[list[in
     return [call1, call2, call3, call4]
 
 
-class Reference:
-    """transformers' hidden states of the same weights, float32."""
+def reference_dir(model: str) -> str:
+    """The transformers reference of `model`: the directory a tiny checkpoint's tiny-model.json
+    names (patcher/demo/tiny_moe.py), else the model directory itself."""
+    try:
+        with open(os.path.join(model, "tiny-model.json")) as handle:
+            return os.path.normpath(os.path.join(model, json.load(handle).get("reference", ".")))
+    except (OSError, ValueError):
+        return model
 
-    def __init__(self, model_path: str, layer_ids: list[int]):
+
+class Reference:
+    """transformers' hidden states of the same weights, float32 (or `dtype`) on `device`."""
+
+    def __init__(self, model_path: str, layer_ids: list[int], device: str = "cpu", dtype: str = "float32"):
         import torch
         from transformers import AutoModelForCausalLM
 
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.device = device
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
         self.model.eval()
         self.num_layers = self.model.config.num_hidden_layers
         self.layer_ids = layer_ids
@@ -116,17 +135,20 @@ class Reference:
         if key not in self.cache:
             torch = self.torch
             with torch.no_grad():
-                out = self.model(torch.tensor([ids]), output_hidden_states=True)
-            hidden = [h[0] for h in out.hidden_states]
+                out = self.model(torch.tensor([ids], device=self.device), output_hidden_states=True)
+            hidden = [h[0].float().cpu() for h in out.hidden_states]
             self.cache[key] = [hidden[i + 1] for i in self.layer_ids]
         return self.cache[key]
 
     def comparable(self, layer_id: int, captured):
         """speculators' capture of `layer_id` in the form transformers reports it."""
+        torch = self.torch
         if layer_id == self.num_layers - 1:
-            with self.torch.no_grad():
-                return self.model.model.norm(captured.to(self.torch.float32))
-        return captured.to(self.torch.float32)
+            norm = self.model.model.norm
+            with torch.no_grad():
+                normed = norm(captured.to(device=self.device, dtype=norm.weight.dtype))
+            return normed.float().cpu()
+        return captured.to(torch.float32)
 
 
 def max_diff(a, b) -> float:
@@ -137,13 +159,26 @@ def max_diff(a, b) -> float:
     return float((a[:n] - b[:n]).abs().max())
 
 
+def row_rel_diffs(captured, expected):
+    """Per-row relative difference, max_j |c - e| / max_j |e|, over the rows both have."""
+    n = min(captured.shape[0], expected.shape[0])
+    diff = (captured[:n] - expected[:n]).abs().max(dim=1).values
+    return diff / expected[:n].abs().max(dim=1).values.clamp_min(1e-12)
+
+
 def max_rel_diff(captured, expected) -> float:
     """Largest per-row relative difference, max_j |c - e| / max_j |e|, over the rows both have."""
-    n = min(captured.shape[0], expected.shape[0])
-    if n == 0:
+    if min(captured.shape[0], expected.shape[0]) == 0:
         return float("inf")
-    diff = (captured[:n] - expected[:n]).abs().max(dim=1).values
-    return float((diff / expected[:n].abs().max(dim=1).values.clamp_min(1e-12)).max())
+    return float(row_rel_diffs(captured, expected).max())
+
+
+def median(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def check_call(reference: Reference, prompts: list[list[int]], results: list[dict]) -> list[dict]:
@@ -158,6 +193,7 @@ def check_call(reference: Reference, prompts: list[list[int]], results: list[dic
         per_layer_rel = [max_rel_diff(c, e) for c, e in zip(captured, expected)]
         scale = max(float(e.abs().max()) for e in expected)
         same_ids = result["input_ids"].tolist() == ids
+        row_diffs = [float(x) for c, e in zip(captured, expected) for x in row_rel_diffs(c, e)]
         full = all(r == len(ids) for r in rows) and len(captured) == len(reference.layer_ids)
         match = all(d <= TOLERANCE for d in per_layer_rel)
         if full and match and same_ids:
@@ -187,6 +223,8 @@ def check_call(reference: Reference, prompts: list[list[int]], results: list[dic
                 "max_abs_diff_per_layer": per_layer,
                 "max_rel_diff": max(per_layer_rel) if per_layer_rel else None,
                 "max_rel_diff_per_layer": per_layer_rel,
+                "median_rel_diff": median(row_diffs),
+                "_row_rel_diffs": row_diffs,
                 "scale": scale,
                 "input_ids_ok": same_ids,
                 "status": status,
@@ -196,7 +234,21 @@ def check_call(reference: Reference, prompts: list[list[int]], results: list[dic
     return rows_out
 
 
+def noise_band(reference: Reference, model_path: str, batches: list[list[list[int]]], device: str) -> dict:
+    """transformers' own bfloat16 run against its float32 run (`reference`) on the same prompts."""
+    low = Reference(model_path, reference.layer_ids, device=device, dtype="bfloat16")
+    rows: list[float] = []
+    for prompts in batches:
+        for ids in prompts:
+            # the final layer: transformers reports both after the model's norm
+            for b, a in zip(low.layers(ids), reference.layers(ids)):
+                rows.extend(float(x) for x in row_rel_diffs(b, a))
+    return {"max_rel_diff": max(rows, default=None), "median_rel_diff": median(rows), "rows": len(rows)}
+
+
 def summarize(report: dict) -> None:
+    all_rows = [x for c in report["calls"] for p in c["prompts"] for x in p.pop("_row_rel_diffs", [])]
+    report["median_rel_diff"] = median(all_rows)
     good = [p for c in report["calls"] for p in c["prompts"] if p["status"] == "ok"]
     report["max_abs_diff"] = max((p["max_abs_diff"] for p in good), default=None)
     report["max_rel_diff"] = max((p["max_rel_diff"] for p in good), default=None)
@@ -248,7 +300,9 @@ def run(args) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         from transformers import AutoConfig
 
-        vocab_size = AutoConfig.from_pretrained(args.model).vocab_size
+        reference_path = args.reference or reference_dir(args.model)
+        report["reference"] = reference_path
+        vocab_size = AutoConfig.from_pretrained(reference_path).vocab_size
         batches = make_batches(tokenizer, vocab_size)
         numbers = list(range(1, len(batches) + 1))
         if args.calls != "all":
@@ -294,10 +348,15 @@ def run(args) -> dict:
 
         phase = "reference"
         t0 = time.monotonic()
-        reference = Reference(args.model, args.layers)
+        reference = Reference(reference_path, args.layers, device=args.reference_device)
         for number, prompts, results in zip(numbers, batches, outputs):
             report["calls"].append({"call": number, "prompts": check_call(reference, prompts, results)})
         report["timings"]["reference_s"] = round(time.monotonic() - t0, 2)
+        if args.noise:
+            phase = "noise"
+            t0 = time.monotonic()
+            report["noise"] = noise_band(reference, reference_path, batches, args.reference_device)
+            report["timings"]["noise_s"] = round(time.monotonic() - t0, 2)
     except Exception as exc:  # the symptom is the result: report it  # noqa: BLE001
         report["error"] = error_record(exc, phase)
         traceback.print_exc(file=sys.stderr)
@@ -324,6 +383,15 @@ def main() -> int:
         "--tensor-parallel-size", type=int, default=1, help="GPUs the model is split over (CUDA builds; default 1)"
     )
     parser.add_argument("--calls", default="all", help="which calls to run, e.g. 1,2 (default all)")
+    parser.add_argument(
+        "--reference",
+        help="transformers checkpoint of the same weights (default: the model's own, or the one its "
+        "tiny-model.json names)",
+    )
+    parser.add_argument("--reference-device", default="cpu", help="where transformers runs (default cpu)")
+    parser.add_argument(
+        "--noise", action="store_true", help="also measure transformers' own bfloat16 against float32 spread"
+    )
     parser.add_argument("--report", help="also write the JSON report to this file")
     parser.add_argument("--dump", help="save the prompts and generate() results (torch.save) here")
     args = parser.parse_args()
