@@ -227,6 +227,8 @@ class Extraction:
             "tensor_parallel_size": self.tp,
             "max_rel_diff": report.get("max_rel_diff"),
             "median_rel_diff": report.get("median_rel_diff"),
+            "median_tolerance": report.get("median_tolerance"),
+            "median_ok": report.get("median_ok"),
             "noise": report.get("noise"),
             "max_abs_diff": report.get("max_abs_diff"),
             "prompts_ok": report.get("prompts_ok"),

@@ -28,11 +28,16 @@ every matrix is drawn here (not by transformers) from a normal of std INIT_STD 0
 Llama's 0.1 the MoE activations reach about 100 and transformers' own bfloat16 run differs from its
 float32 run by up to 0.89. What remains is routing: bfloat16 flips a near-tied top-k choice on about
 2% of the tokens of each MoE layer, and with independent experts each flip moved its row by up to
-0.09 (transformers bf16 against fp32, measured on the demo's prompts). So the routed experts of a
-layer share a common part and add EXPERT_OWN (0.5) of their own, as experts upcycled from one dense
-MLP do: a flip then costs about half as much (0.06 measured), while the experts' summed output
-stays large (a wrong expert GEMM, scale or int4 dequantization moves every row far past the
-tolerance). The band for these weights, measured beside each run: extract.py --noise.
+0.09 (transformers bf16 against fp32 on the demo's prompts). So the routed experts of a layer share
+a common part and add EXPERT_OWN (0.5) of their own, as experts upcycled from one dense MLP do: a
+flip then costs about half as much (0.06 measured).
+
+A flip moves a few rows; a wrong MoE moves every row, by less than the per-row tolerance sees
+(float32, these weights: routed_scaling_factor lost: largest 0.16, median 0.086; experts shifted
+by one: 0.15, median 0.070; int4 nibbles in the wrong order: 0.37, median 0.22; the correction
+bias ignored: 0.08, median 0.007). So tiny-model.json also sets a median tolerance, MEDIAN_TOLERANCE
+(0.05), which extract.py holds every row's median to: vLLM's CPU build gave 0.022-0.024 (DeepSeek-V3
+and Kimi-K2.5, VLLM_MLA_DISABLE=1), transformers' bfloat16 0.006.
 
 Standard library only at module level (like tiny_model.py); `python tiny_moe.py KIND OUT_DIR` runs
 inside an environment with torch, transformers, tokenizers and safetensors.
@@ -104,6 +109,7 @@ INIT_STD = 0.02
 EXPERT_OWN = 0.5
 SEED = 20251202
 INT4_GROUP_SIZE = 32
+MEDIAN_TOLERANCE = 0.05  # module docstring
 # The published Kimi-K2.5 checkpoint's quantization_config (compressed-tensors, W4A16): only the
 # routed experts are quantized; every other Linear is listed as ignored.
 QUANTIZATION_CONFIG: dict = {
@@ -395,7 +401,15 @@ def build(out_dir: Path, kind: str) -> None:
     text.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     config = DeepseekV3Config(**text)
     weights = random_text_weights(config)
-    marker = {"kind": kind, "text": TEXT, "init_std": INIT_STD, "seed": SEED, "reference": "."}
+    marker = {
+        "kind": kind,
+        "text": TEXT,
+        "init_std": INIT_STD,
+        "expert_own": EXPERT_OWN,
+        "seed": SEED,
+        "reference": ".",
+        "median_tolerance": MEDIAN_TOLERANCE,
+    }
 
     if kind == "deepseek-v3":
         write_reference(out_dir, config, weights, tokenizer)
