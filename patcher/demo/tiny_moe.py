@@ -45,9 +45,15 @@ inside an environment with torch, transformers, tokenizers and safetensors.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 KINDS = ("deepseek-v3", "kimi-k25", "kimi-k25-int4")
@@ -230,6 +236,53 @@ class TinyMoonViTImageProcessor(BaseImageProcessor):
             data={"pixel_values": torch.cat(pixels), "grid_thws": torch.tensor(grids)}, tensor_type=return_tensors
         )
 '''
+
+
+def model_key(kind: str) -> str:
+    """The cache key of one kind: every input of build() (this file and tiny_model.py's tokenizer)."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256(kind.encode())
+    for name in ("tiny_moe.py", "tiny_model.py"):
+        digest.update((here / name).read_bytes())
+    return f"{kind}-{digest.hexdigest()[:12]}"
+
+
+def ensure_tiny_moe(
+    python: Path | str, kind: str, cache_root: Path | None = None, progress: Callable[[str], None] = print
+) -> Path:
+    """Make (or reuse) the tiny checkpoint `kind` with `python` (torch, transformers, tokenizers,
+    safetensors); return its directory, under <cache>/demo-model/ beside the tiny Llama."""
+    from .environment import resolve_cache
+
+    base = resolve_cache(cache_root) / "demo-model"
+    final = base / model_key(kind)
+    if (final / MARKER).is_file():
+        progress(f"tiny {kind}: reusing {final}")
+        return final
+    base.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-build-", dir=base))
+    progress(f"tiny {kind}: making {final}")
+    try:
+        proc = subprocess.run(
+            [str(python), str(Path(__file__).resolve()), kind, str(tmp)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"making the tiny {kind} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process put one there first
+            if not (final / MARKER).is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
 
 
 def text_config_dict(params: dict = TEXT) -> dict:
