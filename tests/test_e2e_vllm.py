@@ -96,12 +96,13 @@ def test_all_patches_extract_correct_hidden_states(target: Path, model: Path):
     )
 
 
-def test_v4_v8_and_v1_are_not_needed_for_this_run(target: Path, model: Path):
+def test_v4_v8_v20_and_v1_are_not_needed_for_this_run(target: Path, model: Path):
     # v4: the CPU platform forces async_scheduling off anyway, and it never removed the
-    # sample_tokens() contract (v5). v8: DeepSeek-V2 family only. v1: with v6 turning prefix
+    # sample_tokens() contract (v5). v8: DeepSeek-V2 family only; v20: multimodal wrappers and, before
+    # vLLM 0.18, DeepSeek-V2-family models (tests/test_e2e_moe_cpu.py). v1: with v6 turning prefix
     # caching off, the block pool never hashes a block (its symptom needs v6 out too, below).
-    patch_as(target, "v1", "v4", "v8")
-    report = extract(target, model, "all", "without v1, v4, v8")
+    patch_as(target, "v1", "v4", "v8", "v20")
+    report = extract(target, model, "all", "without v1, v4, v8, v20")
     assert_all_correct(report)
 
 
