@@ -1,5 +1,4 @@
-"""v8: DeepSeek-V2-family models: pass their layers llama_4_scaling, and let them past the
-supports_eagle3 guard.
+"""v8: DeepSeek-V2-family models: pass their layers llama_4_scaling.
 
 vLLM 0.12.0: DeepseekV2DecoderLayer.forward(positions, hidden_states, residual,
 llama_4_scaling=None), with DeepseekV2Model.forward computing llama_4_scaling once per forward
@@ -7,27 +6,18 @@ from config.llama_4_scaling (vllm/model_executor/models/deepseek_v2.py). specula
 replacement forward calls the layers with three arguments: on a model whose config sets
 llama_4_scaling the query scaling is silently dropped (wrong hidden states). The edit computes
 it as vLLM does and passes it only to layers whose forward takes it (Mistral-style models keep
-the setting inside their attention and take no such argument).
+the setting inside their attention and take no such argument). The config read is the
+decoder's own (`self.config` of DeepseekV2Model): inside Kimi-K2.5's wrapper that is its text
+config, so the same code serves the wrapper once v20 has found its decoder.
 
-Until vLLM 0.18.0, DeepseekV2ForCausalLM (and KimiK25ForConditionalGeneration) do not declare
-SupportsEagle3, so 0.3.0's `if not supports_eagle3(model): raise ValueError(...)` rejects them
-although their `model.model.layers` is exactly what the replacement forward walks. The guard is
-relaxed to accept any model whose `.model` has `layers` (speculators 0.4.0 dropped it for that
-test). Kimi-K2.5 keeps its decoder under `language_model`, not `model`: past the guard, 0.3.0's
-`model.model` fails for it on every vLLM release (0.4.0 looks through get_language_model()); this
-patch does not add that.
+Until vLLM 0.18.0 the supports_eagle3 guard refuses DeepSeek-V2-family models and Kimi-K2.5:
+v20 owns that guard (it accepts every model whose decoder it finds, `.model.layers` or a
+multimodal wrapper's language model). This patch carried a guard edit first, testing
+`model.model.layers`, which could never let Kimi-K2.5 in (its decoder is
+`language_model.model`); it moved to v20 with the decoder lookup it depends on.
 
-On vLLM 0.16's CPU build a tiny DeepSeek-V2 model cannot show more than the guard: its MLA
-attention raises NotImplementedError("MLA is not supported on CPU."); with VLLM_MLA_DISABLE=1 the
-unpatched guard raises "Model DeepseekV2ForCausalLM does not support hidden state extraction",
-and with this patch extraction runs and returns every prompt's full rows (llama_4_scaling set
-or not), but vLLM's own CPU output for that model (its pooling runner) differs from
-transformers' and from itself across batch compositions, so no numbers can be checked there.
-
-The guard's condition is "<=0.18.0,!=0.18.0": every release before 0.18.0 including 0.18.0's
-own pre-releases and nightlies (PEP 440's "<0.18.0" excludes 0.18.0rc1 and 0.18.0rc2.dev45,
-which may predate the change). Where the marker already exists the relaxed guard changes
-nothing, so erring towards applying it is safe.
+On vLLM's CPU build a tiny DeepSeek-V3 runs only with VLLM_MLA_DISABLE=1 ("MLA is not supported
+on CPU" otherwise); docs/models.md says what that run shows and what only the GPU run shows.
 """
 
 from __future__ import annotations
@@ -140,38 +130,6 @@ class DeepseekLayerScaling(PatchCodemod):
         return updated.with_changes(body=updated.body.with_changes(body=body))
 
 
-NOT_SUPPORTS_EAGLE3 = m.UnaryOperation(
-    operator=m.Not(), expression=m.Call(func=m.Name("supports_eagle3"), args=[m.Arg(value=m.Name())])
-)
-RELAXED_GUARD = m.BooleanOperation(left=NOT_SUPPORTS_EAGLE3, operator=m.And())
-
-# Until vLLM 0.18.0 DeepseekV2ForCausalLM lacks SupportsEagle3; 0.18.0's pre-releases included.
-GUARD_BEFORE = {"vllm": "<=0.18.0,!=0.18.0"}
-
-
-class Eagle3GuardAcceptsDecoderModels(PatchCodemod):
-    """`if not supports_eagle3(model):` -> `if not supports_eagle3(model) and not
-    hasattr(getattr(model, "model", None), "layers"):`."""
-
-    ANCHOR = "a test `if not supports_eagle3(model):`"
-
-    def leave_If(self, original: cst.If, updated: cst.If) -> cst.If:
-        if m.matches(updated.test, RELAXED_GUARD):
-            self.found_patched()
-            return updated
-        if not m.matches(updated.test, NOT_SUPPORTS_EAGLE3):
-            return updated
-        self.rewrote()
-        test = updated.test
-        assert isinstance(test, cst.UnaryOperation) and isinstance(test.expression, cst.Call)
-        model = cst.Module([]).code_for_node(test.expression.args[0].value)
-        return updated.with_changes(
-            test=cst.parse_expression(
-                f'not supports_eagle3({model}) and not hasattr(getattr({model}, "model", None), "layers")'
-            )
-        )
-
-
 BEFORE = """\
 def _patched_forward(
     self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
@@ -183,16 +141,6 @@ def _patched_forward(
             hidden_states=hidden_states, positions=positions, residual=residual
         )
     return hidden_states
-
-
-class HiddenStatesWorkerExtension:
-    def _setup_hidden_states_capture(self, layer_ids: list[int]):
-        model = self.model_runner.model  # type: ignore[attr-defined]
-
-        if not supports_eagle3(model):
-            raise ValueError(
-                f"Model {type(model).__name__} does not support hidden state extraction"
-            )
 """
 
 AFTER = (
@@ -210,22 +158,12 @@ def _patched_forward(
             hidden_states=hidden_states, positions=positions, residual=residual, **layer_kwargs
         )
     return hidden_states
-
-
-class HiddenStatesWorkerExtension:
-    def _setup_hidden_states_capture(self, layer_ids: list[int]):
-        model = self.model_runner.model  # type: ignore[attr-defined]
-
-        if not supports_eagle3(model) and not hasattr(getattr(model, "model", None), "layers"):
-            raise ValueError(
-                f"Model {type(model).__name__} does not support hidden state extraction"
-            )
 """
 )
 
 PATCH = Patch(
     id="v8-worker-deepseek",
-    title="worker: DeepSeek-V2-family layers get llama_4_scaling; the supports_eagle3 guard lets them in",
+    title="worker: DeepSeek-V2-family layers get llama_4_scaling",
     target=WORKER,
     requires=SPECULATORS_0_3,
     edits=(
@@ -241,23 +179,17 @@ PATCH = Patch(
                 "llama_4_scaling",
             ),
         ),
-        Edit(
-            Eagle3GuardAcceptsDecoderModels,
-            when=GUARD_BEFORE,
-            answers="DeepseekV2ForCausalLM does not declare SupportsEagle3 (it does from 0.18.0)",
-            fact=Fact(
-                "lacks-base", "vllm.model_executor.models.deepseek_v2", "DeepseekV2ForCausalLM", "SupportsEagle3"
-            ),
-        ),
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
-    upstream="vLLM 0.12.0: vllm/model_executor/models/deepseek_v2.py (llama_4_scaling); vLLM "
-    "0.18.0: DeepseekV2ForCausalLM and KimiK25ForConditionalGeneration declare SupportsEagle3; "
-    "speculators 0.4.0 removed the supports_eagle3 guard",
-    fixed_in="speculators 0.4.0 (guard only; it drops llama_4_scaling too)",
-    without_it="without it DeepSeek-V2-family models are refused before vLLM 0.18.0 (`ValueError: Model DeepseekV2ForCausalLM does not support hidden state extraction`), and with the guard relaxed alone, models whose config sets `llama_4_scaling` get hidden states without that scaling (0.12.0). Not needed for Llama models (the end-to-end run passes without it)",
+    upstream="vLLM 0.12.0: vllm/model_executor/models/deepseek_v2.py (llama_4_scaling)",
+    without_it="without it, models whose config sets llama_4_scaling (DeepSeek-V3-architecture models "
+    "such as Mistral Large 3) get hidden states without that query scaling, silently. Not needed for "
+    "Llama models, nor for DeepSeek-V3 and Kimi-K2.5, whose configs set none (their end-to-end runs "
+    "pass without it)",
     leave_one_out=(LeaveOneOut("0.16.0", None, calls="all"),),
-    since="0.12.0 / <0.18.0",
+    since="0.12.0",
+    # speculators 0.4.0 calls the layers with three arguments too: not fixed there, and this
+    # codemod must leave its file alone
     on_fixed_in="anchor-missing",
 )

@@ -101,7 +101,8 @@ def test_all_patches_extract_correct_hidden_states(target: Path, model: Path):
 @pytest.mark.skipif(not NOT_NEEDED, reason=f"no patch declares a run on {RELEASE} that passes without it")
 def test_the_patches_this_run_does_not_need_can_all_go(target: Path, model: Path):
     # each declares LeaveOneOut(RELEASE, None): v4 (the CPU platform forces async scheduling off
-    # anyway), v8 (DeepSeek-V2 family only), v1 (with v6 turning prefix caching off, the block pool
+    # anyway), v8 (DeepSeek-V2 family only), v20 (multimodal wrappers and, before vLLM 0.18,
+    # DeepSeek-V2-family models: tests/test_e2e_moe_cpu.py), v1 (with v6 turning prefix caching off, the block pool
     # never hashes a block; its symptom needs v6 out too, below): one run without all of them
     patch_as(target, *NOT_NEEDED)
     report = extract(target, model, "all", "without " + ", ".join(NOT_NEEDED))

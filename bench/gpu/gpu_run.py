@@ -1,19 +1,27 @@
 """On the GPU machine: install one release's wheels, patch, check end to end at TP 1 and 2, roll back.
 
     python3 gpu_run.py --stage /tmp/stage --out "$OUT" [--release 0.20.0] [--tp 1,2] [--leave-out v18]
+    python3 gpu_run.py --stage /tmp/stage --out "$OUT" --models deepseek-v3,kimi-k25,kimi-k25-int4 \
+        --tp 1 --parallel 3 --noise --leave-out v20      # the DeepSeek-V3 / Kimi-K2.5 family
 
 Runs under the machine's own python3 (its torch, CUDA build); standard library only. Steps, each
 timed, each result written under --out (at most 8 files come back from the device tool):
 1. join the staged parts (manifest.json from fetch.py), check every wheel's sha256;
 2. `pip install --no-index --no-deps --target /tmp/site` (PYTHONPATH=/tmp/site for what follows:
    where the wheels were installed, the only variable the run sets besides the machine's own);
-3. make the tiny model (patcher/demo/tiny_model.py), random weights, no download;
+3. make the tiny models (--models: llama, patcher/demo/tiny_model.py; deepseek-v3, kimi-k25,
+   kimi-k25-int4, patcher/demo/tiny_moe.py), random weights, no download;
 4. `patcher status`, then `patcher apply` WITH verification: exit 0 required, no hand edit;
 5. the end-to-end check of tests/test_e2e_vllm.py (patcher/demo/extract.py: four generate() calls,
-   hidden states against transformers) at each tensor parallel size;
+   hidden states against transformers) for each model at each tensor parallel size, --parallel of
+   them at once on the same GPUs (each vLLM takes a tenth of the memory); --noise adds
+   transformers' own bfloat16-vs-float32 band on the same prompts;
 6. `patcher rollback`: every target file's sha256 must equal its pristine one (and speculators' RECORD);
-7. optionally the check with one patch left out (`--leave-out v18`: the fork failure), rolled back again.
-summary.json holds every figure; the last lines printed are a table.
+7. optionally the check with one patch left out (`--leave-out v18`: the fork failure; `v20` for the
+   Kimi-K2.5 wrappers), each model's first call, rolled back again.
+summary.json holds every figure; the last lines printed are a table. What comes back stays within
+the device tool's 8 files: summary.json, log.txt, one e2e-*.json per model and size (the Llama's keep
+their old names, e2e-tp1.json), and without-<patch>.json with the leave-one-out reports of all models.
 """
 
 from __future__ import annotations
@@ -31,8 +39,11 @@ from pathlib import Path
 
 SITE = Path("/tmp/site")
 WHEELS = Path("/tmp/wheels")
-MODEL = Path("/tmp/model")
+MODEL = Path("/tmp/model")  # the tiny Llama; the others under MODELS/<name>
+MODELS = Path("/tmp/models")
+EXTRA = Path("/tmp/gpu-extra")  # reports that do not come back as files of their own
 HERE = Path(__file__).resolve().parent
+MOE_KINDS = ("deepseek-v3", "kimi-k25", "kimi-k25-int4")
 
 
 def sha256(path: Path) -> str:
@@ -170,51 +181,126 @@ def pristine_matches_record(pristine: dict[str, str]) -> bool:
     return bool(pristine) and all(record.get(path) == digest for path, digest in pristine.items())
 
 
-def extract(run: Run, label: str, tp: int, calls: str = "all", timeout: int = 420) -> dict:
-    report_path = run.out / f"e2e-{label}.json"
-    env = dict(run.env)
-    if tp > 1:
-        # The device runs with NVLink multicast off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1), which
-        # vLLM's symmetric-memory all-reduce needs: a rule of this machine, not of the patches.
-        env.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
-    command = [
-        sys.executable,
-        str(SITE / "patcher" / "demo" / "extract.py"),
-        "--model",
-        str(MODEL),
-        "--calls",
-        calls,
-        "--tensor-parallel-size",
-        str(tp),
-        "--report",
-        str(report_path),
-    ]
-    done = run.step(f"e2e-{label}", command, env=env, timeout=timeout)
-    try:
-        report = json.loads(report_path.read_text())
-    except (OSError, ValueError):
-        lines = (done.stdout or "").strip().splitlines()
-        report = (
-            json.loads(lines[-1])
-            if lines and lines[-1].startswith("{")
-            else {"ok": False, "error": {"message": done.stderr[-2000:]}}
+def model_dir(name: str) -> Path:
+    return MODEL if name == "llama" else MODELS / name
+
+
+def e2e_label(name: str, tp: int) -> str:
+    return f"tp{tp}" if name == "llama" else f"{name}-tp{tp}"
+
+
+class Extraction:
+    """One extract.py process (started at once, collected by finish())."""
+
+    def __init__(self, run: Run, label: str, model: Path, tp: int, calls: str, report_dir: Path, options) -> None:
+        self.run, self.label, self.tp = run, label, tp
+        self.report_path = report_dir / f"e2e-{label}.json"
+        env = dict(run.env)
+        if tp > 1:
+            # The device runs with NVLink multicast off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1), which
+            # vLLM's symmetric-memory all-reduce needs: a rule of this machine, not of the patches.
+            env.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
+        command = [
+            sys.executable,
+            str(SITE / "patcher" / "demo" / "extract.py"),
+            "--model",
+            str(model),
+            "--calls",
+            calls,
+            "--tensor-parallel-size",
+            str(tp),
+            "--report",
+            str(self.report_path),
+            "--reference-device",
+            options.reference_device,
+        ]
+        if options.noise and calls == "all":
+            command.append("--noise")
+        self.timeout = options.timeout if calls == "all" else min(options.timeout, 300)
+        run.say(f"== e2e-{label}: {' '.join(command)}")
+        self.started = time.monotonic()
+        self.stdout = (EXTRA / f"{label}.out").open("w+")
+        self.process = subprocess.Popen(
+            command, stdout=self.stdout, stderr=subprocess.STDOUT, text=True, env=env, cwd=tempfile.gettempdir()
         )
-    # Keep what comes back small: the per-prompt rows stay in the file, the summary keeps figures.
-    error = report.get("error") or {}
-    run.summary["steps"][f"e2e-{label}"].update(
-        ok=report.get("ok"),
-        tensor_parallel_size=tp,
-        max_rel_diff=report.get("max_rel_diff"),
-        max_abs_diff=report.get("max_abs_diff"),
-        prompts_ok=report.get("prompts_ok"),
-        prompts_checked=report.get("prompts_checked"),
-        timings=report.get("timings"),
-        error=f"{error.get('type')}: {error.get('message', '')[:300]} ({error.get('phase')} at {error.get('where')})"
-        if error
-        else None,
-    )
-    run.save()
-    return report
+
+    def finish(self) -> dict:
+        run = self.run
+        try:
+            code = self.process.wait(timeout=max(1.0, self.timeout - (time.monotonic() - self.started)))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = 124
+        seconds = time.monotonic() - self.started
+        self.stdout.seek(0)
+        output = self.stdout.read()
+        self.stdout.close()
+        run.log.write(f"-- e2e-{self.label} output (last 20000 characters)\n{output[-20000:]}\n")
+        run.say(f"   e2e-{self.label}: exit {code} in {seconds:.1f}s")
+        try:
+            report = json.loads(self.report_path.read_text())
+        except (OSError, ValueError):
+            lines = output.strip().splitlines()
+            report = (
+                json.loads(lines[-1])
+                if lines and lines[-1].startswith("{")
+                else {"ok": False, "error": {"message": output[-2000:] + ("\ntimed out" if code == 124 else "")}}
+            )
+        # Keep what comes back small: the per-prompt rows stay in the file, the summary keeps figures.
+        error = report.get("error") or {}
+        run.summary["steps"][f"e2e-{self.label}"] = {
+            "exit": code,
+            "seconds": round(seconds, 1),
+            "ok": report.get("ok"),
+            "tensor_parallel_size": self.tp,
+            "max_rel_diff": report.get("max_rel_diff"),
+            "median_rel_diff": report.get("median_rel_diff"),
+            "median_tolerance": report.get("median_tolerance"),
+            "median_ok": report.get("median_ok"),
+            "noise": report.get("noise"),
+            "max_abs_diff": report.get("max_abs_diff"),
+            "prompts_ok": report.get("prompts_ok"),
+            "prompts_checked": report.get("prompts_checked"),
+            "timings": report.get("timings"),
+            "error": f"{error.get('type')}: {error.get('message', '')[:300]} ({error.get('phase')} at {error.get('where')})"
+            if error
+            else None,
+        }
+        run.save()
+        return report
+
+
+def extract_all(run: Run, jobs: list[tuple[str, Path, int]], calls: str, report_dir: Path, options) -> dict:
+    """Run extract.py for every (label, model, tp), options.parallel at a time; {label: report}."""
+    EXTRA.mkdir(parents=True, exist_ok=True)
+    reports: dict[str, dict] = {}
+    pending = list(jobs)
+    running: list[Extraction] = []
+    while pending or running:
+        while pending and len(running) < max(1, options.parallel):
+            label, model, tp = pending.pop(0)
+            running.append(Extraction(run, label, model, tp, calls, report_dir, options))
+            if pending:
+                time.sleep(3)  # vLLM picks free ports at start: do not start two in the same instant
+        done = running.pop(0)
+        reports[done.label] = done.finish()
+    return reports
+
+
+def make_models(run: Run, names: list[str]) -> bool:
+    for name in names:
+        target = model_dir(name)
+        if target.exists():
+            shutil.rmtree(target)
+        if name == "llama":
+            command = [sys.executable, str(SITE / "patcher" / "demo" / "tiny_model.py"), str(target)]
+        else:
+            command = [sys.executable, str(SITE / "patcher" / "demo" / "tiny_moe.py"), name, str(target)]
+        done = run.step("tiny-model" if name == "llama" else f"tiny-{name}", command)
+        if done.returncode != 0:
+            run.say(done.stderr[-3000:])
+            return False
+    return True
 
 
 def run_check(run: Run, key: str, step: str) -> None:
@@ -244,6 +330,10 @@ def run_check(run: Run, key: str, step: str) -> None:
     run.say(f"{key}: exit {checked}, {run.summary[key]}")
 
 
+def fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", type=Path, required=True, help="folder holding manifest.json and the staged folders")
@@ -261,7 +351,22 @@ def main() -> int:
     parser.add_argument(
         "--run-check", action="store_true", help="also `patcher verify --run` once applied (the run check, on CUDA)"
     )
+    parser.add_argument(
+        "--models",
+        default="llama",
+        help=f"tiny models to check, comma-separated: llama, {', '.join(MOE_KINDS)} (default llama)",
+    )
+    parser.add_argument("--parallel", type=int, default=1, help="extractions run at once (default 1)")
+    parser.add_argument("--noise", action="store_true", help="measure transformers' own bf16-vs-fp32 band too")
+    parser.add_argument(
+        "--reference-device", default="cpu", help="where transformers' reference runs: cpu (default) or cuda"
+    )
+    parser.add_argument("--timeout", type=int, default=420, help="seconds one extraction may take (default 420)")
     args = parser.parse_args()
+    names = [n for n in args.models.split(",") if n]
+    unknown = sorted(set(names) - {"llama", *MOE_KINDS})
+    if unknown:
+        parser.error(f"--models: unknown {', '.join(unknown)}; known: llama, {', '.join(MOE_KINDS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     run = Run(args.out)
     started = time.monotonic()
@@ -279,11 +384,8 @@ def main() -> int:
 
     if not install(run, args.stage, args.release, args.run_dir):
         return 1
-    if MODEL.exists():
-        shutil.rmtree(MODEL)
-    done = run.step("tiny-model", [sys.executable, str(SITE / "patcher" / "demo" / "tiny_model.py"), str(MODEL)])
-    if done.returncode != 0:
-        run.say(done.stderr[-3000:])
+    run.summary["models"] = names
+    if not make_models(run, names):
         return 1
 
     code, status = patcher_json(run, "status", "status")
@@ -299,14 +401,19 @@ def main() -> int:
     if code != 0:
         run.say(f"apply failed (exit {code}): {(applied or {}).get('targets', [{}])[0].get('message')}")
 
-    results = {}
+    results: dict[str, bool] = {}
     if code == 0:
+        jobs = []
         for tp in [int(x) for x in args.tp.split(",") if x]:
-            if tp > gpus:
-                run.say(f"tensor parallel {tp}: skipped, {gpus} GPU(s) here")
-                run.summary["steps"][f"e2e-tp{tp}"] = {"skipped": f"{gpus} GPU(s)"}
-                continue
-            results[tp] = extract(run, f"tp{tp}", tp).get("ok")
+            for name in names:
+                label = e2e_label(name, tp)
+                if tp > gpus:
+                    run.say(f"{label}: skipped, {gpus} GPU(s) here")
+                    run.summary["steps"][f"e2e-{label}"] = {"skipped": f"{gpus} GPU(s)"}
+                    continue
+                jobs.append((label, model_dir(name), tp))
+        reports = extract_all(run, jobs, "all", args.out, args)
+        results = {label: bool(report.get("ok")) for label, report in reports.items()}
 
     if args.run_check and code == 0:
         run_check(run, "run_check", "verify-run")
@@ -323,7 +430,12 @@ def main() -> int:
             # the run check must catch the half-patched state on CUDA too
             run_check(run, f"run_check_without_{args.leave_out}", f"verify-run-without-{args.leave_out}")
         elif left == 0:
-            extract(run, f"without-{args.leave_out}", 1, calls="1", timeout=300)
+            # each model's first call; the reports travel in one file (the device returns 8 files)
+            jobs = [(f"{name}-without-{args.leave_out}", model_dir(name), 1) for name in names]
+            if names == ["llama"]:
+                jobs = [(f"without-{args.leave_out}", MODEL, 1)]
+            reports = extract_all(run, jobs, "1", EXTRA, args)
+            (args.out / f"without-{args.leave_out}.json").write_text(json.dumps(reports, indent=1) + "\n")
         again, _ = patcher_json(run, "rollback-again", "rollback")
         identical = again == 0 and {path: sha256(SITE / path) for path in pristine} == pristine
         run.summary["rollback_identical"] = run.summary["rollback_identical"] and identical
@@ -341,14 +453,25 @@ def main() -> int:
     run.summary["minutes"] = round((time.monotonic() - started) / 60, 2)
     run.save()
 
-    run.say("\nrelease | GPUs | TP | patches applied | verdict | largest rel. error | minutes")
+    run.say(
+        "\nmodel | release | GPUs | TP | patches applied | verdict | largest rel. error (median) | "
+        "bf16 noise band (max; median) | minutes"
+    )
     applied_ids = ",".join(p.split("-")[0] for p, s in states.items() if s == "applied")
-    for tp, ok in results.items():
-        step = run.summary["steps"][f"e2e-tp{tp}"]
+    for label, ok in results.items():
+        step = run.summary["steps"][f"e2e-{label}"]
+        noise = step.get("noise") or {}
+        band = f"{fmt(noise.get('max_rel_diff'))}; {fmt(noise.get('median_rel_diff'))}" if noise else "-"
+        model = label.rsplit("-tp", 1)[0] if "-tp" in label else "llama"
         run.say(
-            f"{run.summary['release']} | {gpus} | {tp} | {applied_ids} | {'match' if ok else 'FAIL'} | "
-            f"{step.get('max_rel_diff')} | {step['seconds'] / 60:.1f}"
+            f"{model} | {run.summary['release']} | {gpus} | {step['tensor_parallel_size']} | {applied_ids} | "
+            f"{'match' if ok else 'FAIL'} {step.get('prompts_ok')}/{step.get('prompts_checked')} | "
+            f"{fmt(step.get('max_rel_diff'))} ({fmt(step.get('median_rel_diff'))}) | {band} | "
+            f"{step['seconds'] / 60:.1f}"
         )
+    for label, step in run.summary["steps"].items():
+        if "-without-" in label or label.startswith("e2e-without-"):
+            run.say(f"{label}: {'ok' if step.get('ok') else step.get('error')}")
     run.say(
         f"rollback byte-identical: {run.summary['rollback_identical']}; all ok: {run.summary['ok']}; "
         f"{run.summary['minutes']} min in all"

@@ -3,7 +3,7 @@ transformers' output_hidden_states of the same weights.
 
 Runs INSIDE the demo environment (vLLM, speculators, transformers, torch), as a script:
 
-    python extract.py --model DIR [--report PATH] [--calls all|...]
+    python extract.py --model DIR [--reference DIR] [--report PATH] [--calls all|...] [--noise]
 
 One process, one generator, several generate() calls whose batches are what real training data
 looks like and what broke 0.3.0 on newer vLLM:
@@ -28,6 +28,15 @@ The report is JSON, printed as the last line of stdout (and written to --report 
  "error": {"type", "module", "message", "phase", "where", "chain", "traceback"} or null}.
 A failure inside speculators or vLLM is caught and reported with its exception type, message and
 the innermost frame, so a test can assert the exact symptom. The exit status is 0 when ok.
+
+The reference is transformers' model of --reference (default: the model directory itself, or the
+directory a tiny checkpoint's tiny-model.json names: the Kimi-K2.5 wrappers of patcher/demo/
+tiny_moe.py keep a DeepseekV3ForCausalLM of their text weights in reference/). The report also
+gives "median_rel_diff" (over every row of every prompt and layer; a wrong MoE expert, scale or
+dequantization moves every row, a near-tied routing choice flipped by bfloat16 only a few), held to
+the checkpoint's "median_tolerance" where its tiny-model.json sets one ("median_ok"), and,
+with --noise, "noise": transformers' own bfloat16 run against its float32 run on the same prompts
+({"max_rel_diff", "median_rel_diff"}): the band bfloat16 alone spans, beside the tolerance.
 """
 
 from __future__ import annotations
@@ -57,13 +66,16 @@ TEMPLATE_TEXT = (
 def make_batches(tokenizer, vocab_size: int, seed: int = 7) -> list[list[list[int]]]:
     """The generate() calls and their prompts (token ids)."""
     rng = random.Random(seed)
-    first_free = max(tokenizer.all_special_ids) + 1
+    first_free = max(tokenizer.all_special_ids, default=-1) + 1
+    # a real checkpoint keeps its special and reserved tokens above the tokenizer's base vocabulary
+    upper = min(vocab_size, getattr(tokenizer, "vocab_size", None) or vocab_size)
 
     def rand(n: int) -> list[int]:
-        return [rng.randrange(first_free, vocab_size) for _ in range(n)]
+        return [rng.randrange(first_free, upper) for _ in range(n)]
 
     # A "chat template": BOS and a system prompt shared by every templated sample.
-    template = [tokenizer.bos_token_id] + tokenizer.encode(TEMPLATE_TEXT, add_special_tokens=False)
+    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+    template = bos + tokenizer.encode(TEMPLATE_TEXT, add_special_tokens=False)
     assert len(template) > 16, len(template)
 
     call1 = [
@@ -96,15 +108,39 @@ def make_batches(tokenizer, vocab_size: int, seed: int = 7) -> list[list[list[in
     return [call1, call2, call3, call4]
 
 
-class Reference:
-    """transformers' hidden states of the same weights, float32."""
+def tiny_marker(model: str) -> dict:
+    """A tiny checkpoint's tiny-model.json (patcher/demo/tiny_moe.py), or {}."""
+    try:
+        with open(os.path.join(model, "tiny-model.json")) as handle:
+            marker = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
 
-    def __init__(self, model_path: str, layer_ids: list[int]):
+
+def config_vocab_size(model: str) -> int:
+    """The vocabulary of config.json (a wrapper's: its text_config's), read without transformers."""
+    with open(os.path.join(model, "config.json")) as handle:
+        config = json.load(handle)
+    return int(config.get("vocab_size") or config["text_config"]["vocab_size"])
+
+
+def reference_dir(model: str) -> str:
+    """The transformers reference of `model`: the directory a tiny checkpoint's tiny-model.json
+    names, else the model directory itself."""
+    return os.path.normpath(os.path.join(model, tiny_marker(model).get("reference", ".")))
+
+
+class Reference:
+    """transformers' hidden states of the same weights, float32 (or `dtype`) on `device`."""
+
+    def __init__(self, model_path: str, layer_ids: list[int], device: str = "cpu", dtype: str = "float32"):
         import torch
         from transformers import AutoModelForCausalLM
 
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.device = device
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
         self.model.eval()
         self.num_layers = self.model.config.num_hidden_layers
         self.layer_ids = layer_ids
@@ -116,17 +152,20 @@ class Reference:
         if key not in self.cache:
             torch = self.torch
             with torch.no_grad():
-                out = self.model(torch.tensor([ids]), output_hidden_states=True)
-            hidden = [h[0] for h in out.hidden_states]
+                out = self.model(torch.tensor([ids], device=self.device), output_hidden_states=True)
+            hidden = [h[0].float().cpu() for h in out.hidden_states]
             self.cache[key] = [hidden[i + 1] for i in self.layer_ids]
         return self.cache[key]
 
     def comparable(self, layer_id: int, captured):
         """speculators' capture of `layer_id` in the form transformers reports it."""
+        torch = self.torch
         if layer_id == self.num_layers - 1:
-            with self.torch.no_grad():
-                return self.model.model.norm(captured.to(self.torch.float32))
-        return captured.to(self.torch.float32)
+            norm = self.model.model.norm
+            with torch.no_grad():
+                normed = norm(captured.to(device=self.device, dtype=norm.weight.dtype))
+            return normed.float().cpu()
+        return captured.to(torch.float32)
 
 
 def max_diff(a, b) -> float:
@@ -137,13 +176,63 @@ def max_diff(a, b) -> float:
     return float((a[:n] - b[:n]).abs().max())
 
 
+def row_rel_diffs(captured, expected):
+    """Per-row relative difference, max_j |c - e| / max_j |e|, over the rows both have."""
+    n = min(captured.shape[0], expected.shape[0])
+    diff = (captured[:n] - expected[:n]).abs().max(dim=1).values
+    return diff / expected[:n].abs().max(dim=1).values.clamp_min(1e-12)
+
+
 def max_rel_diff(captured, expected) -> float:
     """Largest per-row relative difference, max_j |c - e| / max_j |e|, over the rows both have."""
-    n = min(captured.shape[0], expected.shape[0])
-    if n == 0:
+    if min(captured.shape[0], expected.shape[0]) == 0:
         return float("inf")
-    diff = (captured[:n] - expected[:n]).abs().max(dim=1).values
-    return float((diff / expected[:n].abs().max(dim=1).values.clamp_min(1e-12)).max())
+    return float(row_rel_diffs(captured, expected).max())
+
+
+def median(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def all_finite(tensors) -> bool:
+    return all(bool(t.isfinite().all()) for t in tensors)
+
+
+def check_rows(layer_ids: list[int], prompts: list[list[int]], results: list[dict]) -> list[dict]:
+    """Without a reference: every prompt's rows whole, its own input_ids, every value finite."""
+    if len(results) != len(prompts):
+        raise AssertionError(f"generate() returned {len(results)} results for {len(prompts)} prompts")
+    out = []
+    for index, (ids, result) in enumerate(zip(prompts, results)):
+        rows = [int(h.shape[0]) for h in result["hidden_states"]]
+        same_ids = result["input_ids"].tolist() == ids
+        finite = all_finite(result["hidden_states"])
+        if any(r < len(ids) for r in rows) or len(rows) != len(layer_ids):
+            status = "short"
+        elif any(r > len(ids) for r in rows):
+            status = "long"
+        elif not finite:
+            status = "not-finite"
+        elif not same_ids:
+            status = "wrong"
+        else:
+            status = "ok"
+        out.append(
+            {
+                "index": index,
+                "prompt_tokens": len(ids),
+                "rows": rows,
+                "input_ids_ok": same_ids,
+                "finite": finite,
+                "status": status,
+                "rows_belong_to": None,
+            }
+        )
+    return out
 
 
 def check_call(reference: Reference, prompts: list[list[int]], results: list[dict]) -> list[dict]:
@@ -151,6 +240,7 @@ def check_call(reference: Reference, prompts: list[list[int]], results: list[dic
     if len(results) != len(prompts):
         raise AssertionError(f"generate() returned {len(results)} results for {len(prompts)} prompts")
     for index, (ids, result) in enumerate(zip(prompts, results)):
+        finite = all_finite(result["hidden_states"])
         captured = [reference.comparable(layer, h) for layer, h in zip(reference.layer_ids, result["hidden_states"])]
         expected = reference.layers(ids)
         rows = [int(h.shape[0]) for h in captured]
@@ -158,14 +248,17 @@ def check_call(reference: Reference, prompts: list[list[int]], results: list[dic
         per_layer_rel = [max_rel_diff(c, e) for c, e in zip(captured, expected)]
         scale = max(float(e.abs().max()) for e in expected)
         same_ids = result["input_ids"].tolist() == ids
+        row_diffs = [float(x) for c, e in zip(captured, expected) for x in row_rel_diffs(c, e)]
         full = all(r == len(ids) for r in rows) and len(captured) == len(reference.layer_ids)
         match = all(d <= TOLERANCE for d in per_layer_rel)
-        if full and match and same_ids:
+        if full and match and same_ids and finite:
             status = "ok"
         elif any(r < len(ids) for r in rows):
             status = "short" if match else "short-wrong"
         elif any(r > len(ids) for r in rows):
             status = "long"
+        elif not finite:
+            status = "not-finite"
         else:
             status = "wrong"
         belongs_to = None
@@ -187,8 +280,11 @@ def check_call(reference: Reference, prompts: list[list[int]], results: list[dic
                 "max_abs_diff_per_layer": per_layer,
                 "max_rel_diff": max(per_layer_rel) if per_layer_rel else None,
                 "max_rel_diff_per_layer": per_layer_rel,
+                "median_rel_diff": median(row_diffs),
+                "_row_rel_diffs": row_diffs,
                 "scale": scale,
                 "input_ids_ok": same_ids,
+                "finite": finite,
                 "status": status,
                 "rows_belong_to": belongs_to,
             }
@@ -196,17 +292,36 @@ def check_call(reference: Reference, prompts: list[list[int]], results: list[dic
     return rows_out
 
 
+def noise_band(reference: Reference, model_path: str, batches: list[list[list[int]]], device: str) -> dict:
+    """transformers' own bfloat16 run against its float32 run (`reference`) on the same prompts."""
+    low = Reference(model_path, reference.layer_ids, device=device, dtype="bfloat16")
+    rows: list[float] = []
+    for prompts in batches:
+        for ids in prompts:
+            # the final layer: transformers reports both after the model's norm
+            for b, a in zip(low.layers(ids), reference.layers(ids)):
+                rows.extend(float(x) for x in row_rel_diffs(b, a))
+    return {"max_rel_diff": max(rows, default=None), "median_rel_diff": median(rows), "rows": len(rows)}
+
+
 def summarize(report: dict) -> None:
+    all_rows = [x for c in report["calls"] for p in c["prompts"] for x in p.pop("_row_rel_diffs", [])]
+    report["median_rel_diff"] = median(all_rows)
     good = [p for c in report["calls"] for p in c["prompts"] if p["status"] == "ok"]
-    report["max_abs_diff"] = max((p["max_abs_diff"] for p in good), default=None)
-    report["max_rel_diff"] = max((p["max_rel_diff"] for p in good), default=None)
+    report["max_abs_diff"] = max((p["max_abs_diff"] for p in good if "max_abs_diff" in p), default=None)
+    report["max_rel_diff"] = max((p["max_rel_diff"] for p in good if "max_rel_diff" in p), default=None)
     report["prompts_checked"] = sum(len(c["prompts"]) for c in report["calls"])
     report["prompts_ok"] = len(good)
-    report["scale"] = max((p["scale"] for c in report["calls"] for p in c["prompts"]), default=None)
+    report["scale"] = max((p["scale"] for c in report["calls"] for p in c["prompts"] if "scale" in p), default=None)
+    limit = report.get("median_tolerance")
+    report["median_ok"] = limit is None or (
+        report["median_rel_diff"] is not None and report["median_rel_diff"] <= limit
+    )
     report["ok"] = (
         report["error"] is None
         and len(report["calls"]) == report["planned_calls"]
         and all(p["status"] == "ok" for c in report["calls"] for p in c["prompts"])
+        and report["median_ok"]
     )
 
 
@@ -245,10 +360,15 @@ def run(args) -> dict:
     try:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-        from transformers import AutoConfig
+        # a checkpoint on disk may ship its own tokenizer code (Kimi-K2.5's): the user's own files
+        tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=True)
 
-        vocab_size = AutoConfig.from_pretrained(args.model).vocab_size
+        reference_path = args.reference or reference_dir(args.model)
+        report["reference"] = None if args.no_reference else reference_path
+        # MoE checkpoints: a wrong expert, scale or dequantization moves every row less than the
+        # per-row tolerance sees, but moves the median (tiny_moe.py's docstring)
+        report["median_tolerance"] = tiny_marker(args.model).get("median_tolerance")
+        vocab_size = config_vocab_size(args.model)
         batches = make_batches(tokenizer, vocab_size)
         numbers = list(range(1, len(batches) + 1))
         if args.calls != "all":
@@ -294,10 +414,33 @@ def run(args) -> dict:
 
         phase = "reference"
         t0 = time.monotonic()
-        reference = Reference(args.model, args.layers)
+        reference = None
+        if args.no_reference:
+            report["reference_skipped"] = args.no_reference
+        else:
+            try:
+                reference = Reference(reference_path, args.layers, device=args.reference_device)
+            except Exception as exc:  # only where asked (--reference-optional): the rows are still checked
+                if not args.reference_optional:
+                    raise
+                report["reference_skipped"] = (
+                    f"transformers cannot load {reference_path} as a causal LM: {type(exc).__name__}: "
+                    f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+                )
+        report["compared"] = reference is not None
         for number, prompts, results in zip(numbers, batches, outputs):
-            report["calls"].append({"call": number, "prompts": check_call(reference, prompts, results)})
+            checked = (
+                check_call(reference, prompts, results)
+                if reference is not None
+                else check_rows(args.layers, prompts, results)
+            )
+            report["calls"].append({"call": number, "prompts": checked})
         report["timings"]["reference_s"] = round(time.monotonic() - t0, 2)
+        if args.noise and reference is not None:
+            phase = "noise"
+            t0 = time.monotonic()
+            report["noise"] = noise_band(reference, reference_path, batches, args.reference_device)
+            report["timings"]["noise_s"] = round(time.monotonic() - t0, 2)
     except Exception as exc:  # the symptom is the result: report it  # noqa: BLE001
         report["error"] = error_record(exc, phase)
         traceback.print_exc(file=sys.stderr)
@@ -324,6 +467,25 @@ def main() -> int:
         "--tensor-parallel-size", type=int, default=1, help="GPUs the model is split over (CUDA builds; default 1)"
     )
     parser.add_argument("--calls", default="all", help="which calls to run, e.g. 1,2 (default all)")
+    parser.add_argument(
+        "--reference",
+        help="transformers checkpoint of the same weights (default: the model's own, or the one its "
+        "tiny-model.json names)",
+    )
+    parser.add_argument("--reference-device", default="cpu", help="where transformers runs (default cpu)")
+    parser.add_argument(
+        "--no-reference",
+        metavar="REASON",
+        help="compare with no transformers reference (the reason is reported): rows whole, in order, finite",
+    )
+    parser.add_argument(
+        "--reference-optional",
+        action="store_true",
+        help="where transformers cannot load the reference, check the rows alone and say why",
+    )
+    parser.add_argument(
+        "--noise", action="store_true", help="also measure transformers' own bfloat16 against float32 spread"
+    )
     parser.add_argument("--report", help="also write the JSON report to this file")
     parser.add_argument("--dump", help="save the prompts and generate() results (torch.save) here")
     args = parser.parse_args()
