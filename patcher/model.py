@@ -129,6 +129,31 @@ class AttributeCall:
     implementation: str
 
 
+@dataclass(frozen=True)
+class ReleaseLine:
+    """Releases of a target distribution patcher knows, and how a target on one of them is served.
+
+    `patched`: by the patches whose `requires` names exactly `spec` (their patch set); otherwise by
+    no source patch at all (`path` says what extraction goes through there). A release in no line is
+    refused (exit 7, README "Exit codes"): patcher never says all is well on a release it has not read.
+    """
+
+    distribution: str  # the name conditions use, e.g. "speculators"
+    spec: str  # PEP 440, e.g. ">=0.4.0,<0.5.0"
+    releases: tuple[str, ...]  # the releases read for it (the bundle carries their files)
+    patched: bool
+    path: str  # what extraction goes through on these releases, in words (status says it)
+
+    def as_json(self) -> dict:
+        return {
+            "distribution": self.distribution,
+            "spec": self.spec,
+            "releases": list(self.releases),
+            "patched": self.patched,
+            "path": self.path,
+        }
+
+
 # What a patch's codemods may say on the files of the speculators release that fixed it upstream.
 FIXED_IN_OUTCOMES = ("already-satisfied", "anchor-missing", "applies")
 

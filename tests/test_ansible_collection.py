@@ -169,3 +169,21 @@ def test_playbook_check_apply_again_rollback_and_a_conflict(fleet, tmp_path: Pat
     assert bad["patcher"]["exit_code"] == 3 and bad["msg"] == bad["patcher"]["message"]
     assert f"{TARGETS[0]} was changed by hand since patcher last wrote it" in bad["msg"], bad["msg"]
     assert edited.read_bytes().endswith(b"# edited by hand\n")  # left as it is
+
+
+def test_a_host_on_an_uncovered_release_is_failed_with_the_reason(fleet):
+    """Exit 7 is Ansible's `failed` (only 0, and 6 in check mode, are ok), with patcher's one line."""
+    from tests.support.envs import reinstall_speculators
+
+    _, _, envs, _ = fleet
+    reinstall_speculators(envs[1], "0.2.0")  # a release no patch set covers
+    try:
+        code, results, output = play(fleet, "status")
+        assert code != 0, output
+        assert results["gpu0"]["status"] == "ok"
+        bad = results["gpu1"]
+        assert bad["status"] == "fatal" and bad["patcher"]["exit_code"] == 7, output
+        assert bad["msg"] == bad["patcher"]["message"]
+        assert bad["msg"].startswith("speculators 0.2.0 is not a release patcher covers"), bad["msg"]
+    finally:
+        reinstall_speculators(envs[1], "0.3.0")

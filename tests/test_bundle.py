@@ -216,7 +216,7 @@ def test_other_releases_and_wrong_interpreters(bundle: Path, tmp_path: Path):
     newer = light_env(tmp_path / "new", speculators="0.4.0")
     before = files(newer) if all(site_file(newer, rel).exists() for rel in TARGETS) else None
     code, doc, err = run_bundle(bundle, newer, "apply", "--no-verify", "--json")
-    assert code == 0, err  # 0.4.0 carries upstream's fix: nothing selected, nothing written
+    assert code == 7, err  # a release no patch set covers: refused, nothing written (tests/test_coverage.py)
     assert all(p["state"] == "not-selected" for p in doc["targets"][0]["patches"])
     if before is not None:
         assert files(newer) == before

