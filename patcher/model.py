@@ -143,6 +143,9 @@ class ReleaseLine:
     releases: tuple[str, ...]  # the releases read for it (the bundle carries their files)
     patched: bool
     path: str  # what extraction goes through on these releases, in words (status says it)
+    # what the line needs of the other distributions installed beside it, PEP 440: speculators 0.4
+    # drives vLLM 0.12's engine API (its datagen extra allows 0.12-0.16) and cannot run on 0.11
+    requires: Mapping[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict:
         return {
@@ -151,6 +154,7 @@ class ReleaseLine:
             "releases": list(self.releases),
             "patched": self.patched,
             "path": self.path,
+            "requires": dict(self.requires),
         }
 
 

@@ -5,8 +5,12 @@ from patcher.model import ReleaseLine, TargetFile
 GENERATOR = TargetFile("speculators", "speculators/data_generation/vllm_hidden_states_generator.py")
 WORKER = TargetFile("speculators", "speculators/data_generation/custom_worker.py")
 
-# speculators 0.3.0's patch set. 0.5.0 and later no longer ship these files.
+# The patch sets: speculators 0.3.0's, and 0.4.0's and 0.4.0.1's (the same data-generation code;
+# they differ in eagle3_converter.py only). A patch whose codemods answer the same drift in both
+# releases' files requires either (SPECULATORS_0_3_OR_0_4). 0.5.0 and later no longer ship these files.
 SPECULATORS_0_3 = {"speculators": ">=0.3.0,<0.4.0"}
+SPECULATORS_0_4 = {"speculators": ">=0.4.0,<0.5.0"}
+SPECULATORS_0_3_OR_0_4 = {"speculators": ">=0.3.0,<0.5.0"}
 # transformers 5 breaks `import speculators` itself (v16, v17): these two files are on its import path.
 PYDANTIC_UTILS = TargetFile("speculators", "speculators/utils/pydantic_utils.py")
 EAGLE = TargetFile("speculators", "speculators/models/eagle.py")
@@ -14,8 +18,8 @@ EAGLE = TargetFile("speculators", "speculators/models/eagle.py")
 EAGLE3_CORE = TargetFile("speculators", "speculators/models/eagle3/core.py")
 
 # Every speculators release patcher answers for (docs/speculators-releases.md): a release in none
-# of these lines is refused with exit 7, never "ok". The patched lines are the patch sets: the
-# patches whose `requires` is exactly the line's spec (tests/test_targets.py keeps them equal).
+# of these lines is refused with exit 7, never "ok". Each patched line is served by the patches
+# whose `requires` holds on its releases (tests/test_coverage.py checks both ways).
 RELEASE_LINES = (
     ReleaseLine(
         "speculators",
@@ -23,6 +27,16 @@ RELEASE_LINES = (
         ("0.3.0",),
         patched=True,
         path="VllmHiddenStatesGenerator drives vLLM's engine in-process: speculators 0.3.0's patch set",
+    ),
+    ReleaseLine(
+        "speculators",
+        SPECULATORS_0_4["speculators"],
+        ("0.4.0", "0.4.0.1"),
+        patched=True,
+        path="VllmHiddenStatesGenerator drives vLLM's engine in-process: speculators 0.4.0's patch set",
+        # written for vLLM 0.12's engine API (block hasher, SchedulerConfig(is_encoder_decoder=...)):
+        # on 0.11 its own calls do not bind, and no patch takes it back there
+        requires={"vllm": ">=0.12.0"},
     ),
     ReleaseLine(
         "speculators",

@@ -370,7 +370,7 @@ PATCH = Patch(
     satisfied=(AFTER,),
     upstream="not a vLLM change: vLLM v1's chunked prefill (vllm/v1/core/sched/scheduler.py); "
     "speculators 0.4.0 steps until prefill completes but sorts results by request id string",
-    fixed_in="speculators 0.4.0 (results out of order from the eleventh prompt of a batch on)",
+    fixed_in="speculators 0.4.0 (its results come back out of order from the eleventh prompt of a call on: v22)",
     needs=("v10-worker-request-capture",),
     without_it="without it a batch over the step's token budget comes back wrong, silently: the prompt "
     "vLLM splits is cut (694 of 977 rows measured) and its neighbours get rows of others",

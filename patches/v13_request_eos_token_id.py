@@ -13,7 +13,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod, has_keyword, remove_keyword
 from patcher.model import Edit, Example, Fact, Patch
 
-from .targets import GENERATOR, SPECULATORS_0_3
+from .targets import GENERATOR, SPECULATORS_0_3_OR_0_4
 
 REQUEST_CALL = m.Call(func=m.Name("Request"))
 EOS_KEYWORD = "eos_token_id"
@@ -41,7 +41,7 @@ PATCH = Patch(
     id="v13-request-eos-token-id",
     title="Request(...) without eos_token_id (the EOS token lives in SamplingParams)",
     target=GENERATOR,
-    requires=SPECULATORS_0_3,
+    requires=SPECULATORS_0_3_OR_0_4,
     edits=(
         Edit(
             RequestWithoutEosTokenId,

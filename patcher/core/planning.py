@@ -376,6 +376,17 @@ def covering_line(lines: Sequence[dict], distribution: str, version: str, holds:
     return next((x for x in lines if x["distribution"] == distribution and holds(x["spec"], version)), None)
 
 
+def line_allows(lines: Sequence[dict], distribution: str, version: str, others: dict, holds: Holds) -> bool:
+    """Whether `version` of `distribution` is in a line whose requirements `others` (name -> version)
+    meet; True where no line names the distribution (nothing is declared about it)."""
+    if not any(x["distribution"] == distribution for x in lines):
+        return True
+    line = covering_line(lines, distribution, version, holds)
+    return line is not None and all(
+        holds(spec, others[name]) for name, spec in line.get("requires", {}).items() if others.get(name)
+    )
+
+
 def coverage(facts: PlanningFacts, lines: Sequence[dict], holds: Holds) -> tuple[list, list]:
     """(blockers, notes): what makes patching this target pointless, each one line saying what to
     do (exit 7: a speculators release no line covers; vLLM that cannot find its platform), and
@@ -388,10 +399,20 @@ def coverage(facts: PlanningFacts, lines: Sequence[dict], holds: Holds) -> tuple
         installed = dists.get(name)
         if installed is None:  # not installed: the caller's own usage error
             continue
-        if covering_line(lines, name, installed["version"], holds) is None:
+        line = covering_line(lines, name, installed["version"], holds)
+        if line is None:
             blockers.append(
                 _uncovered(name, installed["version"], [x for x in lines if x["distribution"] == name], python)
             )
+            continue
+        for other, spec in line.get("requires", {}).items():
+            have = dists.get(other)
+            if have is not None and not holds(spec, have["version"]):
+                blockers.append(
+                    f"{name} {installed['version']} runs on {other} {spec} only ({other} {have['version']} is "
+                    f"installed): patcher covers it there and changes nothing here; install {other} {spec} beside "
+                    f"it, or a {name} release for {other} {have['version']}"
+                )
     blocker, note = vllm_platform(facts, holds)
     return blockers + ([blocker] if blocker else []), [note] if note else []
 

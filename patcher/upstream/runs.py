@@ -63,9 +63,13 @@ def patch_code(path: Path) -> str:
     return ast.dump(parse(path.read_text(encoding="utf-8")))
 
 
-def patch_set_hash(release: str) -> str | None:
+DEFAULT_SPECULATORS = "0.3.0"  # a row without a "speculators" field ran this one
+
+
+def patch_set_hash(release: str, speculators: str = DEFAULT_SPECULATORS) -> str | None:
     """bench/releases.py's key for `release`'s row: every patch module's code and that release's recipe
-    (what its environment is built from: another line's recipe does not make the row stale), or
+    (what its environment is built from: another line's recipe does not make the row stale), and the
+    speculators release on top (named only when not 0.3.0: the earlier rows keep their keys), or
     None where this installation has no recipes file."""
     from patcher.demo.recipes import RecipeError, recipe_for
 
@@ -80,6 +84,8 @@ def patch_set_hash(release: str) -> str | None:
         digest.update(b"\0recipe\0" + recipe_for(release).row_fingerprint().encode())
     except RecipeError:
         return None
+    if speculators != DEFAULT_SPECULATORS:
+        digest.update(b"\0speculators\0" + speculators.encode())
     return digest.hexdigest()[:12]
 
 
@@ -112,7 +118,7 @@ def _from_bench_row(data: dict, file: Path) -> RunResult:
         summary += f"; largest relative error {extract['max_rel_diff']:.3f}"
     finished = str(data.get("finished") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(file.stat().st_mtime)))
     match = re.search(r"-([0-9a-f]{12})\.json$", file.name)
-    current = patch_set_hash(str(data["release"]))
+    current = patch_set_hash(str(data["release"]), str(data.get("speculators", DEFAULT_SPECULATORS)))
     stale = bool(match and current and match.group(1) != current)
     return RunResult(str(data["release"]), ok, finished, summary, "", str(file), stale)
 
@@ -140,6 +146,8 @@ def load_runs(folder: Path | None = None) -> dict[str, RunResult]:
             data = json.loads(file.read_text())
             if data.get("left_out"):
                 continue  # a leave-one-out row proves a patch's need, not the release's state
+            if data.get("speculators", DEFAULT_SPECULATORS) != DEFAULT_SPECULATORS:
+                continue  # check-upstream's runs column is speculators 0.3.0's (its patch set's)
             if "release" in data and "vllm" not in data:
                 result = _from_bench_row(data, file)
             else:
