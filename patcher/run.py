@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .core.errors import EXIT_FAILED, EXIT_PENDING, outcome
-from .core.planning import verify_spec
+from .core.planning import unpatched_path, verify_spec
 from .model import Patch
 from .patchset.registry import release_lines
 from .plan.planning import Mode, PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
@@ -219,6 +219,9 @@ def _planned_only(plan: TargetPlan, report: TargetReport, options: RunOptions) -
         report.message = "nothing to do" if not plan.pending else f"{len(plan.changes)} file(s) pending"
     if not any(p.state in ("pending", "applied", "stale") for p in plan.patches) and not plan.pending:
         report.message = "no patch selected: " + _why_none(plan)
+        path = _unpatched_path(report)
+        if path:
+            report.message = f"nothing to do: {path}"
     return report
 
 
@@ -242,7 +245,18 @@ def _nothing_to_write(
     report.message = "nothing to do: every selected patch is already in place"
     if not any(p.state in ("applied", "already-satisfied", "pending") for p in plan.patches):
         report.message = "nothing to do; no patch selected: " + _why_none(plan)
+        path = _unpatched_path(report)
+        if path:
+            report.message = f"nothing to do: {path}"
     return _then_run_check(transport, report, options)
+
+
+def _unpatched_path(report: TargetReport) -> str:
+    """speculators 0.5+ (a release line no source patch serves): the path its extraction takes."""
+    from .plan.selection import condition_holds
+
+    assert report.facts is not None
+    return unpatched_path(report.facts, [x.as_json() for x in release_lines()], condition_holds)
 
 
 def _write(

@@ -144,3 +144,19 @@ def test_speculators_0_4_on_vllm_0_11_is_refused(tmp_path: Path):
     ), doc["targets"][0]["message"]
     python = light_env(tmp_path / "ok", speculators="0.4.0.1", vllm="0.12.0")
     assert patcher("plan", "--python", str(python))[0] == 6
+
+
+@pytest.mark.parametrize("release,connector", [("0.5.0", None), ("0.9.0", "0.9.0")])
+def test_speculators_0_5_and_later_say_which_path_they_use(tmp_path: Path, release: str, connector: str | None):
+    # no speculators file to patch: status says what extraction goes through instead of "no patch selected"
+    python = light_env(tmp_path, speculators=release, vllm="0.20.0")
+    if connector:
+        pip_install_no_deps(python.parent.parent, download_wheel("hs-connectors", connector, cache_dir() / "wheels"))
+    for command in ("status", "plan", "apply"):
+        code, doc, err = patcher(command, "--python", str(python), "--json")
+        assert code == 0, (command, err)
+        message = doc["targets"][0]["message"]
+        assert message.startswith(f"nothing to do: speculators {release}: extraction goes through `vllm serve`"), (
+            message
+        )
+        assert message.endswith(f"(installed: hs-connectors {connector})" if connector else "is patched"), message

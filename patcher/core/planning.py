@@ -376,6 +376,19 @@ def covering_line(lines: Sequence[dict], distribution: str, version: str, holds:
     return next((x for x in lines if x["distribution"] == distribution and holds(x["spec"], version)), None)
 
 
+def unpatched_path(facts: PlanningFacts, lines: Sequence[dict], holds: Holds) -> str:
+    """For a target on a release line no source patch serves (speculators 0.5+): which path its
+    extraction takes, in one line for `status`; '' otherwise."""
+    for name in dict.fromkeys(x["distribution"] for x in lines):
+        installed = facts["distributions"].get(name)
+        line = covering_line(lines, name, installed["version"], holds) if installed else None
+        if installed and line and not line["patched"]:
+            connector = facts["distributions"].get("hs_connectors")
+            via = f" (installed: {connector['name']} {connector['version']})" if connector else ""
+            return f"{name} {installed['version']}: {line['path']}{via}"
+    return ""
+
+
 def line_allows(lines: Sequence[dict], distribution: str, version: str, others: dict, holds: Holds) -> bool:
     """Whether `version` of `distribution` is in a line whose requirements `others` (name -> version)
     meet; True where no line names the distribution (nothing is declared about it)."""

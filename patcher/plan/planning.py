@@ -42,7 +42,8 @@ def specs_of(patches: Sequence[Patch]) -> list[PatchSpec]:
 
 # Detected in every target whether a patch's condition names them or not: their versions are in
 # every report (`versions`), and patches may gate on them (transformers 5 breaks speculators itself).
-ALWAYS_DETECTED = ("vllm", "speculators", "transformers", "torch")
+# hs_connectors: the KV connector speculators 0.8+ extracts through (`status` names it).
+ALWAYS_DETECTED = ("vllm", "speculators", "transformers", "torch", "hs_connectors")
 
 
 def detected_names(patches: Sequence[Patch]) -> list[str]:

@@ -38,7 +38,7 @@ from packaging.specifiers import SpecifierSet
 from .. import __version__
 from ..core import planning as core
 from ..model import Patch, ReleaseLine
-from ..plan.planning import condition_names, run_transform, spec_of, specs_of
+from ..plan.planning import condition_names, detected_names, run_transform, spec_of, specs_of
 from ..plan.selection import condition_holds, select_patches
 from ..transform.transforms import shared_transforms
 
@@ -317,7 +317,7 @@ def build(
         "format": 2,
         "patcher_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "names": names,
+        "names": detected_names(patches),
         "files": [
             {"distribution": p.target.distribution, "path": p.target.path, "module": p.target.module}
             for p in {p.target.path: p for p in patches}.values()

@@ -350,6 +350,13 @@ def _report_plan(report: dict, the_plan, command: str) -> bool:
     return False
 
 
+def _say_path(report: dict, data: dict, facts: Facts) -> None:
+    """speculators 0.5+ (no source patch serves it): name the path its extraction takes, as patcher does."""
+    path = CORE_PLANNING.unpatched_path(facts, data.get("lines", ()), condition_holds)
+    if path and not report["files"] and report["exit_code"] == EXIT_OK:
+        report["message"] = f"nothing to do: {path}"
+
+
 def _write(
     ns: dict, data: dict, report: dict, the_plan, mode: str, verify: bool, lock_timeout: float, facts: Facts
 ) -> None:
@@ -385,7 +392,10 @@ def run(command: str, verify: bool, lock_timeout: float) -> dict:
         mode = "rollback" if command == "rollback" else "apply"
         facts = _read_facts(ns, data, report, command, lock_timeout)
         the_plan = plan(data, facts, mode)
-        if not _report_plan(report, the_plan, command):
+        done = _report_plan(report, the_plan, command)
+        if done and mode == "apply":
+            _say_path(report, data, facts)
+        if not done:
             _write(ns, data, report, the_plan, mode, verify, lock_timeout, facts)
     except Refusal as exc:
         report["status"], report["exit_code"] = ERRORS.outcome(exc.kind)
