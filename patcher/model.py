@@ -129,6 +129,35 @@ class AttributeCall:
     implementation: str
 
 
+@dataclass(frozen=True)
+class ReleaseLine:
+    """Releases of a target distribution patcher knows, and how a target on one of them is served.
+
+    `patched`: by the patches whose `requires` names exactly `spec` (their patch set); otherwise by
+    no source patch at all (`path` says what extraction goes through there). A release in no line is
+    refused (exit 7, README "Exit codes"): patcher never says all is well on a release it has not read.
+    """
+
+    distribution: str  # the name conditions use, e.g. "speculators"
+    spec: str  # PEP 440, e.g. ">=0.4.0,<0.5.0"
+    releases: tuple[str, ...]  # the releases read for it (the bundle carries their files)
+    patched: bool
+    path: str  # what extraction goes through on these releases, in words (status says it)
+    # what the line needs of the other distributions installed beside it, PEP 440: speculators 0.4
+    # drives vLLM 0.12's engine API (its datagen extra allows 0.12-0.16) and cannot run on 0.11
+    requires: Mapping[str, str] = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        return {
+            "distribution": self.distribution,
+            "spec": self.spec,
+            "releases": list(self.releases),
+            "patched": self.patched,
+            "path": self.path,
+            "requires": dict(self.requires),
+        }
+
+
 # What a patch's codemods may say on the files of the speculators release that fixed it upstream.
 FIXED_IN_OUTCOMES = ("already-satisfied", "anchor-missing", "applies")
 
@@ -170,7 +199,9 @@ class LeaveOneOut:
     checked follows from `vllm` and `device`: on the CPU build, 0.16.0 and 0.32.0 by the end-to-end
     tests (tests/test_e2e_vllm.py, tests/test_e2e_vllm_032.py), any other release by its recorded
     row of the release matrix (bench/results/releases/<vllm>-without-vN-*.json); on CUDA by the
-    GPU run's record (bench/gpu/results/<vllm>-*/e2e-without-vN.json, or `record`).
+    GPU run's record (bench/gpu/results/<vllm>-*/e2e-without-vN.json, or `record`). `speculators`
+    is the release on top: a run on another than 0.3.0 (the end-to-end tests') is the matrix's
+    recorded row (bench/results/releases/<vllm>-speculators-<V>-without-vN-*.json), on any release.
     """
 
     vllm: str  # the vLLM release, e.g. "0.16.0"
@@ -179,6 +210,7 @@ class LeaveOneOut:
     calls: str = "1"  # the extraction driver's --calls: "1", "1,2", "3", "all"
     also_skip: tuple[str, ...] = ()  # short ids left out with it (v1's symptom shows only without v6)
     record: str = ""  # the record that shows it, where it is not at the default place (a file under bench/)
+    speculators: str = "0.3.0"  # the speculators release on top
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:

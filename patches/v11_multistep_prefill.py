@@ -370,7 +370,7 @@ PATCH = Patch(
     satisfied=(AFTER,),
     upstream="not a vLLM change: vLLM v1's chunked prefill (vllm/v1/core/sched/scheduler.py); "
     "speculators 0.4.0 steps until prefill completes but sorts results by request id string",
-    fixed_in="speculators 0.4.0 (results out of order from the eleventh prompt of a batch on)",
+    fixed_in="speculators 0.4.0 (its results come back out of order from the eleventh prompt of a call on: v22)",
     needs=("v10-worker-request-capture",),
     without_it="silently cut data without it: a prompt vLLM splits across scheduler steps (a batch over the step's 8192-token budget) comes back short (694 of 977 rows measured) and its neighbours get each other's rows; needs v10",
     leave_one_out=(LeaveOneOut("0.16.0", Symptom("rows"), calls="3"),),

@@ -15,7 +15,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import GENERATOR, SPECULATORS_0_3
+from .targets import GENERATOR, SPECULATORS_0_3_OR_0_4
 
 KV_CACHE_UTILS = "vllm.v1.core.kv_cache_utils"
 KV_CACHE_PLANNING = "vllm.v1.core.kv_cache_planning"
@@ -116,7 +116,7 @@ PATCH = Patch(
     id="v12-kv-cache-planning",
     title="import get_kv_cache_config_from_groups and its helpers from vllm.v1.core.kv_cache_planning",
     target=GENERATOR,
-    requires=SPECULATORS_0_3,
+    requires=SPECULATORS_0_3_OR_0_4,
     edits=(
         Edit(
             ImportFromKvCachePlanning,
@@ -182,6 +182,11 @@ PATCH = Patch(
     leave_one_out=(
         LeaveOneOut(
             "0.33.0", Symptom("verify", "ImportError", ("cannot import name '_get_kv_cache_groups_uniform_spec'",))
+        ),
+        LeaveOneOut(
+            "0.33.0",
+            Symptom("verify", "ImportError", ("cannot import name '_get_kv_cache_groups_uniform_spec'",)),
+            speculators="0.4.0.1",
         ),
     ),
 )

@@ -13,7 +13,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod, has_keyword, remove_keyword
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import GENERATOR, SPECULATORS_0_3
+from .targets import GENERATOR, SPECULATORS_0_3_OR_0_4
 
 REQUEST_CALL = m.Call(func=m.Name("Request"))
 EOS_KEYWORD = "eos_token_id"
@@ -41,7 +41,7 @@ PATCH = Patch(
     id="v13-request-eos-token-id",
     title="Request(...) without eos_token_id (the EOS token lives in SamplingParams)",
     target=GENERATOR,
-    requires=SPECULATORS_0_3,
+    requires=SPECULATORS_0_3_OR_0_4,
     edits=(
         Edit(
             RequestWithoutEosTokenId,
@@ -89,5 +89,10 @@ PATCH = Patch(
     leave_one_out=(
         LeaveOneOut("0.32.0", Symptom("generate 1", "TypeError", ("unexpected keyword argument 'eos_token_id'",))),
         LeaveOneOut("0.17.1", Symptom("verify", messages=("got an unexpected keyword argument 'eos_token_id'",))),
+        LeaveOneOut(
+            "0.20.0",
+            Symptom("verify", messages=("got an unexpected keyword argument 'eos_token_id'",)),
+            speculators="0.4.0.1",
+        ),
     ),
 )

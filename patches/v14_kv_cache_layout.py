@@ -32,7 +32,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod, has_keyword
 from patcher.model import AttributeCall, Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import GENERATOR, SPECULATORS_0_3
+from .targets import GENERATOR, SPECULATORS_0_3_OR_0_4
 from .v1_block_hasher import imported_names
 
 LAYOUT_MODULE = "vllm.v1.attention.backends.utils"
@@ -253,7 +253,7 @@ PATCH = Patch(
     id="v14-kv-cache-layout",
     title="resolve the KV cache layout (and tell the workers) before get_kv_cache_config_from_groups",
     target=GENERATOR,
-    requires=SPECULATORS_0_3,
+    requires=SPECULATORS_0_3_OR_0_4,
     edits=(
         Edit(
             ResolveKvCacheLayout,
@@ -346,5 +346,10 @@ PATCH = Patch(
     leave_one_out=(
         LeaveOneOut("0.32.0", Symptom("init", "ValueError", ("KV cache layout has not been resolved yet",))),
         LeaveOneOut("0.29.0", Symptom("init", "ValueError", ("KV cache layout has not been resolved yet",))),
+        LeaveOneOut(
+            "0.32.0",
+            Symptom("init", "ValueError", ("KV cache layout has not been resolved yet",)),
+            speculators="0.4.0.1",
+        ),
     ),
 )

@@ -17,7 +17,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import GENERATOR, SPECULATORS_0_3
+from .targets import GENERATOR, SPECULATORS_0_3_OR_0_4
 from .v1_block_hasher import imported_names
 from .v14_kv_cache_layout import import_after_last_vllm_import
 
@@ -66,7 +66,7 @@ PATCH = Patch(
     id="v15-cpu-block-size",
     title="KV cache block size 32 on vLLM's CPU platform (its attention takes multiples of 32 only)",
     target=GENERATOR,
-    requires=SPECULATORS_0_3,
+    requires=SPECULATORS_0_3_OR_0_4,
     edits=(
         Edit(
             CpuBlockSize,
@@ -123,5 +123,6 @@ PATCH = Patch(
     leave_one_out=(
         LeaveOneOut("0.32.0", Symptom("init", messages=("No common block size for 16",))),
         LeaveOneOut("0.29.0", Symptom("init", "RuntimeError", ("No common block size for 16",))),
+        LeaveOneOut("0.32.0", Symptom("init", "RuntimeError", ("No common block size for 16",)), speculators="0.4.0.1"),
     ),
 )

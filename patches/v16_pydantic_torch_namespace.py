@@ -17,7 +17,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg, with_import_first
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import PYDANTIC_UTILS, SPECULATORS_0_3
+from .targets import PYDANTIC_UTILS, SPECULATORS_0_3_OR_0_4
 
 # transformers 5.4.0: PreTrainedConfig became a dataclass (fields such as dtype at class level).
 DATACLASS_CONFIG_SINCE = {"transformers": ">=5.4.0"}
@@ -74,7 +74,7 @@ PATCH = Patch(
     id="v16-pydantic-torch-namespace",
     title="speculators' schema rebuild resolves transformers 5's torch annotations",
     target=PYDANTIC_UTILS,
-    requires=SPECULATORS_0_3,
+    requires=SPECULATORS_0_3_OR_0_4,
     edits=(
         Edit(
             ModelRebuildWithTorch,
@@ -104,6 +104,11 @@ PATCH = Patch(
     leave_one_out=(
         LeaveOneOut("0.32.0", Symptom("import", "PydanticUndefinedAnnotation", ("name 'torch' is not defined",))),
         LeaveOneOut("0.19.1", Symptom("verify", "PydanticUndefinedAnnotation", ("name 'torch' is not defined",))),
+        LeaveOneOut(
+            "0.32.0",
+            Symptom("verify", "PydanticUndefinedAnnotation", ("name 'torch' is not defined",)),
+            speculators="0.4.0.1",
+        ),
     ),
     since="transformers 5.4.0",
 )

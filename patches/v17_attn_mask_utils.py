@@ -18,7 +18,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import EAGLE, SPECULATORS_0_3
+from .targets import EAGLE, SPECULATORS_0_3_OR_0_4
 
 MODULE = "transformers.modeling_attn_mask_utils"
 FUNCTION = "_prepare_4d_causal_attention_mask"
@@ -105,7 +105,7 @@ PATCH = Patch(
     id="v17-attn-mask-utils",
     title="speculators' EAGLE model builds its causal mask itself where transformers.modeling_attn_mask_utils is gone",
     target=EAGLE,
-    requires=SPECULATORS_0_3,
+    requires=SPECULATORS_0_3_OR_0_4,
     edits=(
         Edit(
             ImportOrBuildCausalMask,
@@ -122,6 +122,11 @@ PATCH = Patch(
         LeaveOneOut(
             "0.30.0",
             Symptom("verify", "ModuleNotFoundError", ("No module named 'transformers.modeling_attn_mask_utils'",)),
+        ),
+        LeaveOneOut(
+            "0.30.0",
+            Symptom("verify", "ModuleNotFoundError", ("No module named 'transformers.modeling_attn_mask_utils'",)),
+            speculators="0.4.0.1",
         ),
     ),
     since="transformers 5.24.0",

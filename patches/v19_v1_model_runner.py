@@ -25,7 +25,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod, with_import_first
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import GENERATOR, SPECULATORS_0_3
+from .targets import GENERATOR, SPECULATORS_0_3_OR_0_4
 
 METHOD = "_create_vllm_config"
 SWITCH = 'os.environ["VLLM_USE_V2_MODEL_RUNNER"]'
@@ -134,7 +134,7 @@ PATCH = Patch(
     id="v19-v1-model-runner",
     title="the generator's workers run vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)",
     target=GENERATOR,
-    requires=SPECULATORS_0_3,
+    requires=SPECULATORS_0_3_OR_0_4,
     edits=(
         Edit(
             SelectV1ModelRunner,

@@ -6,7 +6,9 @@ from config.llama_4_scaling (vllm/model_executor/models/deepseek_v2.py). specula
 replacement forward calls the layers with three arguments: on a model whose config sets
 llama_4_scaling the query scaling is silently dropped (wrong hidden states). The edit computes
 it as vLLM does and passes it only to layers whose forward takes it (Mistral-style models keep
-the setting inside their attention and take no such argument). The config read is the
+the setting inside their attention and take no such argument). speculators 0.4.0's
+replacement forward calls the layers with three arguments too (0.4.0 and 0.4.0.1 share it), so
+the same edit serves both release lines. The config read is the
 decoder's own (`self.config` of DeepseekV2Model): inside Kimi-K2.5's wrapper that is its text
 config, so the same code serves the wrapper once v20 has found its decoder.
 
@@ -30,7 +32,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch
 
-from .targets import SPECULATORS_0_3, WORKER
+from .targets import SPECULATORS_0_3_OR_0_4, WORKER
 
 PATCHED_FORWARD = "_patched_forward"
 KWARGS = "layer_kwargs"
@@ -165,7 +167,7 @@ PATCH = Patch(
     id="v8-worker-deepseek",
     title="worker: DeepSeek-V2-family layers get llama_4_scaling",
     target=WORKER,
-    requires=SPECULATORS_0_3,
+    requires=SPECULATORS_0_3_OR_0_4,
     edits=(
         Edit(
             DeepseekLayerScaling,
@@ -189,7 +191,4 @@ PATCH = Patch(
     "pass without it)",
     leave_one_out=(LeaveOneOut("0.16.0", None, calls="all"),),
     since="0.12.0",
-    # speculators 0.4.0 calls the layers with three arguments too: not fixed there, and this
-    # codemod must leave its file alone
-    on_fixed_in="anchor-missing",
 )

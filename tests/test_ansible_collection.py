@@ -484,3 +484,21 @@ def test_patcher_is_imported_once_by_ansible_playbook_before_it_forks_the_hosts_
     assert done.returncode == 0 and "ok=1" in done.stdout, done.stdout + done.stderr[-3000:]
     imports = [line for line in done.stderr.splitlines() if line.endswith("| patcher.transport.ansible_task")]
     assert len(imports) == 1, imports
+
+
+def test_a_host_on_an_uncovered_release_is_failed_with_the_reason(fleet):
+    """Exit 7 is Ansible's `failed` (only 0, and 6 in check mode, are ok), with patcher's one line."""
+    from tests.support.envs import reinstall_speculators
+
+    _, _, envs, _ = fleet
+    reinstall_speculators(envs[1], "0.2.0")  # a release no patch set covers
+    try:
+        code, results, output = play(fleet, "status")
+        assert code != 0, output
+        assert results["gpu0"]["status"] == "ok"
+        bad = results["gpu1"]
+        assert bad["status"] == "fatal" and bad["patcher"]["exit_code"] == 7, output
+        assert bad["msg"] == bad["patcher"]["message"]
+        assert bad["msg"].startswith("speculators 0.2.0 is not a release patcher covers"), bad["msg"]
+    finally:
+        reinstall_speculators(envs[1], "0.3.0")

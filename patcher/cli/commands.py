@@ -318,8 +318,9 @@ def main() -> None:
 
     Exit codes: 0 ok (also nothing to do), 1 a patch or verification failed (rolled back),
     2 usage error, 3 conflict (file modified by hand, anchor missing), 4 target unreachable or
-    timed out, 5 target locked by another run, 6 `plan` only: changes pending, 130 interrupted
-    (Ctrl-C).
+    timed out, 5 target locked by another run, 6 `plan` only: changes pending, 7 unsupported
+    (a speculators release no patch set covers, or a vLLM that cannot find its platform: the
+    message says what to do), 130 interrupted (Ctrl-C).
     """
 
 
@@ -544,11 +545,11 @@ def bundle(output, releases, wheels, quiet) -> None:
     sha256 and carries their patched bytes; it refuses any other file.
     """
     from ..output_files import OutputFileError, check_destination
-    from ..patchset.registry import load_patches
+    from ..patchset.registry import load_patches, release_lines
     from ..transport.bundle import BundleError, build, default_releases, find_or_download, write
 
     out = Output(False, quiet)
-    patches = load_patches()
+    patches, lines = load_patches(), release_lines()
     try:
         check_destination(output)  # before the minutes of work a bundle takes
         chosen = []
@@ -559,8 +560,8 @@ def bundle(output, releases, wheels, quiet) -> None:
             chosen.append((name, version))
         paths = [Path(w) for w in wheels]
         if not paths or chosen:
-            paths += [find_or_download(n, v, out.progress) for n, v in (chosen or default_releases(patches))]
-        source, summary = build(patches, paths, out.progress)
+            paths += [find_or_download(n, v, out.progress) for n, v in (chosen or default_releases(patches, lines))]
+        source, summary = build(patches, paths, out.progress, lines)
         write(Path(output), source)
     except (BundleError, OutputFileError, OSError) as exc:
         out.error(str(exc))

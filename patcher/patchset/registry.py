@@ -8,7 +8,7 @@ import pkgutil
 from functools import cache
 from pathlib import Path
 
-from ..model import Patch
+from ..model import Patch, ReleaseLine
 
 
 class UnknownPatch(ValueError):
@@ -32,6 +32,17 @@ def load_patches(package: str = "patcher.patches", *, indexed: bool = True) -> t
         patches = import_patches(package)
         write_index(path, patches)
     return patches
+
+
+@cache
+def release_lines(package: str = "patcher.patches") -> tuple[ReleaseLine, ...]:
+    """The release lines the package's `targets` module declares (RELEASE_LINES): the releases a
+    target must be on for patcher to answer for it (see patcher.core.planning.coverage)."""
+    try:
+        targets = importlib.import_module(f"{package}.targets")
+    except ModuleNotFoundError:
+        return ()
+    return tuple(getattr(targets, "RELEASE_LINES", ()))
 
 
 def import_patches(package: str = "patcher.patches") -> tuple[Patch, ...]:

@@ -22,7 +22,7 @@ from ..core.planning import (  # noqa: F401  (the plan's types, for the rest of 
     draft,
     finish,
 )
-from ..model import Patch
+from ..model import Patch, ReleaseLine
 from .selection import condition_holds
 
 if TYPE_CHECKING:
@@ -42,7 +42,8 @@ def specs_of(patches: Sequence[Patch]) -> list[PatchSpec]:
 
 # Detected in every target whether a patch's condition names them or not: their versions are in
 # every report (`versions`), and patches may gate on them (transformers 5 breaks speculators itself).
-ALWAYS_DETECTED = ("vllm", "speculators", "transformers", "torch")
+# hs_connectors: the KV connector speculators 0.8+ extracts through (`status` names it).
+ALWAYS_DETECTED = ("vllm", "speculators", "transformers", "torch", "hs_connectors")
 
 
 def detected_names(patches: Sequence[Patch]) -> list[str]:
@@ -76,8 +77,10 @@ def plan_target(
     only: Sequence[str] = (),
     skip: Sequence[str] = (),
     force: bool = False,
+    lines: Sequence[ReleaseLine] = (),
 ) -> TargetPlan:
-    """The plan for one target: the core's draft, the codemods it asks for, the core's finish."""
-    d = draft(facts, specs_of(patches), condition_holds, mode, only, skip, force)
+    """The plan for one target: the core's draft, the codemods it asks for, the core's finish.
+    `lines`: the release lines the target must fall in (patcher.patchset.registry.release_lines)."""
+    d = draft(facts, specs_of(patches), condition_holds, mode, only, skip, force, [x.as_json() for x in lines])
     by_id = {p.id: p for p in patches}
     return finish(d, {r.path: run_transform(r, by_id) for r in d.requests})

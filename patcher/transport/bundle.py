@@ -37,8 +37,8 @@ from packaging.specifiers import SpecifierSet
 
 from .. import __version__
 from ..core import planning as core
-from ..model import Patch
-from ..plan.planning import condition_names, run_transform, spec_of, specs_of
+from ..model import Patch, ReleaseLine
+from ..plan.planning import condition_names, detected_names, run_transform, spec_of, specs_of
 from ..plan.selection import condition_holds, select_patches
 from ..transform.transforms import shared_transforms
 
@@ -63,9 +63,12 @@ def _sha(data: bytes) -> str:
 # ------------------------------------------------------------------ releases and their files
 
 
-def default_releases(patches: Sequence[Patch]) -> list[tuple[str, str]]:
-    """The releases the patches are written for: each target distribution's lower bounds."""
-    found: list[tuple[str, str]] = []
+def default_releases(patches: Sequence[Patch], lines: Sequence[ReleaseLine] = ()) -> list[tuple[str, str]]:
+    """The releases the patches are written for: every release of the patched release lines (their
+    files are what the bundle knows), else each target distribution's lower bounds."""
+    found: list[tuple[str, str]] = [(x.distribution, v) for x in lines if x.patched for v in x.releases]
+    if found:
+        return found
     for patch in patches:
         name = patch.target.distribution
         spec = patch.requires.get(name)
@@ -287,8 +290,10 @@ def build(
     patches: Sequence[Patch],
     wheels: Sequence[Path],
     progress: Callable[[str], None] = lambda message: None,
+    lines: Sequence[ReleaseLine] = (),
 ) -> tuple[str, dict]:
-    """The bundle's source text and a summary of what it carries."""
+    """The bundle's source text and a summary of what it carries; `lines`, the release lines a target
+    must be on (patcher.patchset.registry.release_lines), are checked on the host as patcher checks them."""
     files = pristine_files(wheels, patches)
     names = condition_names(patches)
     specs = _all_specs(patches)
@@ -312,13 +317,14 @@ def build(
         "format": 2,
         "patcher_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "names": names,
+        "names": detected_names(patches),
         "files": [
             {"distribution": p.target.distribution, "path": p.target.path, "module": p.target.module}
             for p in {p.target.path: p for p in patches}.values()
             if p.target.path in files
         ],
         "patches": _patch_data(patches),
+        "lines": [x.as_json() for x in lines],
         "originals": originals,
         "variants": variants,
         "blobs": blobs,

@@ -296,7 +296,7 @@ def transform_results(data: dict, draft) -> dict:
 
 def plan(data: dict, facts: "Facts", mode: str):
     """The core's plan for this environment, the codemods' results taken from the bundle."""
-    draft = CORE_PLANNING.draft(facts, specs(data), condition_holds, mode)
+    draft = CORE_PLANNING.draft(facts, specs(data), condition_holds, mode, lines=data.get("lines", ()))
     check_known(data, facts, draft.selection)
     return CORE_PLANNING.finish(draft, transform_results(data, draft))
 
@@ -378,6 +378,13 @@ def _report_plan(report: dict, the_plan, command: str) -> bool:
     return False
 
 
+def _say_path(report: dict, data: dict, facts: "Facts") -> None:
+    """speculators 0.5+ (no source patch serves it): name the path its extraction takes, as patcher does."""
+    path = CORE_PLANNING.unpatched_path(facts, data.get("lines", ()), condition_holds)
+    if path and not report["files"] and report["exit_code"] == EXIT_OK:
+        report["message"] = f"nothing to do: {path}"
+
+
 def _write(
     ns: dict, data: dict, report: dict, the_plan, mode: str, verify: bool, lock_timeout: float, facts: "Facts"
 ) -> None:
@@ -386,7 +393,7 @@ def _write(
     request = {
         "files": [c.as_request() for c in the_plan.changes],
         "cleanup": the_plan.cleanup,
-        "verify": {"files": the_plan.verify_files, "import_prefixes": ["vllm"]} if checked else None,
+        "verify": CORE_PLANNING.verify_spec(the_plan.verify_files, facts) if checked else None,
         "expect": facts.get("snapshot"),  # the agent refuses (stale-plan) if the files changed since the facts
         "lock_timeout": lock_timeout,
         "written_by": f"patcher bundle {data['patcher_version']}",
@@ -413,7 +420,10 @@ def run(command: str, verify: bool, lock_timeout: float) -> dict:
         mode = "rollback" if command == "rollback" else "apply"
         facts = _read_facts(ns, data, report, command, lock_timeout)
         the_plan = plan(data, facts, mode)
-        if not _report_plan(report, the_plan, command):
+        done = _report_plan(report, the_plan, command)
+        if done and mode == "apply":
+            _say_path(report, data, facts)
+        if not done:
             _write(ns, data, report, the_plan, mode, verify, lock_timeout, facts)
     except Refusal as exc:
         report["status"], report["exit_code"] = ERRORS.outcome(exc.kind)
@@ -435,6 +445,10 @@ def info() -> None:
         for sha, about in known.items():
             print(f"  {rel}  {sha}  ({about['release']})")
     print(f"patched variants: {len(data['variants'])}")
+    print("release lines (any other release is refused, exit 7):")
+    for line in data.get("lines", []):
+        how = "patched" if line["patched"] else "no patch needed"
+        print(f"  {line['distribution']} {line['spec']}: {how} ({', '.join(line['releases'])})")
     print("supported version ranges:")
     for line in data.get("ranges", []):
         print(f"  {line}")

@@ -254,7 +254,17 @@ class _Check:
         if not self.options.bind:
             return
         bound_files = declared_targets(self.patches) if self.options.targets is None else list(self.options.targets)
+        from ..core.planning import line_allows
+        from ..patchset.registry import release_lines
+
+        lines = [x.as_json() for x in release_lines()]
         for dist, version in self._needed_in_order():
+            # only the vLLM releases the release line of `version` runs on (speculators 0.4: 0.12+)
+            vllms = [
+                v
+                for v in self.fact_releases.get("vllm", [])
+                if line_allows(lines, dist, version, {"vllm": v}, condition_holds)
+            ]
             with ReleaseFiles(self.cache, dist, version) as files:
                 try:
                     found = variants(
@@ -262,7 +272,7 @@ class _Check:
                         dist,
                         version,
                         files,
-                        self.fact_releases.get("vllm", []),
+                        vllms,
                         self.cache / ".transforms",
                         self.report.requirements.allowed,
                         bound_files,

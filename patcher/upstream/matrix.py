@@ -100,9 +100,20 @@ def codemod_fingerprint(group: Sequence[Patch]) -> str:
     return digest.hexdigest()
 
 
-def transform_cached(files: ReleaseFiles, path: str, source: str, group: Sequence[Patch]) -> dict[str, dict]:
-    """Per patch: outcome, edits, message of transforming `path` with `group` (cached beside the file)."""
-    key = hashlib.sha256(source.encode()).hexdigest() + ":" + codemod_fingerprint(group)
+def edits_on(patch: Patch, distribution: str, version: str) -> list:
+    """The patch's edits a target on this release of its own distribution selects: an edit may be
+    gated on it (v8's guard edit is for speculators 0.3.0 only)."""
+    return [e for e in patch.edits if distribution not in e.when or condition_holds(e.when[distribution], version)]
+
+
+def transform_cached(
+    files: ReleaseFiles, path: str, source: str, group: Sequence[Patch], version: str = ""
+) -> dict[str, dict]:
+    """Per patch: outcome, edits, message of transforming `path` with `group` (cached beside the file);
+    with `version` (of the file's distribution), only the edits that release selects."""
+    steps = [(p, edits_on(p, p.target.distribution, version) if version else list(p.edits)) for p in group]
+    chosen = json.dumps([[p.id, [e.name for e in edits]] for p, edits in steps])
+    key = hashlib.sha256(source.encode()).hexdigest() + ":" + codemod_fingerprint(group) + ":" + chosen
     cache_file = files.root / TRANSFORMS_FILE
     try:
         cached = json.loads(cache_file.read_text())
@@ -110,7 +121,7 @@ def transform_cached(files: ReleaseFiles, path: str, source: str, group: Sequenc
         cached = {}
     if key in cached.get(path, {}):
         return cached[path][key]
-    result = transform_source(source, [(p, p.edits) for p in group], filename=path)
+    result = transform_source(source, steps, filename=path)
     outcomes = {o.patch_id: {"outcome": o.outcome, "edits": o.edits, "message": o.message} for o in result.outcomes}
     cached[path] = {key: outcomes}  # only the latest per file
     write_atomic(cache_file, json.dumps(cached, indent=1).encode())
@@ -132,7 +143,7 @@ def release_cells(
             by_file.setdefault(patch.target.path, []).append(patch)
     for path, group in by_file.items():
         source = files.read(path)
-        outcomes = {} if source is None else transform_cached(files, path, source, group)
+        outcomes = {} if source is None else transform_cached(files, path, source, group, version)
         for patch in group:
             spec = patch.requires.get(distribution)
             in_range = spec is None or condition_holds(spec, version)

@@ -9,14 +9,15 @@ the run check there, and writes one file per run:
     {"schema_version": 1, "vllm": "0.32.0", "ok": true, "finished": "2026-11-30T22:04:00Z",
      "summary": "one line: what passed or the first failure", "patcher": "commit or version"}
 
-bench/releases.py's own rows (`<release>-<patch-set hash>.json`: "release", "apply", "extract",
+bench/releases.py's own rows (`<release>[-speculators-<V>][-without-vN]-<key>.json`: "release", "apply", "extract",
 "rollback_identical", "finished", ...) are read too, from that folder and, in a checkout, from the
 matrix's record in the repository (bench/results/releases): ok when apply exited 0 (verified), the
 extraction was ok with every row whole and in order (or, for a release without a CPU build, whose
 row is apply and verification only, was not run), and rollback was byte-identical; finished is the row's
 own (else the file's time). A row is marked stale when it no longer speaks for the patches here
-(row_is_current): today's declarations select other patches on its versions, or the ones it
-selected, or its release's recipe, changed since it ran. The newest `finished` per release wins; a file that reads
+(row_is_current): today's declarations select other patches or edits on its versions, or what
+the ones it selected run, or its release's recipe, changed since it ran (a gate moved alone does
+not make it stale). The newest `finished` per release wins; a file that reads
 as neither is skipped.
 """
 
@@ -60,14 +61,53 @@ class RunResult:
 DESCRIPTIVE_KEYWORDS = frozenset(
     {"title", "upstream", "without_it", "since", "fixed_in", "on_fixed_in", "leave_one_out", "examples", "satisfied"}
 )
+# An Edit's keyword in words only (`fact` stays: check-upstream reads it)
+EDIT_DESCRIPTIVE_KEYWORDS = frozenset({"answers"})
+# The gates: where a patch (requires=) or one of its edits (when=) is selected. A row's key leaves
+# them out, because row_is_current asks today's declarations what they select on the row's own
+# versions: a gate widened to another release line, or narrowed past the row's versions, changes
+# nothing the row ran, and one that changes what it selects makes the row stale there.
+GATE_KEYWORDS = frozenset({"requires", "when"})
+DEFAULT_SPECULATORS = "0.3.0"  # a row without a "speculators" field ran this one
 
 
-def patch_code(path: Path) -> str:
-    """A patch module's code without its layout or its descriptions: the syntax tree, less
-    docstrings and the declaration's descriptive keywords, so that reformatting a module (ruff
-    format, comments) or rewording it does not make a row stale, and any change to what it does
-    does. The dump's format can differ between Python versions: a key made by another
-    interpreter misses (the row runs again), never matches wrongly."""
+def _names_used(node) -> set[str]:
+    import ast
+
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _names_defined(node) -> set[str]:
+    """The module-level names a top-level statement binds, where it only binds names (an
+    assignment, a class, a function); empty for anything else (kept whatever it binds)."""
+    import ast
+
+    if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {node.name}
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    if targets and all(isinstance(t, ast.Name) for t in targets):
+        return {t.id for t in targets if isinstance(t, ast.Name)}
+    return set()
+
+
+def _edit_name(call) -> str:
+    """The codemod class an Edit(...) call names (its first argument or codemod=)."""
+    import ast
+
+    value = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "codemod"), None)
+    return value.id if isinstance(value, ast.Name) else ""
+
+
+def patch_code(path: Path, edits: Sequence[str] | None = None, roots: Sequence[str] = ("PATCH",)) -> str:
+    """A patch module's code as a row ran it, without its layout, its descriptions or its gates:
+    the syntax tree, less docstrings, the declaration's descriptive keywords and the `requires=`
+    and `when=` of its Patch(...) and Edit(...) calls, so that reformatting a module (ruff format,
+    comments), rewording it or moving a gate does not make a row stale, and any change to what it
+    does does. With `edits` (the names of the edits selected on a row's versions) the other
+    Edit(...) entries go too. Then every module-level assignment, class and function that nothing
+    left uses (from `roots` on) goes: a constant only a gate or an example read, a codemod of an
+    edit not selected. The dump's format can differ between Python versions: a key made by
+    another interpreter misses (the row runs again), never matches wrongly."""
     import ast
 
     from .facts import parse  # under the lock check-upstream's threads share (CPython 3.11's AST race)
@@ -84,17 +124,63 @@ def patch_code(path: Path) -> str:
             ):
                 node.body = body[1:] or [ast.Pass()]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Patch":
-            node.keywords = [k for k in node.keywords if k.arg not in DESCRIPTIVE_KEYWORDS]
+            node.keywords = [k for k in node.keywords if k.arg not in DESCRIPTIVE_KEYWORDS | GATE_KEYWORDS]
+            for k in node.keywords:
+                if k.arg == "edits" and edits is not None and isinstance(k.value, (ast.Tuple, ast.List)):
+                    k.value.elts = [
+                        e
+                        for e in k.value.elts
+                        if not (isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "Edit")
+                        or _edit_name(e) in edits
+                    ]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Edit":
+            node.keywords = [k for k in node.keywords if k.arg not in EDIT_DESCRIPTIVE_KEYWORDS | GATE_KEYWORDS]
+    if not isinstance(tree, ast.Module):
+        return ast.dump(tree)
     # the model's names it imports (LeaveOneOut, Symptom: descriptions) show where they are used
-    if isinstance(tree, ast.Module):
-        tree.body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.module == "patcher.model")]
+    body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.module == "patcher.model")]
+    while True:  # what nothing left uses goes, until nothing more does
+        used = [_names_used(n) for n in body]
+        kept = [
+            n
+            for i, n in enumerate(body)
+            if not (defined := _names_defined(n))
+            or defined & set(roots)
+            or any(defined & names for j, names in enumerate(used) if j != i)
+        ]
+        if len(kept) == len(body):
+            break
+        body = kept
+    tree.body = body
     return ast.dump(tree)
 
 
-@functools.lru_cache(maxsize=256)
-def _module_key(path: str, mtime_ns: int, size: int) -> str:
-    """patch_code's digest, once per version of a file (a table of rows asks for each module often)."""
-    return hashlib.sha256(patch_code(Path(path)).encode()).hexdigest()
+@functools.lru_cache(maxsize=1024)
+def _module_key(path: str, mtime_ns: int, size: int, edits: tuple[str, ...] | None, roots: tuple[str, ...]) -> str:
+    """patch_code's digest, once per version of a file and selection (a table of rows asks often)."""
+    return hashlib.sha256(patch_code(Path(path), edits, roots).encode()).hexdigest()
+
+
+def _code_key(path: Path, edits: Sequence[str] | None = None, roots: Sequence[str] = ("PATCH",)) -> str:
+    stat = path.stat()
+    return _module_key(
+        str(path), stat.st_mtime_ns, stat.st_size, tuple(edits) if edits is not None else None, tuple(roots)
+    )
+
+
+def _sibling_imports(path: Path) -> dict[str, tuple[str, ...]]:
+    """The patch modules a patch module imports names from (`from .v9_device_memory import X`),
+    with those names: their code runs in the patch's codemods too."""
+    import ast
+
+    from .facts import parse
+
+    out: dict[str, tuple[str, ...]] = {}
+    tree = parse(path.read_text(encoding="utf-8"))
+    for node in tree.body if isinstance(tree, ast.Module) else []:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module and node.module[:1] == "v":
+            out[node.module] = tuple(sorted({*out.get(node.module, ()), *(a.name for a in node.names)}))
+    return out
 
 
 def _patches_folder() -> Path | None:
@@ -105,29 +191,43 @@ def _patches_folder() -> Path | None:
     return root / "patches"
 
 
-def row_key(release: str, selected: Sequence[str]) -> str | None:
-    """bench/releases.py's key for a row of `release` that selected these patches (short ids): the
-    code of those patch modules (patch_code) and what the planning reads of their declarations,
-    and that release's recipe (what its environment is built from). A patch the row did not select
-    is not in it: adding one, or changing one, leaves the rows it is not selected on current.
-    None where this installation has no recipes file or a selected patch has no module."""
+def row_key(release: str, selected: Sequence[str], versions: dict[str, str]) -> str | None:
+    """bench/releases.py's key for a row of `release` that selected these patches (short ids) on
+    these versions (row_versions): what the row ran, and nothing of where it is selected. Per
+    selected patch: its module's code less descriptions and gates, with only the edits selected on
+    `versions` (patch_code), the code of the patch modules it imports from, the names of those
+    edits, its target, needs and attribute calls; then the speculators release and that release's
+    recipe (what its environment is built from). A patch the row did not select is not in it, nor
+    is any `requires=` or `when=`: row_is_current checks that today's gates select the same patches
+    on the row's versions. None where this installation has no recipes file or a selected patch
+    has no module."""
     from patcher.demo.recipes import RecipeError, recipe_for
     from patcher.patchset.registry import load_patches
+    from patcher.plan.selection import select_patches
 
     folder = _patches_folder()
     if folder is None:
         return None
-    declared = {p.short_id: p for p in load_patches()}
+    patches = load_patches()
+    declared = {p.short_id: p for p in patches}
+    chosen = select_patches(patches, versions)
     digest = hashlib.sha256()
     for short in sorted(selected, key=lambda s: int(s.lstrip("v"))):
         patch = declared.get(short)
         if patch is None:
             return None
+        edits = [e.name for e in chosen[patch.id].edits]
         path = folder / f"{patch.module_name}.py"
-        stat = path.stat()
-        code = _module_key(str(path), stat.st_mtime_ns, stat.st_size)
-        spec = json.dumps(dataclasses.asdict(patch.spec()), sort_keys=True, default=list)
-        digest.update(path.name.encode() + b"\0" + code.encode() + b"\0" + spec.encode() + b"\0")
+        code = _code_key(path, edits)
+        for module, names in sorted(_sibling_imports(path).items()):
+            code += f"\0{module}:" + _code_key(folder / f"{module}.py", None, names)
+        spec = dataclasses.asdict(patch.spec())
+        for gate in GATE_KEYWORDS:
+            spec.pop(gate, None)
+        spec["edits"] = edits
+        planning = json.dumps(spec, sort_keys=True, default=list)
+        digest.update(path.name.encode() + b"\0" + code.encode() + b"\0" + planning.encode() + b"\0")
+    digest.update(b"\0speculators\0" + str(versions.get("speculators", DEFAULT_SPECULATORS)).encode())
     try:
         digest.update(b"\0recipe\0" + recipe_for(release).row_fingerprint().encode())
     except RecipeError:
@@ -137,11 +237,12 @@ def row_key(release: str, selected: Sequence[str]) -> str | None:
 
 def row_versions(row: dict) -> dict[str, str]:
     """The versions a row's target had: detected by its apply, or (rows carried over from a table)
-    its release, torch and transformers, with speculators 0.3.0, the matrix's."""
+    its release, torch and transformers, with its speculators (0.3.0, the matrix's first, where
+    the row names none)."""
     detected = row.get("versions_detected")
     if detected:
         return {k: str(v) for k, v in detected.items()}
-    versions = {"speculators": str(row.get("speculators", "0.3.0")), "vllm": str(row["release"])}
+    versions = {"speculators": str(row.get("speculators") or DEFAULT_SPECULATORS), "vllm": str(row["release"])}
     for name in ("torch", "transformers"):
         if row.get(name) and row[name] != "?":
             versions[name] = str(row[name])
@@ -167,10 +268,11 @@ def expected_selection(row: dict) -> list[str]:
 
 def row_is_current(row: dict, key: str | None = None) -> bool | None:
     """Whether a recorded row speaks for today's patches: today's declarations select what it
-    selected on its versions, and those patches' code and its recipe are the ones it ran with
-    (`key`: the row's own, else its patch_set_hash). None where that cannot be told here."""
+    selected on its versions, and what those patches run there (row_key) and its recipe are the
+    ones it ran with (`key`: the row's own, else its patch_set_hash). None where that cannot be
+    told here."""
     selected = list(row.get("selected") or [])
-    current = row_key(str(row["release"]), selected)
+    current = row_key(str(row["release"]), selected, row_versions(row))
     if current is None:
         return None
     return current == (key or row.get("patch_set_hash")) and expected_selection(row) == selected
@@ -232,6 +334,8 @@ def load_runs(folder: Path | None = None) -> dict[str, RunResult]:
             data = json.loads(file.read_text())
             if data.get("left_out"):
                 continue  # a leave-one-out row proves a patch's need, not the release's state
+            if data.get("speculators", DEFAULT_SPECULATORS) != DEFAULT_SPECULATORS:
+                continue  # check-upstream's runs column is speculators 0.3.0's (its patch set's)
             if "release" in data and "vllm" not in data:
                 result = _from_bench_row(data, file)
             else:
