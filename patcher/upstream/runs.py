@@ -58,8 +58,20 @@ class RunResult:
 
 # A Patch's keywords that describe it and never change what a run does: editing them (a clearer
 # without_it, a new leave-one-out declared, an example added) leaves every recorded row current.
+# (`readme`: the README's cell, which declarations had before without_it became the one text)
 DESCRIPTIVE_KEYWORDS = frozenset(
-    {"title", "upstream", "without_it", "since", "fixed_in", "on_fixed_in", "leave_one_out", "examples", "satisfied"}
+    {
+        "title",
+        "upstream",
+        "without_it",
+        "since",
+        "fixed_in",
+        "on_fixed_in",
+        "leave_one_out",
+        "examples",
+        "satisfied",
+        "readme",
+    }
 )
 # An Edit's keyword in words only (`fact` stays: check-upstream reads it)
 EDIT_DESCRIPTIVE_KEYWORDS = frozenset({"answers"})
@@ -151,7 +163,13 @@ def patch_code(path: Path, edits: Sequence[str] | None = None, roots: Sequence[s
         if len(kept) == len(body):
             break
         body = kept
-    tree.body = body
+    # and the names imported from the patches' own modules that nothing left uses (a release
+    # line's constant only `requires=` named, from .targets)
+    used_anywhere = set().union(*(_names_used(n) for n in body))
+    for node in body:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            node.names = [a for a in node.names if (a.asname or a.name) in used_anywhere] or node.names[:0]
+    tree.body = [n for n in body if not (isinstance(n, ast.ImportFrom) and n.level and not n.names)]
     return ast.dump(tree)
 
 
