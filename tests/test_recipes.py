@@ -15,7 +15,7 @@ import pytest
 
 from patcher.demo.environment import env_key, run_environment
 from patcher.demo.recipes import RecipeError, recipe_for
-from patcher.upstream.runs import expected_selection, load_runs, patch_code, row_key
+from patcher.upstream.runs import expected_selection, load_runs, patch_code, row_key, row_versions
 
 # The keys of the environments built before 0.33.0's recipe (distribution "vllm") existed.
 BUILT = {"0.16.0": "73387572161f", "0.32.0": "c6ce0a0251f9"}
@@ -83,8 +83,8 @@ def test_a_row_is_stale_only_when_its_own_patches_or_recipe_differ(tmp_path):
         "versions_detected": {"speculators": "0.3.0", "vllm": "0.32.0", "transformers": "5.19.0"},
     }
     row["selected"] = expected_selection(row)
-    current = row_key("0.32.0", row["selected"])
-    assert current and current != row_key("0.31.0", row["selected"])  # each release's own recipe
+    current = row_key("0.32.0", row["selected"], row_versions(row))
+    assert current and current != row_key("0.31.0", row["selected"], row_versions(row))  # each release's own recipe
     (tmp_path / f"0.32.0-{current}.json").write_text(json.dumps(row))
     assert load_runs(tmp_path)["0.32.0"].stale is False
     (tmp_path / f"0.32.0-{current}.json").rename(tmp_path / "0.32.0-0123456789ab.json")
@@ -108,6 +108,34 @@ def test_a_rows_key_follows_a_patchs_code_not_its_layout(tmp_path):
     six = tmp_path / "six.py"
     six.write_text('"""v9: one thing."""\nP = Patch(id="v9-x", edits=(E, F), without_it="a")\n')
     assert patch_code(four) == patch_code(five) != patch_code(six)
+
+
+def test_a_rows_key_leaves_out_the_gates_and_what_only_they_or_unselected_edits_use(tmp_path):
+    # requires= and when= are asked of today's declarations on the row's versions (row_is_current),
+    # so moving them changes no key; a constant only a gate names goes with it, and so does the
+    # code of an edit the row's versions do not select, with what only that code uses
+    module = """\
+from .targets import SPECULATORS_0_3{more}, WORKER
+GONE = {{"transformers": "{gate}"}}
+SHAPE = m.Name("x")
+class A(PatchCodemod):
+    def leave_Name(self, original, updated):
+        return updated
+class B(PatchCodemod):
+    def leave_Name(self, original, updated):
+        return updated if m.matches(updated, SHAPE) else updated
+P = Patch(id="v9-x", target=WORKER, requires={requires}, edits=(Edit(A, when=GONE, answers="{why}"), Edit(B)))
+"""
+    one, two, three = tmp_path / "one.py", tmp_path / "two.py", tmp_path / "three.py"
+    one.write_text(module.format(more="", gate=">=5.24.0", requires="SPECULATORS_0_3", why="a"))
+    two.write_text(module.format(more="_OR_0_4", gate=">=5.24.0,<5.25.0", requires="SPECULATORS_0_3_OR_0_4", why="b"))
+    assert patch_code(one) == patch_code(two)
+    assert "GONE" not in patch_code(one) and "SPECULATORS_0_3" not in patch_code(one) and "WORKER" in patch_code(one)
+    assert patch_code(one, ["A", "B"]) == patch_code(two, ["A", "B"]) != patch_code(one, ["A"])
+    assert "SHAPE" in patch_code(one, ["B"]) and "SHAPE" not in patch_code(one, ["A"])  # only B's code uses it
+    # B's code changed: a row that selected only A keeps its key, one that selected B does not
+    three.write_text(two.read_text().replace('m.Name("x")', 'm.Name("y")'))
+    assert patch_code(three, ["A"]) == patch_code(two, ["A"]) and patch_code(three, ["B"]) != patch_code(two, ["B"])
 
 
 def test_a_post_release_is_built_as_named_with_its_lines_recipe():
@@ -159,7 +187,8 @@ def test_0_11_2_and_its_rebuild_run_on_debian_13s_c_runtime_and_the_other_releas
     for other in ("0.11.0", "0.11.1.post2", "0.12.0", "0.12.0.post2", "0.32.0"):
         assert recipe_for(other).c_runtime is None and "c_runtime" not in recipe_for(other).row_fingerprint()
     assert env_key((3, 11), "0.11.0") == "b78f94e3680f"  # as built before the entry existed
-    assert row_key("0.11.1.post2", ["v2"]) != row_key("0.11.2", ["v2"])
+    versions = {"speculators": "0.3.0", "vllm": "0.11.2"}
+    assert row_key("0.11.1.post2", ["v2"], versions) != row_key("0.11.2", ["v2"], versions)
 
 
 def test_a_release_entry_adds_settings_and_a_bad_c_runtime_says_what_it_takes(tmp_path, monkeypatch):

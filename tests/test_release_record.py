@@ -3,6 +3,7 @@ says which patch set it ran with, and check-upstream reads it beside the user's 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from patcher.demo.recipes import recipe_for
-from patcher.upstream.runs import expected_selection, load_runs, recorded_folder, row_is_current, row_key
+from patcher.upstream.runs import (
+    expected_selection,
+    load_runs,
+    recorded_folder,
+    row_is_current,
+    row_key,
+    row_versions,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +57,7 @@ def test_a_new_row_replaces_the_releases_earlier_one_only(releases, tmp_path):
     releases.record_row(row_of("0.32.0", apply="exit 1, rolled back"), "0123456789ab", tmp_path)
     releases.record_row(row_of("0.31.0", apply="exit 0, changed"), "ba9876543210", tmp_path)
     current = row_of("0.32.0", apply="exit 0, changed")
-    key = row_key("0.32.0", current["selected"])
+    key = row_key("0.32.0", current["selected"], row_versions(current))
     assert key
     releases.record_row(current, key, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0.31.0-ba9876543210.json", f"0.32.0-{key}.json"]
@@ -63,21 +71,88 @@ def test_a_rows_key_is_the_patches_it_selected(tmp_path):
     # patches it selected (and its recipe), and today's declarations must select the same ones
     row = row_of("0.16.0", apply="exit 0, changed")
     assert "v12" not in row["selected"] and "v3" in row["selected"]
-    key = row_key("0.16.0", row["selected"])
+    versions = row_versions(row)
+    key = row_key("0.16.0", row["selected"], versions)
     assert row_is_current({**row, "patch_set_hash": key})
-    assert key != row_key("0.16.0", [s for s in row["selected"] if s != "v3"])
-    assert key != row_key("0.17.1", row["selected"])  # another release's recipe
+    assert key != row_key("0.16.0", [s for s in row["selected"] if s != "v3"], versions)
+    assert key != row_key("0.17.1", row["selected"], versions)  # another release's recipe
+    assert key != row_key("0.16.0", row["selected"], {**versions, "speculators": "0.4.0.1"})  # another speculators
     assert not row_is_current({**row, "patch_set_hash": key, "selected": row["selected"][1:]})  # one more selected now
     assert not row_is_current({**row, "patch_set_hash": "0123456789ab"})
 
 
+def declared_with(monkeypatch, short: str, **changes):
+    """Today's declarations with one patch's declaration changed (its gates: requires, an edit's
+    when), as a patch module edited alike would declare it; its module's code is the same less the
+    gate's values, which row_key leaves out (tests/test_recipes.py: patch_code)."""
+    from patcher.patchset import registry
+
+    today = registry.load_patches()
+    changed = tuple(
+        dataclasses.replace(p, **{field: change(p) for field, change in changes.items()}) if p.short_id == short else p
+        for p in today
+    )
+    monkeypatch.setattr(registry, "load_patches", lambda *args, **kwargs: changed)
+
+
+def test_a_gate_moved_without_changing_what_a_row_selects_keeps_it_current(monkeypatch):
+    # v17's gate narrowed (aaf66a6: transformers <5.25.0) and its requires widened to another
+    # speculators line (issue 28): a 0.3.0 row on transformers 5.24.0 selects v17 and the same edits
+    row = row_of("0.30.0", apply="exit 0, changed")
+    row["versions_detected"]["transformers"] = "5.24.0"
+    row["selected"] = expected_selection(row)
+    assert "v17" in row["selected"]
+    key = row_key("0.30.0", row["selected"], row_versions(row))
+    declared_with(
+        monkeypatch,
+        "v17",
+        requires=lambda p: {"speculators": ">=0.3.0,<0.9.0"},
+        edits=lambda p: tuple(dataclasses.replace(e, when={"transformers": ">=5.24.0,<5.24.1"}) for e in p.edits),
+    )
+    assert row_key("0.30.0", row["selected"], row_versions(row)) == key
+    assert row_is_current({**row, "patch_set_hash": key})
+    # narrowed past the row's versions, it is no longer selected there: the row is stale
+    declared_with(
+        monkeypatch,
+        "v17",
+        edits=lambda p: tuple(dataclasses.replace(e, when={"transformers": ">=5.30.0"}) for e in p.edits),
+    )
+    assert not row_is_current({**row, "patch_set_hash": key})
+
+
+def test_a_gate_that_changes_the_edits_a_row_selects_makes_it_stale(monkeypatch):
+    # v9's second edit gated away from the row's vLLM: v9 is still selected, with one edit fewer
+    row = row_of("0.16.0", apply="exit 0, changed")
+    assert "v9" in row["selected"]
+    key = row_key("0.16.0", row["selected"], row_versions(row))
+    assert row_is_current({**row, "patch_set_hash": key})
+
+    def last_edit_later(patch):
+        *kept, last = patch.edits
+        return (*kept, dataclasses.replace(last, when={"vllm": ">=0.99.0"}))
+
+    declared_with(monkeypatch, "v9", edits=lambda p: last_edit_later(p))
+    assert expected_selection(row) == row["selected"]  # the same patches
+    assert row_key("0.16.0", row["selected"], row_versions(row)) != key
+    assert not row_is_current({**row, "patch_set_hash": key})
+
+
+def test_a_rows_speculators_is_in_its_key_and_a_row_without_it_ran_0_3_0(releases):
+    row = {"release": "0.16.0", "selected": ["v8", "v22", "v23", "v24"], "speculators": "0.4.0.1"}
+    assert row_versions(row)["speculators"] == "0.4.0.1" and releases.row_name(row) == "0.16.0-speculators-0.4.0.1"
+    assert row_versions({"release": "0.16.0"})["speculators"] == "0.3.0"
+    assert row_key("0.16.0", row["selected"], row_versions(row)) != row_key(
+        "0.16.0", row["selected"], {**row_versions(row), "speculators": "0.4.0"}
+    )
+
+
 def test_a_leave_one_out_row_is_kept_beside_the_releases_own(releases, tmp_path):
     own = row_of("0.33.0", apply="exit 0, changed")
-    key = str(row_key("0.33.0", own["selected"]))
+    key = str(row_key("0.33.0", own["selected"], row_versions(own)))
     releases.record_row(own, key, tmp_path)
     left = {**own, "left_out": "v12"}
     left["selected"] = expected_selection(left)
-    left_key = str(row_key("0.33.0", left["selected"]))
+    left_key = str(row_key("0.33.0", left["selected"], row_versions(left)))
     assert "v12" not in left["selected"] and left_key != key
     releases.record_row({**left, "apply": "exit 1, rolled back"}, left_key, tmp_path)
     releases.record_row({**left, "apply": "exit 1, rolled back: again"}, left_key, tmp_path)
@@ -99,7 +174,7 @@ def test_check_upstream_reads_a_rows_own_finish_time(tmp_path):
         extract={"ok": True, "max_rel_diff": 0.07, "rows_whole_in_order": True},
         finished="2026-12-01T10:00:00Z",
     )
-    (tmp_path / f"0.32.0-{row_key('0.32.0', row['selected'])}.json").write_text(json.dumps(row))
+    (tmp_path / f"0.32.0-{row_key('0.32.0', row['selected'], row_versions(row))}.json").write_text(json.dumps(row))
     run = load_runs(tmp_path)["0.32.0"]
     assert run.finished == "2026-12-01T10:00:00Z" and run.ok and not run.stale
 

@@ -110,14 +110,15 @@ def _edit_name(call) -> str:
     return value.id if isinstance(value, ast.Name) else ""
 
 
-def patch_code(path: Path, edits: Sequence[str] | None = None, roots: Sequence[str] = ("PATCH",)) -> str:
+def patch_code(path: Path, edits: Sequence[str] | None = None, roots: Sequence[str] | None = None) -> str:
     """A patch module's code as a row ran it, without its layout, its descriptions or its gates:
     the syntax tree, less docstrings, the declaration's descriptive keywords and the `requires=`
     and `when=` of its Patch(...) and Edit(...) calls, so that reformatting a module (ruff format,
     comments), rewording it or moving a gate does not make a row stale, and any change to what it
     does does. With `edits` (the names of the edits selected on a row's versions) the other
     Edit(...) entries go too. Then every module-level assignment, class and function that nothing
-    left uses (from `roots` on) goes: a constant only a gate or an example read, a codemod of an
+    left uses (from the declaration, `X = Patch(...)`, on, or from the names `roots` when given: what
+    another patch module imports of it) goes: a constant only a gate or an example read, a codemod of an
     edit not selected. The dump's format can differ between Python versions: a key made by
     another interpreter misses (the row runs again), never matches wrongly."""
     import ast
@@ -151,18 +152,26 @@ def patch_code(path: Path, edits: Sequence[str] | None = None, roots: Sequence[s
         return ast.dump(tree)
     # the model's names it imports (LeaveOneOut, Symptom: descriptions) show where they are used
     body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.module == "patcher.model")]
-    while True:  # what nothing left uses goes, until nothing more does
+    # what a run starts from: the declaration (whatever its name), or the names asked for; a module
+    # with neither keeps all its code
+    rooted = [
+        bool(_names_defined(n) & set(roots))
+        if roots is not None
+        else isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _names_used(n.value.func) == {"Patch"}
+        for n in body
+    ]
+    while any(rooted):  # what nothing left uses goes, until nothing more does
         used = [_names_used(n) for n in body]
         kept = [
-            n
-            for i, n in enumerate(body)
-            if not (defined := _names_defined(n))
-            or defined & set(roots)
+            (n, root)
+            for i, (n, root) in enumerate(zip(body, rooted))
+            if root
+            or not (defined := _names_defined(n))
             or any(defined & names for j, names in enumerate(used) if j != i)
         ]
         if len(kept) == len(body):
             break
-        body = kept
+        body, rooted = [n for n, _ in kept], [root for _, root in kept]
     # and the names imported from the patches' own modules that nothing left uses (a release
     # line's constant only `requires=` named, from .targets)
     used_anywhere = set().union(*(_names_used(n) for n in body))
@@ -174,15 +183,21 @@ def patch_code(path: Path, edits: Sequence[str] | None = None, roots: Sequence[s
 
 
 @functools.lru_cache(maxsize=1024)
-def _module_key(path: str, mtime_ns: int, size: int, edits: tuple[str, ...] | None, roots: tuple[str, ...]) -> str:
+def _module_key(
+    path: str, mtime_ns: int, size: int, edits: tuple[str, ...] | None, roots: tuple[str, ...] | None
+) -> str:
     """patch_code's digest, once per version of a file and selection (a table of rows asks often)."""
     return hashlib.sha256(patch_code(Path(path), edits, roots).encode()).hexdigest()
 
 
-def _code_key(path: Path, edits: Sequence[str] | None = None, roots: Sequence[str] = ("PATCH",)) -> str:
+def _code_key(path: Path, edits: Sequence[str] | None = None, roots: Sequence[str] | None = None) -> str:
     stat = path.stat()
     return _module_key(
-        str(path), stat.st_mtime_ns, stat.st_size, tuple(edits) if edits is not None else None, tuple(roots)
+        str(path),
+        stat.st_mtime_ns,
+        stat.st_size,
+        tuple(edits) if edits is not None else None,
+        tuple(roots) if roots is not None else None,
     )
 
 
