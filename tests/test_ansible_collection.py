@@ -486,14 +486,15 @@ def test_patcher_is_imported_once_by_ansible_playbook_before_it_forks_the_hosts_
     assert len(imports) == 1, imports
 
 
+@needs_sshd
 def test_a_host_on_an_uncovered_release_is_failed_with_the_reason(fleet):
     """Exit 7 is Ansible's `failed` (only 0, and 6 in check mode, are ok), with patcher's one line."""
     from tests.support.envs import reinstall_speculators
 
-    _, _, envs, _ = fleet
+    work, inventory, envs, env = fleet
     reinstall_speculators(envs[1], "0.2.0")  # a release no patch set covers
     try:
-        code, results, output = play(fleet, "status")
+        code, results, output = play(work, inventory, env, "status")
         assert code != 0, output
         assert results["gpu0"]["status"] == "ok"
         bad = results["gpu1"]
