@@ -189,7 +189,7 @@ PATCH = Patch(
     "pass without it)",
     leave_one_out=(LeaveOneOut("0.16.0", None, calls="all"),),
     since="0.12.0",
-    # speculators 0.4.0 calls the layers with three arguments too: not fixed there, and this
-    # codemod must leave its file alone
-    on_fixed_in="anchor-missing",
+    # speculators 0.4.0 calls the layers with three arguments too: not fixed there, the same edit
+    # applies to its file (speculators 0.4.x's own patch set decides whether it gets it)
+    on_fixed_in="applies",
 )
