@@ -121,6 +121,11 @@ def _write_captured_states(worker, request_tokens, path, mapped_buffer):
     import os
     import time
 
+    # vLLM hands a callable its WorkerWrapperBase, which reads through to the worker but keeps
+    # what is assigned to it: the states must be taken from, and cleared on, the worker itself
+    inner = getattr(worker, "worker", None)
+    if inner is not None and hasattr(inner, "_reset_capture"):
+        worker = inner
     if getattr(worker, "_captured_states", None) is None:
         return None
     started = time.perf_counter()
