@@ -205,6 +205,8 @@ def gpu_page() -> str:
     ]
     rows = []
     for summary_file in sorted(results.glob("*/summary.json")):
+        if summary_file.parent.name.startswith("extract-"):  # bench/gpu/extract_gpu.py's: the speed page's
+            continue
         summary = json.loads(summary_file.read_text(encoding="utf-8"))
         machine = summary.get("machine", {})
         gpus = f"{machine.get('gpus', '?')}x {str(machine.get('gpu_name', 'GPU')).removeprefix('NVIDIA ')}"
@@ -216,9 +218,11 @@ def gpu_page() -> str:
             rows.append(
                 [
                     summary["release"],
+                    "-",
                     gpus,
                     "-",
                     _short_ranges(applied),
+                    "-",
                     "no check finished",
                     "-",
                     "-",
@@ -233,7 +237,7 @@ def gpu_page() -> str:
             if name.startswith("verify-run"):
                 kind = "run check" + (f" without {without}" if without else "")
                 verdict = "passed" if step.get("exit") == 0 else f"failed (exit {step.get('exit')})"
-                largest, minutes, tp = "-", "-", "1"
+                largest, minutes, tp, noise = "-", "-", "1", "-"
             else:
                 kind = f"without {without}" if without else "all"
                 verdict = (
@@ -243,18 +247,28 @@ def gpu_page() -> str:
                 )
                 rel = step.get("max_rel_diff")
                 largest = f"{rel:.3f}" if rel is not None else "-"
+                band = (step.get("noise") or {}).get("max_rel_diff")
+                noise = f"{band:.3f}" if band is not None else "-"
                 minutes = f"{step.get('seconds', 0) / 60:.1f}"
                 tp = str(step.get("tensor_parallel_size", "-"))
             rows.append(
-                [summary["release"], gpus, tp, _short_ranges(shown) + (f" ({kind})" if kind != "all" else ""), verdict, largest,
+                [summary["release"], _model_of(name), gpus, tp, _short_ranges(shown) + (f" ({kind})" if kind != "all" else ""), verdict, largest, noise,
                  {True: "yes", False: "no"}.get(summary.get("rollback_identical"), "-"), minutes, f"`{summary_file.parent.name}`"]
             )  # fmt: skip
     lines += table(
-        ["vLLM", "GPUs", "tensor parallel", "patches applied", "verdict", "largest rel. error", "rollback byte-identical", "minutes (check)", "record"],
+        ["vLLM", "model (tiny, random)", "GPUs", "tensor parallel", "patches applied", "verdict", "largest rel. error", "bf16 noise band", "rollback byte-identical", "minutes (check)", "record"],
         rows,
-        "llrllrlrl",
+        "lllrllrrlrl",
     )  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _model_of(step: str) -> str:
+    """The model of an e2e step's name (gpu_run.e2e_label): e2e-tp1 is the Llama's."""
+    label = step.removeprefix("e2e-").split("-without-", 1)[0]
+    for size in ("-tp1", "-tp2", "-tp4", "-tp8"):
+        label = label.removesuffix(size)
+    return "llama" if label in ("", "tp1", "tp2", "tp4", "tp8") or step.startswith("verify-run") else label
 
 
 def _record(name: str) -> dict:

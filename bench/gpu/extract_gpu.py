@@ -156,7 +156,9 @@ def main() -> int:
             extract.run_with(bench, wide, ["generator", "vllm-eager"], LOGS)
             save()
             if deadline - time.monotonic() > 90:
-                gpu_run.extract(run, "tp1", 1, timeout=int(min(300, deadline - time.monotonic())))
+                left = int(min(300, deadline - time.monotonic()))
+                options = argparse.Namespace(parallel=1, noise=False, reference_device="cpu", timeout=left)
+                gpu_run.extract_all(run, [("tp1", gpu_run.MODEL, 1)], "all", args.out, options)
             else:
                 run.say("e2e-tp1: skipped, out of time")
             extract.run_with(bench, one_b, ["vllm-default"], LOGS)
