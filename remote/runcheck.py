@@ -376,6 +376,11 @@ def describe(report: dict) -> list[str]:
             if rel is not None and rel > report.get("tolerance", 0):
                 line += f", relative error {rel:.3f} over the tolerance {report['tolerance']}"
             problems.append(line)
+    if not problems and report.get("median_ok") is False:
+        problems.append(
+            f"the median relative error {report.get('median_rel_diff')} is over the checkpoint's median "
+            f"tolerance {report.get('median_tolerance')} (every row moved: a wrong expert, scale or dequantization)"
+        )
     if not problems and not report.get("ok"):
         problems.append(f"{len(report.get('calls', []))} of {report.get('planned_calls')} generate() calls ran")
     return problems
