@@ -414,13 +414,15 @@ def main() -> int:
         "whole_and_in_order": False,
         "peak_rss_mib": None,
         "mem_available_mib": None,
-        "model": args.model,
+        "model": None if args.model is None else os.path.expanduser(args.model),  # ~ is the target's home
         "tensor_parallel_size": args.tensor_parallel,
         "compared": False,
         "reference": None,
         "reference_reason": None,
-        "usage_error": model_problem(args.model, args.tensor_parallel),
+        "usage_error": None,
     }
+    args.model = answer["model"]
+    answer["usage_error"] = model_problem(args.model, args.tensor_parallel)
     if answer["usage_error"] is None:
         try:
             answer["cannot_run"] = preflight(answer, args.model, args.tensor_parallel)
