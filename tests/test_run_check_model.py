@@ -163,3 +163,46 @@ def test_bad_model_inputs_are_one_line_and_exit_2(target: Path, tmp_path: Path):
 def test_model_options_without_their_check_are_usage_errors(args, line):
     code, _, err = patcher(*args, timeout=60)
     assert code == 2 and line in err.splitlines(), err
+
+
+def test_over_ssh_the_model_path_is_the_targets(target: Path, tmp_path: Path):
+    """Over ssh DIR is the remote host's: a relative one is refused there (patcher cannot resolve
+    it), and a missing one is said as the target found it. Same agent session as locally."""
+    from tests.support.sshd import SshClient, SshServer, why_no_sshd
+
+    why = why_no_sshd()
+    if why:
+        pytest.skip(why)
+    client = SshClient(tmp_path / "client")
+    server = SshServer(tmp_path / "sshd", "127.0.0.62", {"root": client.public_key}).start()
+    try:
+        for model, line in (
+            ("models/kimi", "run check: --model models/kimi: give the checkpoint's absolute path on the target"),
+            (
+                "/nonexistent/kimi",
+                (
+                    "run check: --model /nonexistent/kimi: does not exist on the target (a checkpoint directory "
+                    "with config.json, never downloaded)"
+                ),
+            ),
+        ):
+            code, doc, err = patcher(
+                "apply",
+                "--run-check",
+                "--model",
+                model,
+                "--host",
+                f"root@{server.spec}",
+                "--python",
+                str(target),
+                *client.args(),
+                "--json",
+                timeout=300,
+                cwd=tmp_path,  # the retry file (the host fails) is written there
+            )
+            assert code == 2, err
+            report = doc["targets"][0]
+            assert report["exit_code"] == 2 and report["message"] == line, report["message"]
+            assert report["run_check"]["model"] == model
+    finally:
+        server.remove()
