@@ -53,6 +53,8 @@ class RunOptions:
     verify_timeout: float = 600.0
     check: bool = False  # apply/rollback planned and reported, nothing written (Ansible's check mode)
     run_check: bool = False  # verify --run, apply --run-check: the run check after the lock is released
+    run_model: str | None = None  # --model: the run check on this checkpoint of the target's (else the tiny Llama)
+    tensor_parallel: int = 1  # --tensor-parallel: devices run_model is split over
     progress: Callable[[str], None] = field(default=lambda message: None)
 
     def write_call(self, request: Mapping[str, Any]) -> tuple[dict, dict]:
@@ -358,14 +360,32 @@ def _then_run_check(transport, report: TargetReport, options: RunOptions) -> Tar
     restored automatically: the lock is free while it runs, so another run may have changed them."""
     if not options.run_check:
         return report
-    from .runcheck import DEFAULT_TIMEOUT, request, summary
+    from .core.errors import EXIT_USAGE
+    from .runcheck import DEFAULT_TIMEOUT, memory_cap_mib, request, summary
 
-    options.progress(
-        f"{transport.label}: run check: a tiny Llama through speculators and vLLM, compared with transformers"
+    try:
+        memory_cap = memory_cap_mib()
+    except ValueError as exc:
+        report.status, report.exit_code = "failed", max(report.exit_code, EXIT_USAGE)
+        report.message = f"run check: {exc}"
+        return report
+    if options.run_model is None:
+        what = "a tiny Llama through speculators and vLLM, compared with transformers"
+    else:
+        what = f"{options.run_model} at tensor parallel {options.tensor_parallel} through speculators and vLLM"
+    options.progress(f"{transport.label}: run check: {what}")
+    result: RunCheckResult = transport.call(
+        request(model=options.run_model, tensor_parallel=options.tensor_parallel, memory_cap=memory_cap),
+        timeout=DEFAULT_TIMEOUT + 120,
     )
-    result: RunCheckResult = transport.call(request(), timeout=DEFAULT_TIMEOUT + 120)
     report.run_check = result
     line = summary(result)
+    if result.get("usage_error"):
+        # a bad --model / --tensor-parallel, found where the checkpoint is: one line, exit 2
+        report.status, report.exit_code = "failed", max(report.exit_code, EXIT_USAGE)
+        report.problems = [*report.problems, line]
+        report.message = line
+        return report
     if result.get("ok"):
         report.message = f"{report.message}; {line}"
         return report

@@ -142,6 +142,7 @@ if TYPE_CHECKING:
         files: dict[str, str]
         entry: str
         timeout: NotRequired[float]
+        args: NotRequired[list[str]]
 
     Request = FactsRequest | ApplyRequest | ForgetRequest | VerifyRequest | RunCheckRequest
 
@@ -234,6 +235,12 @@ if TYPE_CHECKING:
         peak_rss_mib: int | None
         mem_available_mib: int | None
         gpu_free_mib: int
+        model: str | None
+        tensor_parallel_size: int
+        compared: bool
+        reference: str | None
+        reference_reason: str | None
+        usage_error: str | None
 
     class ErrorInfo(TypedDict):
         kind: str
@@ -1579,6 +1586,9 @@ def op_run_check(req: RunCheckRequest) -> RunCheckResult:
             raise AgentError("usage", f"run check: refusing file name {name!r}")
     if entry not in files:
         raise AgentError("usage", f"run check: entry {entry!r} not among the files sent")
+    extra = req.get("args") or []
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        raise AgentError("usage", "run check: args must be a list of strings")
     timeout = float(req.get("timeout", 1200))
     work = tempfile.mkdtemp(prefix="patcher-runcheck-")
     try:
@@ -1586,7 +1596,7 @@ def op_run_check(req: RunCheckRequest) -> RunCheckResult:
             with open(os.path.join(work, name), "w", encoding="utf-8") as fh:
                 fh.write(text)
         proc = subprocess.Popen(
-            [sys.executable, os.path.join(work, entry), "--workdir", work, "--timeout", str(timeout)],
+            [sys.executable, os.path.join(work, entry), "--workdir", work, "--timeout", str(timeout), *extra],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

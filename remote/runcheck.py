@@ -16,11 +16,25 @@ transformers, vLLM and speculators only in its child processes:
    eleven ~1000-token prompts over the step's 8192-token budget), compared row by row with
    transformers in float32 (tolerance: extract.TOLERANCE, justified there).
 
+With `--model DIR` (`patcher verify --run --model DIR`): the user's checkpoint, already on the
+target's disk, instead of step 2, at `--tensor-parallel N`. Checked before anything runs (a
+`usage_error` line, exit 2 at the controller): DIR exists, holds config.json, and N (a positive
+integer) is at most the devices vLLM can split it over (CUDA: the GPUs torch sees; the CPU build:
+the CPUs this process may run on). Then the same four calls; every row must come back whole, in
+order, with the prompt's own input_ids, and finite. transformers' float32 reference is loaded
+only where it fits in host memory (reference_memory(): its parameters counted from the
+safetensors headers, against MemAvailable, which `--memory-cap-mib` may only lower); otherwise,
+or where transformers cannot load it as a causal LM, the rows are checked alone and
+"reference_reason" says why.
+
 The answer is one JSON object, the last line of stdout:
 {"ok", "cannot_run" (why the target cannot run the check, or null), "device", "versions",
  "max_rel_diff", "tolerance", "prompts", "prompts_ok", "whole_and_in_order", "problems" (one
  precise line each), "timings" {"model_s", "extract_s", "total_s"}, "peak_rss_mib",
- "mem_available_mib", "error" (extract's error record, or null)}.
+ "mem_available_mib", "error" (extract's error record, or null), "model" (the --model path, or
+ null: the tiny Llama), "tensor_parallel_size", "compared" (whether transformers' reference was
+ compared), "reference" (its path, or null), "reference_reason" (why it was or was not compared),
+ "usage_error" (a bad --model / --tensor-parallel, one line, or null)}.
 """
 
 from __future__ import annotations
@@ -38,6 +52,16 @@ import time
 # engine core), so 4 GiB available is asked, with margin.
 MEMORY_NEEDED_MIB = 4096
 LIBRARIES = ("torch", "transformers", "vllm", "speculators")
+# transformers' float32 reference of a --model checkpoint: 4 bytes a parameter, a fifth more for
+# the conversion from the stored dtype and one prompt's activations and hidden states (all layers,
+# float32, ~1000 tokens), and REFERENCE_BASE_MIB for torch, transformers and the captured rows.
+REFERENCE_OVERHEAD = 1.2
+REFERENCE_BASE_MIB = 2048
+# safetensors dtype -> bytes per element (the header's names)
+SAFETENSORS_BYTES = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+    "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1,
+}  # fmt: skip
 
 # Symptoms whose cause is known (api-drift.md, the patches' notes): a hint appended to the line.
 HINTS = (
@@ -108,8 +132,95 @@ def _mem_available_mib() -> int | None:
     return None
 
 
-def preflight(answer: dict) -> str | None:
-    """Why this target cannot run the check, or None."""
+def model_problem(model: str | None, tensor_parallel: int) -> str | None:
+    """What is wrong with --model / --tensor-parallel before anything runs (standard library), or None."""
+    if tensor_parallel < 1:
+        return f"--tensor-parallel {tensor_parallel}: give a positive number of devices"
+    if model is None:
+        return None
+    if not os.path.isabs(model):
+        return f"--model {model}: give the checkpoint's absolute path on the target"
+    if not os.path.isdir(model):
+        what = "is not a directory" if os.path.exists(model) else "does not exist"
+        return f"--model {model}: {what} on the target (a checkpoint directory with config.json, never downloaded)"
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        return f"--model {model}: no config.json there: not a Hugging Face checkpoint directory"
+    return None
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def weight_files(folder: str) -> list[str]:
+    """The checkpoint's weight files in `folder` (not in its subfolders: a tiny checkpoint keeps
+    its reference in reference/)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [
+        os.path.join(folder, n)
+        for n in names
+        if n.endswith((".safetensors", ".bin", ".pt")) and os.path.isfile(os.path.join(folder, n))
+    ]
+
+
+def safetensors_parameters(path: str) -> int:
+    """The number of elements a .safetensors file holds, from its JSON header alone."""
+    with open(path, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        if not 0 < size <= 100 * 2**20:
+            raise ValueError(f"{path}: not a safetensors header")
+        header = json.loads(fh.read(size))
+    count = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        n = 1
+        for dim in entry["shape"]:
+            n *= int(dim)
+        count += n
+    return count
+
+
+def reference_memory(reference: str) -> tuple[int | None, str]:
+    """(MiB transformers' float32 reference of `reference` needs, how that was counted), or
+    (None, why it cannot be estimated)."""
+    files = weight_files(reference)
+    tensors = [f for f in files if f.endswith(".safetensors")]
+    try:
+        if tensors:
+            parameters = sum(safetensors_parameters(f) for f in tensors)
+            how = f"{parameters / 1e9:.3g} billion parameters in {len(tensors)} safetensors file(s)"
+        elif files:
+            # no header to read: assume 16-bit weights, as checkpoints are stored
+            parameters = sum(os.path.getsize(f) for f in files) // 2
+            how = f"about {parameters / 1e9:.3g} billion parameters from {len(files)} weight file(s)' sizes"
+        else:
+            return None, f"no weight files in {reference} to size transformers' reference by"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"cannot read the weights' sizes in {reference}: {type(exc).__name__}: {exc}"
+    return int(parameters * 4 * REFERENCE_OVERHEAD / 2**20) + REFERENCE_BASE_MIB, how
+
+
+def gpu_memory_utilization(model: str | None, tensor_parallel: int, total: int) -> float:
+    """The share of each GPU the generator asks vLLM for: 0.1 for the tiny Llama; for --model its
+    weights' share per GPU and a third more, plus 2 GiB (activations, the KV cache of ~1000-token
+    prompts), within 0.1-0.9."""
+    if model is None:
+        return 0.1
+    stored = sum(os.path.getsize(f) for f in weight_files(model))
+    needed = stored / tensor_parallel * 4 / 3 + 2 * 2**30
+    return round(min(0.9, max(0.1, needed / total)), 2)
+
+
+def preflight(answer: dict, model: str | None = None, tensor_parallel: int = 1) -> str | None:
+    """Why this target cannot run the check, or None. A --tensor-parallel larger than the devices
+    there is answer["usage_error"] (the check then stops too)."""
     missing = [name for name in LIBRARIES if not _find_spec(name)]
     if missing:
         return f"{', '.join(missing)} not importable in {sys.executable}: the run check needs torch, transformers, vllm and speculators there"
@@ -123,6 +234,12 @@ def preflight(answer: dict) -> str | None:
             f"only {available} MiB of memory available on this host; the run check needs about "
             f"{MEMORY_NEEDED_MIB} MiB (a tiny model, but vLLM's engine and torch): free memory or skip --run"
         )
+    if answer["device"] == "cpu" and tensor_parallel > _cpus():
+        answer["usage_error"] = (
+            f"--tensor-parallel {tensor_parallel}: vLLM's CPU build here can split the model over at most "
+            f"{_cpus()} (the CPUs this process may run on, one rank each at least)"
+        )
+        return None
     if answer["device"] == "cuda":
         probe = subprocess.run(
             [
@@ -130,7 +247,8 @@ def preflight(answer: dict) -> str | None:
                 "-c",
                 (
                     "import json,torch;ok=torch.cuda.is_available();"
-                    "print(json.dumps([ok]+(list(torch.cuda.mem_get_info()) if ok else [])))"
+                    "print(json.dumps([ok]+([list(torch.cuda.mem_get_info(i)) for i in "
+                    "range(torch.cuda.device_count())] if ok else [])))"
                 ),
             ],
             capture_output=True,
@@ -147,14 +265,23 @@ def preflight(answer: dict) -> str | None:
                 f"vLLM here is a CUDA build ({dist} {version}) and torch sees no CUDA device; run the "
                 "check where the GPU is visible (CUDA_VISIBLE_DEVICES, the container's --gpus)"
             )
-        free, total = info[1], info[2]
+        devices = info[1:]
         answer["device"] = "cuda"
+        if tensor_parallel > len(devices):
+            answer["usage_error"] = (
+                f"--tensor-parallel {tensor_parallel}: torch sees {len(devices)} CUDA device(s) here "
+                "(CUDA_VISIBLE_DEVICES, the container's --gpus)"
+            )
+            return None
+        free, total = min(d[0] for d in devices[:tensor_parallel]), devices[0][1]
         answer["gpu_free_mib"] = free // 2**20
-        # The generator asks vLLM for gpu_memory_utilization=0.1 of the device, which must be free.
-        if free < 0.12 * total:
+        # The generator asks vLLM for this share of each device, which must be free (and a margin).
+        share = gpu_memory_utilization(model, tensor_parallel, total)
+        answer["gpu_memory_utilization"] = share
+        if free < (share + 0.02) * total:
             return (
-                f"the GPU has {free // 2**20} MiB free of {total // 2**20}; the run check's vLLM needs "
-                f"a tenth of it ({total // 10 // 2**20} MiB) free"
+                f"a GPU has {free // 2**20} MiB free of {total // 2**20}; the run check's vLLM needs "
+                f"{share:g} of it ({int(share * total) // 2**20} MiB) free"
             )
     return None
 
@@ -249,6 +376,11 @@ def describe(report: dict) -> list[str]:
             if rel is not None and rel > report.get("tolerance", 0):
                 line += f", relative error {rel:.3f} over the tolerance {report['tolerance']}"
             problems.append(line)
+    if not problems and report.get("median_ok") is False:
+        problems.append(
+            f"the median relative error {report.get('median_rel_diff')} is over the checkpoint's median "
+            f"tolerance {report.get('median_tolerance')} (every row moved: a wrong expert, scale or dequantization)"
+        )
     if not problems and not report.get("ok"):
         problems.append(f"{len(report.get('calls', []))} of {report.get('planned_calls')} generate() calls ran")
     return problems
@@ -258,6 +390,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--model", help="the user's checkpoint directory on this host (default: make the tiny Llama)")
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="devices --model is split over")
+    parser.add_argument(
+        "--memory-cap-mib",
+        type=int,
+        help="count at most this much host memory as available for transformers' reference (only lowers it)",
+    )
     args = parser.parse_args()
     started = time.monotonic()
     answer: dict = {
@@ -275,12 +414,21 @@ def main() -> int:
         "whole_and_in_order": False,
         "peak_rss_mib": None,
         "mem_available_mib": None,
+        "model": None if args.model is None else os.path.expanduser(args.model),  # ~ is the target's home
+        "tensor_parallel_size": args.tensor_parallel,
+        "compared": False,
+        "reference": None,
+        "reference_reason": None,
+        "usage_error": None,
     }
-    try:
-        answer["cannot_run"] = preflight(answer)
-    except Exception as exc:  # metadata unreadable, a broken torch: say so, do not crash  # noqa: BLE001
-        answer["cannot_run"] = f"preflight failed: {type(exc).__name__}: {exc}"
-    if answer["cannot_run"] is None:
+    args.model = answer["model"]
+    answer["usage_error"] = model_problem(args.model, args.tensor_parallel)
+    if answer["usage_error"] is None:
+        try:
+            answer["cannot_run"] = preflight(answer, args.model, args.tensor_parallel)
+        except Exception as exc:  # metadata unreadable, a broken torch: say so, do not crash  # noqa: BLE001
+            answer["cannot_run"] = f"preflight failed: {type(exc).__name__}: {exc}"
+    if answer["usage_error"] is None and answer["cannot_run"] is None:
         problem = platform_problem(answer)
         if problem:
             answer["problems"].append(problem)
@@ -292,21 +440,64 @@ def main() -> int:
     return 0
 
 
+def reference_plan(args, answer: dict) -> list[str]:
+    """extract.py's reference arguments for --model: compared only where transformers' float32
+    copy fits in host memory (answer["reference_reason"] says which and why)."""
+    sys.path.insert(0, args.workdir)
+    from extract import reference_dir  # shipped beside this file; standard library at module level
+
+    reference = reference_dir(args.model)
+    needed, how = reference_memory(reference)
+    available = answer.get("mem_available_mib")
+    source = "MemAvailable"
+    if args.memory_cap_mib is not None and (available is None or args.memory_cap_mib < available):
+        available, source = args.memory_cap_mib, "PATCHER_RUN_CHECK_MEMORY_MIB"
+    answer["reference_memory_mib"] = needed
+    if needed is None:
+        reason = f"not compared with transformers: {how}"
+    elif available is None:
+        reason = f"not compared with transformers: host memory unknown (no MemAvailable); it needs about {needed} MiB"
+    elif needed > available:
+        reason = (
+            f"not compared with transformers: its float32 copy of {reference} needs about {needed} MiB "
+            f"({how}), {available} MiB available ({source})"
+        )
+    else:
+        answer["reference"] = reference
+        answer["reference_reason"] = (
+            f"compared with transformers: its float32 copy of {reference} needs about {needed} MiB "
+            f"({how}), {available} MiB available ({source})"
+        )
+        return ["--reference", reference, "--reference-optional"]
+    answer["reference_reason"] = reason
+    return ["--no-reference", reason]
+
+
 def check(args, answer: dict, started: float) -> None:
     work = args.workdir
-    model = os.path.join(work, "model")
-    t0 = time.monotonic()
-    code, _, err = _run([sys.executable, os.path.join(work, "tiny_model.py"), model], args.timeout)
-    answer["timings"]["model_s"] = round(time.monotonic() - t0, 1)
-    if code != 0:
-        tail = err.strip().splitlines()[-1:] or [f"exit status {code}"]
-        answer["problems"].append(f"making the tiny model with this transformers failed: {tail[0]}")
-        return
+    extra: list[str] = []
+    if args.model is None:
+        model = os.path.join(work, "model")
+        t0 = time.monotonic()
+        code, _, err = _run([sys.executable, os.path.join(work, "tiny_model.py"), model], args.timeout)
+        answer["timings"]["model_s"] = round(time.monotonic() - t0, 1)
+        if code != 0:
+            tail = err.strip().splitlines()[-1:] or [f"exit status {code}"]
+            answer["problems"].append(f"making the tiny model with this transformers failed: {tail[0]}")
+            return
+        answer["reference"] = model
+        answer["reference_reason"] = "compared with transformers: the tiny Llama made here"
+    else:
+        model = args.model
+        extra = [*reference_plan(args, answer), "--tensor-parallel-size", str(args.tensor_parallel)]
+        if "gpu_memory_utilization" in answer:
+            extra += ["--memory-utilization", str(answer["gpu_memory_utilization"])]
     t0 = time.monotonic()
     report_path = os.path.join(work, "report.json")
     remaining = max(60.0, args.timeout - (time.monotonic() - started))
     code, _out, err = _run(
-        [sys.executable, os.path.join(work, "extract.py"), "--model", model, "--report", report_path], remaining
+        [sys.executable, os.path.join(work, "extract.py"), "--model", model, "--report", report_path, *extra],
+        remaining,
     )
     answer["timings"]["extract_s"] = round(time.monotonic() - t0, 1)
     answer["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
@@ -330,8 +521,16 @@ def check(args, answer: dict, started: float) -> None:
     answer["whole_and_in_order"] = (
         report.get("error") is None
         and len(report.get("calls", [])) == report.get("planned_calls")
-        and all(p["rows"] == [p["prompt_tokens"]] * len(p["rows"]) and p["input_ids_ok"] for p in prompts)
+        and all(
+            p["rows"] == [p["prompt_tokens"]] * len(p["rows"]) and p["input_ids_ok"] and p.get("finite", True)
+            for p in prompts
+        )
     )
+    answer["compared"] = bool(report.get("compared"))
+    if not answer["compared"] and answer["reference"] is not None and report.get("reference_skipped"):
+        # asked, but transformers could not load it (extract's --reference-optional): its reason
+        answer["reference"] = None
+        answer["reference_reason"] = "not compared with transformers: " + str(report.get("reference_skipped"))
     answer["problems"] = describe(report)
     answer["ok"] = bool(report.get("ok")) and not answer["problems"]
 

@@ -1,6 +1,7 @@
 """The run check (`patcher verify --run`, `apply --run-check`) on the real vLLM 0.16.0 CPU build:
 a tiny random Llama made in the target, speculators' generator through vLLM, compared with
-transformers. One passing run (local, and proving the lock is free while it runs) and one
+transformers. One passing run (local, on the tiny Llama already on disk, `--model DIR`, and
+proving the lock is free while it runs; the --model paths are in test_run_check_model.py) and one
 half-patched state over a real sshd (without v11: the split prompt comes back cut); the other
 named states are in bench/run_check.py (minutes each). Plus a target that cannot run it.
 """
@@ -36,11 +37,16 @@ def _run_check_folders() -> set[str]:
 
 @pytest.mark.vllm
 def test_apply_run_check_passes_and_the_lock_is_free_meanwhile(tmp_path: Path, demo_python: Path):
+    from patcher.demo.tiny_model import ensure_tiny_model
+
     target = overlay_env(tmp_path, demo_python)
+    # the tiny Llama on disk, as a user's checkpoint: the same check as the one made in the target
+    # (the ssh test below runs that), and --model's compared path without another vLLM run
+    model = ensure_tiny_model(demo_python, progress=lambda message: None)
     before = _run_check_folders()
     started = time.monotonic()
     proc = subprocess.Popen(
-        patcher_argv("apply", "--python", str(target), "--run-check", "--json"),
+        patcher_argv("apply", "--python", str(target), "--run-check", "--model", str(model), "--json"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -61,7 +67,13 @@ def test_apply_run_check_passes_and_the_lock_is_free_meanwhile(tmp_path: Path, d
     assert check["whole_and_in_order"] is True
     assert check["calls"] == 4 and check["prompts"] == check["prompts_ok"] >= 25
     assert 0 < check["max_rel_diff"] <= check["tolerance"] == 0.25
-    assert "verified" in report["message"] and "run check passed on cpu" in report["message"]
+    assert check["model"] == str(model) and check["tensor_parallel_size"] == 1
+    # its float32 copy fits in host memory: compared, and said why
+    assert check["compared"] is True and check["reference"] == str(model)
+    assert check["reference_reason"].startswith(f"compared with transformers: its float32 copy of {model} needs about ")
+    assert check["reference_reason"].endswith(" MiB available (MemAvailable)")
+    assert "verified" in report["message"]
+    assert f"run check passed on cpu with {model} at tensor parallel 1: " in report["message"]
     print(f"\nrun check: {check['timings']}, peak {check['peak_rss_mib']} MiB, max rel {check['max_rel_diff']:.3f}")
 
 

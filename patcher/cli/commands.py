@@ -148,6 +148,36 @@ write_timeout_option = click.option(
     metavar="SECONDS",
     help="time limit for the writes once the lock is held (backups, files, record)",
 )
+model_option = click.option(
+    "--model",
+    "run_model",
+    metavar="DIR",
+    help="run the check on this checkpoint instead of a tiny Llama: a directory with config.json on the "
+    "target (its path there; never downloaded); compared with transformers only where that fits in host memory",
+)
+tensor_parallel_option = click.option(
+    "--tensor-parallel",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="split --model over N devices (default 1; at most the GPUs the target sees)",
+)
+
+
+def _model_usage(run_check: bool, flag: str, run_model: str | None, tensor_parallel: int | None, remote) -> str | None:
+    """--model and --tensor-parallel: a bad combination (one line, exit 2) or None; a local
+    target's relative path made absolute (a remote one must be given absolute)."""
+    out = Output(False, False)
+    if run_model is not None and not run_check:
+        out.error(f"--model names the checkpoint {flag} runs: add {flag}")
+        sys.exit(2)
+    if tensor_parallel is not None and run_model is None:
+        out.error("--tensor-parallel splits --model's checkpoint: add --model DIR")
+        sys.exit(2)
+    if run_model is not None and not remote.is_fleet:
+        return os.path.abspath(os.path.expanduser(run_model))
+    return run_model
+
+
 verify_timeout_option = click.option(
     "--verify-timeout",
     default=600.0,
@@ -402,6 +432,8 @@ def plan(python, remote, diff, only, skip, force, facts_timeout, json_mode, quie
     help="then run a tiny model through speculators and vLLM there and compare with transformers "
     "(minutes; not under the lock; a failure exits 1, files stay written)",
 )
+@model_option
+@tensor_parallel_option
 @click.option(
     "--force",
     is_flag=True,
@@ -420,6 +452,8 @@ def apply(
     skip,
     no_verify,
     run_check,
+    run_model,
+    tensor_parallel,
     force,
     lock_timeout,
     facts_timeout,
@@ -429,6 +463,7 @@ def apply(
     quiet,
 ) -> None:
     """Apply the selected patches, verify, record; on a failed verification, restore."""
+    run_model = _model_usage(run_check, "--run-check", run_model, tensor_parallel, remote)
     _run(
         "apply",
         python,
@@ -444,6 +479,8 @@ def apply(
         write_timeout=write_timeout,
         verify_timeout=verify_timeout,
         run_check=run_check,
+        run_model=run_model,
+        tensor_parallel=tensor_parallel or 1,
     )
 
 
@@ -457,12 +494,17 @@ def apply(
     help="also run a tiny random Llama through speculators and vLLM in the target and compare the "
     "hidden states with transformers (minutes; writes nothing of the environment's)",
 )
+@model_option
+@tensor_parallel_option
 @facts_timeout_option
 @verify_timeout_option
 @json_option
 @quiet_option
-def verify(python, remote, run_check, facts_timeout, verify_timeout, json_mode, quiet) -> None:
+def verify(
+    python, remote, run_check, run_model, tensor_parallel, facts_timeout, verify_timeout, json_mode, quiet
+) -> None:
     """Check the installed files as they are: imports and vLLM call bindings; --run runs them."""
+    run_model = _model_usage(run_check, "--run", run_model, tensor_parallel, remote)
     _run(
         "verify",
         python,
@@ -470,6 +512,8 @@ def verify(python, remote, run_check, facts_timeout, verify_timeout, json_mode, 
         quiet,
         remote,
         run_check=run_check,
+        run_model=run_model,
+        tensor_parallel=tensor_parallel or 1,
         facts_timeout=facts_timeout,
         verify_timeout=verify_timeout,
     )

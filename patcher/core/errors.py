@@ -34,7 +34,8 @@ EXIT_MEANINGS = (
         EXIT_USAGE,
         (
             "usage error: not a Python, libraries not installed there, unknown patch id, a `demo --vllm` "
-            "release the package index lacks (the line names the releases it has)"
+            "release the package index lacks (the line names the releases it has), a run check's `--model` "
+            "that is not a checkpoint directory on the target or a `--tensor-parallel` larger than its devices"
         ),
     ),
     (EXIT_CONFLICT, "conflict: a file changed by hand, an anchor missing, a damaged backup or state record"),

@@ -122,6 +122,7 @@ if TYPE_CHECKING:
         files: dict[str, str]  # file name -> text, written to a temporary folder
         entry: str
         timeout: NotRequired[float]
+        args: NotRequired[list[str]]  # more arguments for the entry (--model, --tensor-parallel, ...)
 
     Request = FactsRequest | ApplyRequest | ForgetRequest | VerifyRequest | RunCheckRequest
 
@@ -227,6 +228,12 @@ if TYPE_CHECKING:
         peak_rss_mib: int | None
         mem_available_mib: int | None
         gpu_free_mib: int
+        model: str | None  # --model's checkpoint on the target, or None: the tiny Llama
+        tensor_parallel_size: int
+        compared: bool  # whether transformers' reference was compared
+        reference: str | None
+        reference_reason: str | None  # why it was or was not compared
+        usage_error: str | None  # a bad --model / --tensor-parallel found in the target (exit 2)
 
     class ErrorInfo(TypedDict):
         kind: str  # one of AGENT_KINDS (core/errors.py)

@@ -314,8 +314,11 @@ def summarize(report: dict) -> None:
     report["prompts_ok"] = len(good)
     report["scale"] = max((p["scale"] for c in report["calls"] for p in c["prompts"] if "scale" in p), default=None)
     limit = report.get("median_tolerance")
-    report["median_ok"] = limit is None or (
-        report["median_rel_diff"] is not None and report["median_rel_diff"] <= limit
+    # held only where compared: without a reference (--no-reference) there is no median to hold
+    report["median_ok"] = (
+        limit is None
+        or report.get("compared") is False
+        or (report["median_rel_diff"] is not None and report["median_rel_diff"] <= limit)
     )
     report["ok"] = (
         report["error"] is None
