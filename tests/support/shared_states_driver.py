@@ -53,7 +53,7 @@ def run(model: str, mode: str, dump: str | None) -> dict:
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
     report: dict = {"mode": mode}
-    utilization = 0.0005 if mode == "worker-error" else 0.1
+    utilization = 0.1
     generator = VllmHiddenStatesGenerator(
         model, layer_ids=[0, 2, 3], max_model_len=1024, gpu_memory_utilization=utilization
     )
@@ -89,6 +89,18 @@ def run(model: str, mode: str, dump: str | None) -> dict:
         report["ok"] = all(report[k] for k in ("order_ok", "rows_ok", "own_storage", "valid_after_close"))
         return report
     if mode == "worker-error":
+        # the step's request metadata one token short: the worker's request-by-request check (v10)
+        # raises inside the transfer, on any machine (a KV cache too small to start the prompt
+        # depended on the host's free memory)
+        real_rpc = executor.collective_rpc
+
+        def one_token_short(method, *args, **kwargs):
+            if method == "_set_request_metadata":
+                (scheduled,) = kwargs["args"]
+                kwargs["args"] = ({request: count - 1 for request, count in scheduled.items()},)
+            return real_rpc(method, *args, **kwargs)
+
+        executor.collective_rpc = one_token_short
         try:
             generator.generate(prompts(1, 1000, 1000, 4))
         except Exception as error:  # the symptom is the result  # noqa: BLE001
