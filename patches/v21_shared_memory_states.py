@@ -185,6 +185,42 @@ def _write_captured_states(worker, request_tokens, path, mapped_buffer):
     }
 
 
+class _SharedStates(list):
+    """One reply's layers (views of the shared buffer) with each prompt's rows already copied
+    out, several prompts at a time: vLLM runs the caller's torch on one thread
+    (set_multiprocessing_worker_envs), so copying them prompt by prompt is the slow part."""
+
+    owned = None
+
+
+def _copy_prompts(layers, counts):
+    """{(start, stop): [each layer's rows start:stop, a tensor of its own]} for consecutive prompts."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    spans = []
+    start = 0
+    for count in counts:
+        spans.append((start, start + count))
+        start += count
+
+    def copy(span):
+        return span, [layer[span[0] : span[1]].clone() for layer in layers]
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        return dict(pool.map(copy, spans))
+
+
+def _prompt_rows(layers, start, stop):
+    """Rows start:stop of every layer, each a CPU tensor of its own (copied already where the
+    reply came through the shared buffer)."""
+    owned = getattr(layers, "owned", None)
+    rows = owned.pop((start, stop), None) if owned else None
+    if rows is None:
+        rows = [layer[start:stop].clone().cpu() for layer in layers]
+    return rows
+
+
 def _captured_states_through_shared_memory(generator, request_tokens):
     """What collective_rpc("_get_captured_states", args=(request_tokens,), unique_reply_rank=0)
     returns (one tensor per layer; in a one-element list where the executor wraps the reply, as
@@ -241,6 +277,9 @@ def _captured_states_through_shared_memory(generator, request_tokens):
         for dim in layer["shape"]:
             nbytes *= dim
         layers.append(host[layer["offset"] : layer["offset"] + nbytes].view(dtype).view(layer["shape"]))
+    layers = _SharedStates(layers)
+    if request_tokens:  # the rows come in the caller's order: each prompt's are known now
+        layers.owned = _copy_prompts(layers, list(request_tokens.values()))
     state["calls"] += 1
     state["last"] = {
         "seconds": time.perf_counter() - started,
@@ -272,6 +311,27 @@ REPLY_IS_NONE = m.Comparison(
     left=m.Name(REPLY), comparisons=[m.ComparisonTarget(operator=m.Is(), comparator=m.Name("None"))]
 )
 GUARD = m.If(test=REPLY_IS_NONE, body=m.IndentedBlock(body=[RPC_ASSIGN]))
+ROWS = "_prompt_rows"
+# speculators' own copy of each prompt's rows: [h[offset : offset + seq_len].clone().cpu() for h in ...]
+PROMPT_ROWS = m.ListComp(
+    elt=m.Call(
+        func=m.Attribute(
+            value=m.Call(
+                func=m.Attribute(
+                    value=m.Subscript(
+                        value=m.Name(),
+                        slice=[m.SubscriptElement(slice=m.Slice(lower=m.Name(), upper=m.BinaryOperation(), step=None))],
+                    ),
+                    attr=m.Name("clone"),
+                ),
+                args=[],
+            ),
+            attr=m.Name("cpu"),
+        ),
+        args=[],
+    ),
+    for_in=m.CompFor(target=m.Name(), iter=m.Name(), ifs=[], inner_for_in=None),
+)
 
 
 def _request_tokens_of(statement: cst.SimpleStatementLine) -> cst.BaseExpression | None:
@@ -310,6 +370,21 @@ class _Blocks(cst.CSTTransformer):
         if m.matches(original, GUARD):
             self.in_guard -= 1
         return updated
+
+    def leave_ListComp(self, original: cst.ListComp, updated: cst.BaseExpression) -> cst.BaseExpression:
+        # `[h[a : b].clone().cpu() for h in layers]`, each prompt's own rows: `_prompt_rows(layers, a, b)`
+        if not m.matches(updated, PROMPT_ROWS):
+            return updated
+        assert isinstance(updated, cst.ListComp)
+        if updated.elt.func.value.func.value.value.value != updated.for_in.target.value:  # type: ignore[attr-defined]
+            return updated  # rows of something else than the loop's layer
+        span = updated.elt.func.value.func.value.slice[0].slice  # type: ignore[attr-defined]
+        iterable = updated.for_in.iter
+        code = cst.Module(body=[]).code_for_node
+        self.codemod.rewrote()
+        return cst.parse_expression(
+            f"{ROWS}({code(iterable)}, {code(span.lower)}, {code(span.upper)})"
+        )
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
         if self.in_guard:  # the fallback inside the patched guard
@@ -401,7 +476,9 @@ class VllmHiddenStatesGenerator:
             args=(request_tokens,),
             unique_reply_rank=0,
         )
-        return captured_states_list
+        offset = 0
+        rows = [h[offset : offset + 3].clone().cpu() for h in captured_states_list]
+        return rows
 """
 
 AFTER = (
@@ -421,7 +498,9 @@ class VllmHiddenStatesGenerator:
                 args=(request_tokens,),
                 unique_reply_rank=0,
             )
-        return captured_states_list
+        offset = 0
+        rows = _prompt_rows(captured_states_list, offset, offset + 3)
+        return rows
 """
 )
 
