@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from ..core.errors import EXIT_PENDING
+
 STATE_STYLE = {
     "applied": "green",
     "pending": "yellow",
@@ -22,7 +24,15 @@ STATUS_STYLE = {
     "timed-out": "red",
     "rolled-back": "red",
     "interrupted": "yellow",
+    "pending": "yellow",
 }
+
+
+def outcome_label(status: str, exit_code: int) -> str:
+    """The one word that starts a target's last line: its status, except that `plan`'s exit 6
+    (changes pending) reads "pending", never "ok". The status word is the whole prefix: a failed
+    target's line reads "failed: <message>", not "failed: error: <message>"."""
+    return "pending" if exit_code == EXIT_PENDING else status
 
 
 def _console():
@@ -55,7 +65,8 @@ def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
                 f"{n} {v}" + (f" ({r.distributions[n]})" if r.distributions.get(n, n) != n else "")
                 for n, v in sorted(r.versions.items())
             )
-            console.print(f"[bold]{escape(r.target)}[/bold]  {escape(versions)}")
+            if versions or r.patches:  # a target that could not be read has neither: its error line says why
+                console.print(f"[bold]{escape(r.target)}[/bold]  {escape(versions)}")
             if r.patches:
                 table = Table(show_header=True, box=None, pad_edge=False)
                 table.add_column("patch")
@@ -67,8 +78,11 @@ def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
             for note in r.notes:
                 console.print(f"note: {escape(note)}")
         if r.message:
-            prefix = "error: " if r.exit_code not in (0, 6) else ""
-            console.print(f"[{style}]{r.status}[/]: {prefix}{escape(r.message)}", markup=True)
+            label, style = (
+                outcome_label(r.status, r.exit_code),
+                STATUS_STYLE.get(outcome_label(r.status, r.exit_code), style),
+            )
+            console.print(f"[{style}]{label}[/]: {escape(r.message)}", markup=True)
         for problem in r.problems[1:] if r.message else r.problems:
             console.print(f"  [red]-[/red] {escape(problem)}", markup=True)
         if show_diff:

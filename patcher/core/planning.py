@@ -362,6 +362,7 @@ class Draft:
     cleanup: list[CleanupItem] = field(default_factory=list)
     originals: dict = field(default_factory=dict)
     dropped: dict = field(default_factory=dict)  # id -> reason it is left out by `needs`
+    restricted: bool = False  # --only or --skip was given: the reason a selected patch is left out
 
     @property
     def requests(self) -> list:
@@ -518,6 +519,7 @@ def draft(
     specs = list(specs)
     versions = versions_of(facts, condition_names(specs))
     d = Draft({s.id: s for s in specs}, mode, facts, versions, select(specs, versions, holds), [])
+    d.restricted = bool(only or skip)
     if lines:
         blockers, notes = coverage(facts, lines, holds)
         d.notes.extend(notes)
@@ -748,7 +750,10 @@ def _idle_state(d: Draft, pid: str, carried: list, rel: str, mode: str) -> Patch
         return PatchState(pid, "stale", f"{cause}; apply removes it", rel, cause)
     if not sel.selected:
         return PatchState(pid, "not-selected", sel.reason, rel)
-    return PatchState(pid, "pending", "selected; left out by --only/--skip", rel)
+    if d.restricted:
+        return PatchState(pid, "pending", "selected; left out by --only/--skip", rel)
+    # rollback with nothing left out: the file does not carry it (`patcher apply` would apply it)
+    return PatchState(pid, "pending", "selected; not applied", rel)
 
 
 def _attribute_calls(d: Draft, desired: list) -> list:
