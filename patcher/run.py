@@ -357,10 +357,8 @@ def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptio
         report.message = f"verification failed ({len(found)} problem(s)): {found[0]}"
         unapplied = [p for p in report.patches if p.state in ("pending", "stale")]
         if unapplied:  # the files are not (all) patched yet: what is listed is what apply is for
-            report.notes = list(report.notes) + [
-                f"{len(unapplied)} selected patch(es) are not applied to these files: "
-                "`patcher apply` applies them and verifies again"
-            ]
+            hint = f"{len(unapplied)} selected patch(es) are not applied to these files: `patcher apply` applies them and verifies again"
+            report.notes = [*report.notes, hint]
         if not options.run_check:
             return report
     else:
