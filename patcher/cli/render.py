@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..core.errors import EXIT_PENDING
+from ..core.planning import readable_conditions
 
 STATE_STYLE = {
     "applied": "green",
@@ -41,16 +42,46 @@ def _console():
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+WIDE_TABLE = 160  # columns from which `list` is one table; below, and in a pipe, one block per patch
+
+
 def render_patch_list(patches) -> None:
+    """Every patch: a table on a wide terminal; otherwise a block per patch (its id whole on its
+    own line, then file, conditions and upstream), wrapped at the console's width between words."""
+    import textwrap
+
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="patches, in canonical order")
-    for column in ("id", "title", "file", "conditions", "upstream"):
-        table.add_column(column, overflow="fold")
+    console = _console()
+    rows = []
     for p in patches:
-        conditions = "; ".join(f"{n} {', '.join(s)}" for n, s in p.conditions().items())
-        table.add_row(p.id, p.title, p.target.path.split("/")[-1], conditions, p.upstream)
-    _console().print(table)
+        spec = p.spec()
+        shown = readable_conditions(spec.requires, [when for _, when in spec.edits])
+        conditions = "; ".join(f"{n} {text}" for n, text in shown.items()) or "any version"
+        rows.append((p.id, p.title, p.target.path, conditions, p.upstream))
+    if console.is_terminal and console.width >= WIDE_TABLE:
+        table = Table(title="patches, in canonical order")
+        for column in ("id", "title", "file", "conditions", "upstream"):
+            table.add_column(column, overflow="fold")
+        for pid, title, path, conditions, upstream in rows:
+            table.add_row(pid, title, path.split("/")[-1], conditions, upstream)
+        console.print(table)
+        return
+    width = max(console.width, 40)
+    for pid, title, path, conditions, upstream in rows:
+        console.print(f"[bold]{escape(pid)}[/bold]")
+        for label, text in (("", title), ("file: ", path), ("when: ", conditions), ("upstream: ", upstream)):
+            lines = textwrap.wrap(
+                label + text,
+                width=width,
+                initial_indent="  ",
+                subsequent_indent="    ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            for line in lines:
+                console.print(escape(line))
 
 
 def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
