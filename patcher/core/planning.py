@@ -175,7 +175,7 @@ class _Range:
             parts.append((">=" if self.low[2] else ">") + self.low[1])
         if self.high is not None:
             if self.low is not None and self.high[:2] == self.low[:2] and self.high[2] and self.low[2]:
-                return "==" + self.low[1]
+                return "==" + str(self.low[1])
             parts.append(("<=" if self.high[2] else "<") + self.high[1])
         out = ", ".join(parts) or "any version"
         if self.high_prereleases and self.high is not None:
@@ -260,7 +260,7 @@ def readable_conditions(requires: dict, edits: Sequence[dict]) -> dict:
         if parsed_required is None or any(p is None for p in parsed):
             out[name] = ", ".join(dict.fromkeys([*([required] if required else []), *alternatives]))
             continue
-        ranges = [_intersect(parsed_required, p) for p in _union(parsed)] if parsed else [parsed_required]  # type: ignore[arg-type]
+        ranges = [_intersect(parsed_required, p) for p in _union(parsed)] if parsed else [parsed_required]
         ranges = [r for r in ranges if not r.empty()]
         text = " or ".join(r.text() for r in ranges) if ranges else "no version"
         if text != "any version":  # a distribution that does not limit where the patch applies
