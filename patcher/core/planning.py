@@ -12,7 +12,6 @@ things come from the caller, so that each side keeps its own:
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 
 # The type checker's view only: typing is not imported where this text runs.
@@ -148,7 +147,17 @@ def describe(spec: PatchSpec, versions: dict) -> str:
 # --------------------------------------------------------------------------- conditions, for reading
 # Display only: the declarations keep their specifier strings, and selection uses them as they are.
 
-_CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*([0-9]+(?:\.[0-9]+)*)\s*$")
+_OPERATORS = (">=", "<=", "==", "!=", ">", "<")  # two-character ones first
+
+
+def _clause(text: str) -> tuple | None:
+    """(operator, release) of a clause such as ">=0.12.0", or None (`~=`, a pre-release, a wildcard)."""
+    text = text.strip()
+    op = next((o for o in _OPERATORS if text.startswith(o)), None)
+    release = text[len(op) :].strip() if op else ""
+    if op is None or not all(part.isdigit() and part.isascii() for part in release.split(".")):
+        return None
+    return op, release
 
 
 def _key(text: str) -> tuple:
@@ -188,10 +197,10 @@ def _parse_range(spec: str) -> _Range | None:
     a `!=` inside the range): such a set is shown as written."""
     bounds, excluded = _Range(), []
     for clause in spec.split(","):
-        match = _CLAUSE.match(clause)
-        if match is None:
+        parsed = _clause(clause)
+        if parsed is None:
             return None
-        op, text = match.groups()
+        op, text = parsed
         bound = (_key(text), text, op in (">=", "<=", "=="))
         if op == "!=":
             excluded.append(bound)
