@@ -244,7 +244,11 @@ def _nothing_to_write(
         report.status = "changed"
         report.message = "removed temporary files an interrupted run left; the patches were already in place"
         return report
-    report.message = "nothing to do: every selected patch is already in place"
+    report.message = (
+        "nothing to do: no selected patch is applied, so there is nothing to roll back"
+        if options.command == "rollback"
+        else "nothing to do: every selected patch is already in place"
+    )
     if not any(p.state in ("applied", "already-satisfied", "pending") for p in plan.patches):
         report.message = "nothing to do; no patch selected: " + _why_none(plan)
         path = _unpatched_path(report)
@@ -267,7 +271,10 @@ def _write(
     """Write and verify: one apply request; the agent writes every change atomically, verifies
     the result in a fresh interpreter (apply) and records it, or restores every file. Its answer."""
     verify = options.verify and mode == "apply" and bool(plan.verify_files)
-    options.progress(f"{transport.label}: writing {len(plan.changes)} file(s)" + (" and verifying" if verify else ""))
+    options.progress(
+        f"{transport.label}: writing {len(plan.changes)} file(s)"
+        + (", then verifying them in a fresh interpreter (every file is restored if that fails)" if verify else "")
+    )
     apply: ApplyRequest = {
         "op": "apply",
         "files": [change.as_request() for change in plan.changes],
@@ -348,6 +355,10 @@ def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptio
     if found:
         report.status, report.exit_code = "failed", EXIT_FAILED
         report.message = f"verification failed ({len(found)} problem(s)): {found[0]}"
+        unapplied = [p for p in report.patches if p.state in ("pending", "stale")]
+        if unapplied:  # the files are not (all) patched yet: what is listed is what apply is for
+            hint = f"{len(unapplied)} selected patch(es) are not applied to these files: `patcher apply` applies them and verifies again"
+            report.notes = [*report.notes, hint]
         if not options.run_check:
             return report
     else:

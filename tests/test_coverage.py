@@ -60,7 +60,7 @@ def test_every_command_refuses_an_uncovered_speculators_release(tmp_path: Path, 
         message = target["message"]
         assert message.startswith(f"speculators {release} is not a release patcher covers (it covers speculators 0.3.0")
         assert f"`{python} -m pip install speculators==" in message and "\n" not in message, message
-        assert f"failed: error: {message}\n" in err, err  # the one line a person reads
+        assert f"failed: {message}\n" in err, err  # the one line a person reads
         assert target_hashes(python) == before, command
     # Restoring and forgetting stay possible on any release: they only ever undo patcher's work.
     for command in ("rollback", "forget"):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from ..core.errors import EXIT_PENDING
+from ..core.planning import readable_conditions
+
 STATE_STYLE = {
     "applied": "green",
     "pending": "yellow",
@@ -22,7 +25,15 @@ STATUS_STYLE = {
     "timed-out": "red",
     "rolled-back": "red",
     "interrupted": "yellow",
+    "pending": "yellow",
 }
+
+
+def outcome_label(status: str, exit_code: int) -> str:
+    """The one word that starts a target's last line: its status, except that `plan`'s exit 6
+    (changes pending) reads "pending", never "ok". The status word is the whole prefix: a failed
+    target's line reads "failed: <message>", not "failed: error: <message>"."""
+    return "pending" if exit_code == EXIT_PENDING else status
 
 
 def _console():
@@ -31,16 +42,46 @@ def _console():
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+WIDE_TABLE = 160  # columns from which `list` is one table; below, and in a pipe, one block per patch
+
+
 def render_patch_list(patches) -> None:
+    """Every patch: a table on a wide terminal; otherwise a block per patch (its id whole on its
+    own line, then file, conditions and upstream), wrapped at the console's width between words."""
+    import textwrap
+
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="patches, in canonical order")
-    for column in ("id", "title", "file", "conditions", "upstream"):
-        table.add_column(column, overflow="fold")
+    console = _console()
+    rows = []
     for p in patches:
-        conditions = "; ".join(f"{n} {', '.join(s)}" for n, s in p.conditions().items())
-        table.add_row(p.id, p.title, p.target.path.split("/")[-1], conditions, p.upstream)
-    _console().print(table)
+        spec = p.spec()
+        shown = readable_conditions(spec.requires, [when for _, when in spec.edits])
+        conditions = "; ".join(f"{n} {text}" for n, text in shown.items()) or "any version"
+        rows.append((p.id, p.title, p.target.path, conditions, p.upstream))
+    if console.is_terminal and console.width >= WIDE_TABLE:
+        table = Table(title="patches, in canonical order")
+        for column in ("id", "title", "file", "conditions", "upstream"):
+            table.add_column(column, overflow="fold")
+        for pid, title, path, conditions, upstream in rows:
+            table.add_row(pid, title, path.split("/")[-1], conditions, upstream)
+        console.print(table)
+        return
+    width = max(console.width, 40)
+    for pid, title, path, conditions, upstream in rows:
+        console.print(f"[bold]{escape(pid)}[/bold]")
+        for label, text in (("", title), ("file: ", path), ("when: ", conditions), ("upstream: ", upstream)):
+            lines = textwrap.wrap(
+                label + text,
+                width=width,
+                initial_indent="  ",
+                subsequent_indent="    ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            for line in lines:
+                console.print(escape(line))
 
 
 def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
@@ -55,7 +96,8 @@ def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
                 f"{n} {v}" + (f" ({r.distributions[n]})" if r.distributions.get(n, n) != n else "")
                 for n, v in sorted(r.versions.items())
             )
-            console.print(f"[bold]{escape(r.target)}[/bold]  {escape(versions)}")
+            if versions or r.patches:  # a target that could not be read has neither: its error line says why
+                console.print(f"[bold]{escape(r.target)}[/bold]  {escape(versions)}")
             if r.patches:
                 table = Table(show_header=True, box=None, pad_edge=False)
                 table.add_column("patch")
@@ -67,8 +109,11 @@ def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
             for note in r.notes:
                 console.print(f"note: {escape(note)}")
         if r.message:
-            prefix = "error: " if r.exit_code not in (0, 6) else ""
-            console.print(f"[{style}]{r.status}[/]: {prefix}{escape(r.message)}", markup=True)
+            label, style = (
+                outcome_label(r.status, r.exit_code),
+                STATUS_STYLE.get(outcome_label(r.status, r.exit_code), style),
+            )
+            console.print(f"[{style}]{label}[/]: {escape(r.message)}", markup=True)
         for problem in r.problems[1:] if r.message else r.problems:
             console.print(f"  [red]-[/red] {escape(problem)}", markup=True)
         if show_diff:

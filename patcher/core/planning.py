@@ -138,12 +138,143 @@ def failed_conditions(conditions: dict, versions: dict, holds: Holds) -> list:
 
 
 def describe(spec: PatchSpec, versions: dict) -> str:
-    """e.g. "speculators 0.3.0 (>=0.3.0,<0.4.0), vllm 0.16.0 (>=0.11.1, >=0.12.0)"."""
-    parts = []
-    for name, specs in spec.conditions().items():
-        unique = list(dict.fromkeys(specs))
-        parts.append(f"{name} {versions.get(name)} ({', '.join(unique)})")
-    return ", ".join(parts)
+    """e.g. "speculators 0.3.0 (>=0.3.0, <0.4.0), vllm 0.16.0 (>=0.11.1)": each distribution's
+    range once (readable_conditions)."""
+    shown = readable_conditions(spec.requires, [when for _, when in spec.edits])
+    return ", ".join(f"{name} {versions.get(name)} ({text})" for name, text in shown.items())
+
+
+# --------------------------------------------------------------------------- conditions, for reading
+# Display only: the declarations keep their specifier strings, and selection uses them as they are.
+
+_OPERATORS = (">=", "<=", "==", "!=", ">", "<")  # two-character ones first
+
+
+def _clause(text: str) -> tuple | None:
+    """(operator, release) of a clause such as ">=0.12.0", or None (`~=`, a pre-release, a wildcard)."""
+    text = text.strip()
+    op = next((o for o in _OPERATORS if text.startswith(o)), None)
+    release = text[len(op) :].strip() if op else ""
+    if op is None or not all(part.isdigit() and part.isascii() for part in release.split(".")):
+        return None
+    return op, release
+
+
+def _key(text: str) -> tuple:
+    parts = [int(x) for x in text.split(".")]
+    return tuple(parts + [0] * (6 - len(parts)))
+
+
+@dataclass
+class _Range:
+    """One specifier set as an interval of plain releases; bounds are (key, text, inclusive)."""
+
+    low: tuple | None = None
+    high: tuple | None = None
+    high_prereleases: bool = False  # `<=X,!=X`: below X, X's own pre-releases included
+
+    def empty(self) -> bool:
+        if self.low is None or self.high is None:
+            return False
+        return self.low[0] > self.high[0] or (self.low[0] == self.high[0] and not (self.low[2] and self.high[2]))
+
+    def text(self) -> str:
+        parts = []
+        if self.low is not None:
+            parts.append((">=" if self.low[2] else ">") + self.low[1])
+        if self.high is not None:
+            if self.low is not None and self.high[:2] == self.low[:2] and self.high[2] and self.low[2]:
+                return "==" + str(self.low[1])
+            parts.append(("<=" if self.high[2] else "<") + self.high[1])
+        out = ", ".join(parts) or "any version"
+        if self.high_prereleases and self.high is not None:
+            out += f" ({self.high[1]} pre-releases included)"
+        return out
+
+
+def _parse_range(spec: str) -> _Range | None:
+    """The interval a specifier set allows, or None where it is not one (a pre-release bound, `~=`,
+    a `!=` inside the range): such a set is shown as written."""
+    bounds, excluded = _Range(), []
+    for clause in spec.split(","):
+        parsed = _clause(clause)
+        if parsed is None:
+            return None
+        op, text = parsed
+        bound = (_key(text), text, op in (">=", "<=", "=="))
+        if op == "!=":
+            excluded.append(bound)
+            continue
+        if op in (">=", ">", "=="):
+            bounds.low = _tighter(bounds.low, bound, lower=True)
+        if op in ("<=", "<", "=="):
+            bounds.high = _tighter(bounds.high, bound, lower=False)
+    for key, _, _ in excluded:
+        high = bounds.high
+        if high is not None and high[0] == key and high[2]:
+            bounds.high, bounds.high_prereleases = (key, high[1], False), True
+        elif not ((bounds.low and key < bounds.low[0]) or (high and key > high[0])):
+            return None
+    return bounds
+
+
+def _tighter(old: tuple | None, new: tuple, lower: bool) -> tuple:
+    if old is None or old[0] != new[0]:
+        return new if old is None or (new[0] > old[0]) == lower else old
+    return old if not old[2] else new
+
+
+def _union(ranges: list) -> list:
+    """The alternatives (a patch's edits) merged where they overlap or touch."""
+    ordered = sorted(ranges, key=lambda r: (r.low is not None, r.low[0] if r.low else ()))
+    merged: list = []
+    for r in ordered:
+        last = merged[-1] if merged else None
+        if last is not None and (
+            last.high is None
+            or r.low is None
+            or r.low[0] < last.high[0]
+            or (r.low[0] == last.high[0] and (r.low[2] or last.high[2] or last.high_prereleases))
+        ):
+            if last.high is not None and (r.high is None or r.high[0] > last.high[0]):
+                last.high, last.high_prereleases = r.high, r.high_prereleases
+            continue
+        merged.append(_Range(r.low, r.high, r.high_prereleases))
+    return merged
+
+
+def _intersect(a: _Range, b: _Range) -> _Range:
+    out = _Range(a.low, a.high, a.high_prereleases)
+    if b.low is not None:
+        out.low = _tighter(out.low, b.low, lower=True)
+    if b.high is not None and (out.high is None or b.high[0] < out.high[0]):
+        out.high, out.high_prereleases = b.high, b.high_prereleases
+    return out
+
+
+def readable_conditions(requires: dict, edits: Sequence[dict]) -> dict:
+    """name -> the versions a patch applies to, in one readable phrase: what it requires, within
+    which at least one edit applies (the edits are alternatives). e.g. {">=0.12.0", ">=0.12.0"}
+    reads ">=0.12.0", and "<=0.18.0,!=0.18.0" reads "<0.18.0 (0.18.0 pre-releases included)".
+    A specifier set that is not a plain interval is shown as written."""
+    names = list(dict.fromkeys([*requires, *(n for when in edits for n in when)]))
+    out: dict = {}
+    for name in names:
+        required = requires.get(name)
+        alternatives = [when[name] for when in edits if name in when]
+        if len(alternatives) < len(edits):  # an edit that does not look at it: any version does
+            alternatives = []
+        parsed_required = _parse_range(required) if required else _Range()
+        parsed = [_parse_range(a) for a in alternatives]
+        if parsed_required is None or any(p is None for p in parsed):
+            out[name] = ", ".join(dict.fromkeys([*([required] if required else []), *alternatives]))
+            continue
+        ranges = [_intersect(parsed_required, p) for p in _union(parsed)] if parsed else [parsed_required]
+        ranges = [r for r in ranges if not r.empty()]
+        text = " or ".join(r.text() for r in ranges) if ranges else "no version"
+        if text != "any version":  # a distribution that does not limit where the patch applies
+            out[name] = text
+    return out
 
 
 def select_one(spec: PatchSpec, versions: dict, holds: Holds) -> Selection:
@@ -362,6 +493,7 @@ class Draft:
     cleanup: list[CleanupItem] = field(default_factory=list)
     originals: dict = field(default_factory=dict)
     dropped: dict = field(default_factory=dict)  # id -> reason it is left out by `needs`
+    restricted: bool = False  # --only or --skip was given: the reason a selected patch is left out
 
     @property
     def requests(self) -> list:
@@ -518,6 +650,7 @@ def draft(
     specs = list(specs)
     versions = versions_of(facts, condition_names(specs))
     d = Draft({s.id: s for s in specs}, mode, facts, versions, select(specs, versions, holds), [])
+    d.restricted = bool(only or skip)
     if lines:
         blockers, notes = coverage(facts, lines, holds)
         d.notes.extend(notes)
@@ -748,7 +881,10 @@ def _idle_state(d: Draft, pid: str, carried: list, rel: str, mode: str) -> Patch
         return PatchState(pid, "stale", f"{cause}; apply removes it", rel, cause)
     if not sel.selected:
         return PatchState(pid, "not-selected", sel.reason, rel)
-    return PatchState(pid, "pending", "selected; left out by --only/--skip", rel)
+    if d.restricted:
+        return PatchState(pid, "pending", "selected; left out by --only/--skip", rel)
+    # rollback with nothing left out: the file does not carry it (`patcher apply` would apply it)
+    return PatchState(pid, "pending", "selected; not applied", rel)
 
 
 def _attribute_calls(d: Draft, desired: list) -> list:

@@ -480,12 +480,13 @@ def main(argv: "list | None" = None) -> int:
     if not args.quiet or report["exit_code"] not in (0, 6):
         err = sys.stderr
         versions = ", ".join(f"{k} {v}" for k, v in sorted(report["versions"].items()))
-        err.write(f"{report['target']}  {versions}\n")
+        if versions or report["patches"]:  # an unread target has neither: its last line says why
+            err.write(f"{report['target']}  {versions}\n")
         if not args.quiet:
             for p in report["patches"]:
                 err.write(f"  {p['id']:<28} {p['state']:<18} {p['reason']}\n")
         for problem in report["problems"][1:]:
             err.write(f"  - {problem}\n")
-        prefix = "error: " if report["exit_code"] not in (0, 6) else ""
-        err.write(f"{report['status']}: {prefix}{report['message']}\n")
+        label = "pending" if report["exit_code"] == 6 else report["status"]  # as patcher/cli/render.py
+        err.write(f"{label}: {report['message']}\n")
     return report["exit_code"]

@@ -1,0 +1,107 @@
+"""What a person reads on stderr, line for line (issue 29, "a user's first hour"): each line says
+what happened and what to do next, with one prefix, on the real command line and a light target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from patcher.core.planning import readable_conditions
+from patcher.patchset.registry import load_patches
+from tests.support.cli import run_patcher
+from tests.support.envs import light_env
+
+
+@pytest.fixture
+def python(tmp_path: Path) -> str:
+    return str(light_env(tmp_path))
+
+
+def last_line(err: str) -> str:
+    return err.strip().splitlines()[-1]
+
+
+def test_a_second_rollback_says_nothing_is_applied(python: str):
+    assert run_patcher("apply", "--no-verify", "--python", python).returncode == 0
+    assert run_patcher("rollback", "--python", python).returncode == 0
+    again = run_patcher("rollback", "--python", python)
+    assert again.returncode == 0, again.stderr
+    assert (
+        last_line(again.stderr) == "ok: nothing to do: no selected patch is applied, so there is nothing to roll back"
+    )
+    assert "already in place" not in again.stderr
+    assert "--only/--skip" not in again.stderr  # none was given
+    assert "selected; not applied" in again.stderr
+
+
+def test_only_names_only_when_given(python: str):
+    done = run_patcher("plan", "--only", "v10", "--python", python)
+    assert "selected; left out by --only/--skip" in done.stderr, done.stderr
+
+
+def test_plan_with_changes_pending_says_pending_not_ok(python: str):
+    done = run_patcher("plan", "--diff", "--python", python)
+    assert done.returncode == 6, done.stderr
+    assert last_line(done.stderr) == "pending: 2 file(s) would change"
+    assert not any(line.startswith("ok:") for line in done.stderr.splitlines())
+    assert done.stdout.startswith("--- ")  # the diff, on stdout
+
+
+def test_an_unreadable_target_is_one_line_with_one_prefix():
+    done = run_patcher("status", "--python", "/nonexistent/bin/python3")
+    lines = [x for x in done.stderr.splitlines() if not x.endswith("reading installed versions and target files")]
+    assert lines == [
+        "failed: /nonexistent/bin/python3 does not exist; name the environment's interpreter with --python PATH"
+    ], done.stderr
+
+
+def test_verify_on_unpatched_files_names_apply(python: str):
+    done = run_patcher("verify", "--python", python)
+    assert done.returncode == 1
+    assert "`patcher apply` applies them and verifies again" in done.stderr, done.stderr
+
+
+def test_apply_says_when_it_verifies(python: str):
+    done = run_patcher("apply", "--python", python, "--json")
+    assert "then verifying them in a fresh interpreter" in done.stderr, done.stderr
+    assert done.stdout.lstrip().startswith("{")  # --json: stdout is the document alone
+    quiet = run_patcher("rollback", "--python", python, "--quiet")
+    assert "verifying" not in quiet.stderr and "writing" not in quiet.stderr
+
+
+def test_conditions_render_once_and_readably(python: str):
+    status = run_patcher("status", "--python", python).stderr
+    listed = run_patcher("list").stderr
+    for text in (status, listed):
+        for raw in (">=0.12.0, >=0.12.0", ">=0.11.1, >=0.11.0", "<=0.18.0,!=0.18.0", ">=0.11.1, >=0.12.0"):
+            assert raw not in text.replace("\n", " "), raw
+    assert "speculators >=0.3.0, <0.4.0; vllm >=0.12.0" in listed
+
+
+def test_readable_conditions():
+    assert readable_conditions({"vllm": ">=0.12.0"}, [{"vllm": ">=0.12.0"}]) == {"vllm": ">=0.12.0"}
+    assert readable_conditions({}, [{"vllm": ">=0.11.1"}, {"vllm": ">=0.11.0"}]) == {"vllm": ">=0.11.0"}
+    assert readable_conditions({}, [{"vllm": "<=0.18.0,!=0.18.0"}]) == {
+        "vllm": "<0.18.0 (0.18.0 pre-releases included)"
+    }
+    assert readable_conditions({"vllm": ">=0.11.0"}, [{"vllm": "<=0.18.0,!=0.18.0"}]) == {
+        "vllm": ">=0.11.0, <0.18.0 (0.18.0 pre-releases included)"
+    }
+    # an edit that does not look at vllm lets any vllm through: vllm does not limit the patch
+    assert readable_conditions({"speculators": ">=0.3.0,<0.4.0"}, [{"vllm": ">=0.12.0"}, {}]) == {
+        "speculators": ">=0.3.0, <0.4.0"
+    }
+    assert readable_conditions({}, [{"vllm": ">=0.11"}, {"vllm": ">=0.13,<0.14"}, {"vllm": ">=0.20"}]) == {
+        "vllm": ">=0.11"
+    }
+    assert readable_conditions({}, [{"x": ">=1,<2"}, {"x": ">=3"}]) == {"x": ">=1, <2 or >=3"}
+    assert readable_conditions({"x": "~=1.2"}, []) == {"x": "~=1.2"}  # not a plain interval: as written
+
+
+def test_list_at_80_columns_keeps_ids_whole():
+    done = run_patcher("list", env={"COLUMNS": "80"})
+    lines = done.stderr.splitlines()
+    ids = [p.id for p in load_patches()]
+    assert [x for x in lines if not x.startswith(" ")] == ids
+    assert all(len(x) <= 80 or " " not in x.strip() for x in lines)
