@@ -254,6 +254,12 @@ def row_name(row: dict) -> str:
     )
 
 
+def patch_files_state() -> dict[str, tuple[int, int]]:
+    """Each patch module's (mtime, size): a row is keyed by the files after its run, so they must
+    be the files it ran with."""
+    return {str(f): (f.stat().st_mtime_ns, f.stat().st_size) for f in sorted((ROOT / "patches").glob("*.py"))}
+
+
 def record_row(row: dict, key: str, record: Path = RECORD) -> None:
     """`row` becomes the one recorded row of its release (and left-out patch): its earlier ones go."""
     record.mkdir(parents=True, exist_ok=True)
@@ -342,6 +348,7 @@ def main() -> int:
         if args.table_only:
             continue
         say(f"{release}: running")
+        before = patch_files_state()
         try:
             row = run_release(release, args.keep_env, args.leave_out, args.speculators)
         except Exception as error:  # one release's failure is its row, not the end of the matrix  # noqa: BLE001
@@ -353,6 +360,10 @@ def main() -> int:
                 }
             )
             say(f"{release}: {failed[-1]['apply']} (not recorded)")
+            continue
+        if patch_files_state() != before:  # the key is made from the files now, the run used the old ones
+            failed.append({"release": release, "apply": "the patch modules changed during the run (not recorded)"})
+            say(f"{release}: {failed[-1]['apply']}")
             continue
         record_row(row, str(row_key(release, row["selected"], row_versions(row))))
         ran.append(row)
