@@ -523,12 +523,18 @@ def verify(
 @python_option
 @remote_options
 @only_option
+@click.option(
+    "--force",
+    is_flag=True,
+    help="restore a kept original even where pip's RECORD gives other bytes and the record does not "
+    "say it was adopted with apply --force",
+)
 @lock_option
 @facts_timeout_option
 @write_timeout_option
 @json_option
 @quiet_option
-def rollback(python, remote, only, lock_timeout, facts_timeout, write_timeout, json_mode, quiet) -> None:
+def rollback(python, remote, only, force, lock_timeout, facts_timeout, write_timeout, json_mode, quiet) -> None:
     """Restore the original files (byte-identical); --only takes out single patches."""
     _run(
         "rollback",
@@ -537,6 +543,7 @@ def rollback(python, remote, only, lock_timeout, facts_timeout, write_timeout, j
         quiet,
         remote,
         only=only,
+        force_restore=force,
         lock_timeout=lock_timeout,
         facts_timeout=facts_timeout,
         write_timeout=write_timeout,
