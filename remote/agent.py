@@ -387,7 +387,10 @@ def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
     HELD.require_exclusive("write " + path)
     folder = os.path.dirname(path)
     ref = like if like and os.path.exists(like) else None
-    fd, tmp = tempfile.mkstemp(prefix=".patcher-", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".patcher-", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise write_failure(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -405,13 +408,71 @@ def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
             os.chmod(tmp, 0o644)
         checkpoint("temp-written:" + os.path.basename(path))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise write_failure(exc, path) from None
         raise
     fsync_dir(folder)
+
+
+# What a write that failed leaves, said with every failure: the transaction's guarantee.
+_LEFT_AS_IS = (
+    "every file is its old or its new bytes (`patcher status` says which; the next apply completes a run cut short)"
+)
+
+
+def file_flags(path: str) -> str:
+    """ "immutable" or "append-only" when the file carries that attribute (chattr +i / +a), else ""."""
+    try:
+        import fcntl
+        import struct
+
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except (ImportError, OSError):
+        return ""
+    try:
+        raw = fcntl.ioctl(fd, 0x80086601, b"\0" * 8)  # FS_IOC_GETFLAGS (Linux)
+        flags = struct.unpack("i", raw[:4])[0]
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return "immutable" if flags & 0x10 else "append-only" if flags & 0x20 else ""
+
+
+def write_failure(exc: OSError, path: str) -> Exception:
+    """A failed write of `path` as one line that names it, the cause and what to do (the system
+    names the temporary file, or nothing at all, as its filename)."""
+    attribute = file_flags(path) if exc.errno in (errno.EPERM, errno.EACCES) else ""
+    if attribute:
+        return AgentError(
+            "not-writable",
+            f"cannot replace {path}: it is {attribute} (chattr +{attribute[0]}), which stops even root; "
+            f"clear it with `chattr -{attribute[0]} {path}` and run the command again; {_LEFT_AS_IS}",
+        )
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return AgentError(
+            "os-error",
+            f"cannot write {path}: {exc.strerror}; free space on the filesystem that holds "
+            f"{os.path.dirname(path)} (`df {os.path.dirname(path)}`) and run the command again; {_LEFT_AS_IS}",
+        )
+    if exc.errno == errno.EROFS:
+        return AgentError(
+            "not-writable",
+            f"cannot write {path}: its filesystem is mounted read-only; remount it read-write and run the "
+            f"command again; {_LEFT_AS_IS}",
+        )
+    if isinstance(exc, PermissionError):
+        return AgentError(
+            "not-writable",
+            f"cannot write {path}: permission denied; run as a user who can write there (the environment's "
+            f"owner, or --sudo on a remote host); {_LEFT_AS_IS}",
+        )
+    return AgentError("os-error", f"cannot write {path}: {exc.strerror}; {_LEFT_AS_IS}")
 
 
 def remove_stale_temporaries(folder: str) -> None:
@@ -640,11 +701,13 @@ class StateFolder:
                 os.fsync(fh.fileno())
             checkpoint("temp-written:" + name)
             os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
-        except BaseException:
+        except BaseException as exc:
             try:
                 os.unlink(tmp, dir_fd=folder)
             except OSError:
                 pass
+            if isinstance(exc, OSError):
+                raise write_failure(exc, self.shown(name, where)) from None
             raise
         try:
             os.fsync(folder)
@@ -1266,6 +1329,9 @@ def _check_items(items: list[ApplyItem], declared: Declared, state: StateRecord)
                 f"{full} changed since the plan was made (sha256 {current}, expected "
                 f"{item['expected_sha256']}); run the command again",
             )
+        attribute = file_flags(full)
+        if attribute:
+            raise write_failure(PermissionError(errno.EPERM, "Operation not permitted"), full)
         if not (os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK)):
             raise AgentError(
                 "not-writable",
@@ -1772,7 +1838,8 @@ def serve(req: dict) -> None:
         }
     except OSError as exc:
         kind = "not-writable" if exc.errno in (errno.EROFS, errno.EACCES) else "os-error"
-        answer = {"ok": False, "error": {"kind": kind, "message": f"{exc.strerror}: {exc.filename}"}}
+        where = f": {exc.filename}" if exc.filename is not None else " (the system named no file)"
+        answer = {"ok": False, "error": {"kind": kind, "message": f"{exc.strerror}{where}; {_LEFT_AS_IS}"}}
     except Exception as exc:  # a bug: said as an answer, not as a session that ends without one  # noqa: BLE001
         answer = {"ok": False, "error": {"kind": "internal", "message": f"agent error: {type(exc).__name__}: {exc}"}}
     answer_once(answer)

@@ -1,0 +1,127 @@
+"""What patcher says when a write fails under it: a full disk and an immutable target, made for
+real (a small tmpfs filled to the last byte, chattr +i), each one line that names the path, the
+cause and what to do; every file stays its old or its new bytes and the next apply completes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from patcher.patchset.registry import load_patches
+from tests.support.cli import patcher, patcher_argv, patcher_env
+from tests.support.envs import light_env, site_file
+from tests.support.files import GENERATOR
+
+TARGETS = sorted({p.target.path for p in load_patches()})
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs and chattr +i need root")
+
+
+def files(python: Path) -> dict[str, bytes]:
+    return {rel: site_file(python, rel).read_bytes() for rel in TARGETS}
+
+
+def message(doc: dict | None) -> str:
+    assert doc is not None
+    return doc["targets"][0]["message"]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(folder: Path) -> None:
+    """Every free byte of the filesystem taken."""
+    with open(folder / "filler", "wb", buffering=0) as fh:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while fh.write(b"\0" * size):
+                    pass
+            except OSError:
+                pass
+
+
+@needs_root
+def test_a_full_disk_names_the_file_and_what_to_do(small_disk: Path):
+    python = light_env(small_disk)
+    pristine = files(python)
+    fill(small_disk)
+    code, doc, err = patcher("apply", "--no-verify", "--python", str(python), "--json")
+    assert code == 1, err
+    text = message(doc)
+    assert "None" not in text and "\n" not in text, text
+    assert str(small_disk) in text and "No space left on device" in text and "free space" in text, text
+    assert files(python) == pristine
+    (small_disk / "filler").unlink()
+    code, _, err = patcher("apply", "--no-verify", "--python", str(python))
+    assert code == 0, err
+    code, doc, err = patcher("status", "--python", str(python), "--json")
+    assert code == 0, err
+
+
+@needs_root
+def test_an_immutable_target_is_named_with_the_attribute_and_the_fix(tmp_path: Path):
+    python = light_env(tmp_path)
+    target = site_file(python, GENERATOR)
+    pristine = files(python)
+    subprocess.run(["chattr", "+i", str(target)], check=True)
+    try:
+        code, doc, err = patcher("apply", "--no-verify", "--python", str(python), "--json")
+        assert code == 1, err
+        text = message(doc)
+        assert f"cannot replace {target}: it is immutable (chattr +i)" in text, text
+        assert f"chattr -i {target}" in text and ".patcher-" not in text, text
+        assert files(python) == pristine
+    finally:
+        subprocess.run(["chattr", "-i", str(target)], check=True)
+
+
+@needs_root
+def test_a_target_made_immutable_mid_apply_is_named_and_the_next_apply_completes(tmp_path: Path):
+    python = light_env(tmp_path)
+    target = site_file(python, GENERATOR)
+    pristine = files(python)
+    release = tmp_path / "release"
+    fault = {"at": "intent-recorded", "action": "pause", "until": str(release), "seconds": 60}
+    proc = subprocess.Popen(
+        patcher_argv("apply", "--no-verify", "--python", str(python), "--json"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=patcher_env({"PATCHER_FAULT": json.dumps(fault)}),
+    )  # fmt: skip
+    record = python.parent.parent / "share" / "patcher" / "state.json"
+    deadline = time.monotonic() + 60
+    while not (record.exists() and "pending" in record.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    subprocess.run(["chattr", "+i", str(target)], check=True)  # after every check, before the write
+    try:
+        release.touch()
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1, err
+        text = message(json.loads(out))
+        assert f"cannot replace {target}: it is immutable (chattr +i)" in text and ".patcher-" not in text, text
+        assert "every file is its old or its new bytes" in text, text
+        assert target.read_bytes() == pristine[GENERATOR]
+        assert not [p for p in target.parent.iterdir() if p.name.startswith(".patcher-")]
+    finally:
+        subprocess.run(["chattr", "-i", str(target)], check=True)
+    code, _, err = patcher("apply", "--no-verify", "--python", str(python))
+    assert code == 0, err
+    code, _, err = patcher("rollback", "--python", str(python))
+    assert code == 0, err
+    assert files(python) == pristine
+    shutil.rmtree(tmp_path / "env", ignore_errors=True)
