@@ -125,3 +125,27 @@ def test_a_target_made_immutable_mid_apply_is_named_and_the_next_apply_completes
     assert code == 0, err
     assert files(python) == pristine
     shutil.rmtree(tmp_path / "env", ignore_errors=True)
+
+
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed pipe"])
+def test_a_report_that_cannot_be_written_after_a_successful_apply_is_exit_8_not_1(tmp_path: Path, stdout: str):
+    python = light_env(tmp_path)
+    argv = patcher_argv("apply", "--no-verify", "--python", str(python), "--json")
+    if stdout == "/dev/full":
+        with open("/dev/full", "wb") as full:
+            proc = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, text=True, env=patcher_env(), timeout=300)
+    else:
+        read, write = os.pipe()
+        os.close(read)  # nobody reads what patcher writes: EPIPE
+        try:
+            proc = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, env=patcher_env(), timeout=300)
+        finally:
+            os.close(write)
+    assert proc.returncode == 8, proc.stderr  # 1 would say "everything rolled back"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("patcher: ")]
+    assert len(lines) == 1, proc.stderr
+    assert "its report could not be written to stdout" in lines[0] and "ended with exit 0 (success)" in lines[0]
+    code, doc, err = patcher("status", "--python", str(python), "--json")
+    assert code == 0, err
+    assert {p["state"] for p in doc["targets"][0]["patches"]} <= {"applied", "not-selected"}

@@ -111,11 +111,18 @@ def _run_local(command: str, local, options, out: Output) -> None:
             target=local.label, status="interrupted", exit_code=EXIT_INTERRUPTED, message=local.interrupted_message()
         )
     reports = [report]
-    if out.json_mode:
-        click.echo(json.dumps(document(command, reports), indent=2))
-    if not out.quiet or report.exit_code not in (0, 6):
-        render_reports(command, reports, show_diff=options.diff and not out.json_mode, quiet=out.quiet)
-    sys.exit(overall_exit(reports))
+    code = overall_exit(reports)
+    try:
+        if out.json_mode:
+            click.echo(json.dumps(document(command, reports), indent=2))
+        if not out.quiet or report.exit_code not in (0, 6):
+            render_reports(command, reports, show_diff=options.diff and not out.json_mode, quiet=out.quiet)
+        sys.stdout.flush()
+    except OSError as exc:  # stdout is full or closed: the run's outcome stands, its report is lost
+        from .fastexit import report_lost
+
+        code = report_lost(exc, code)
+    sys.exit(code)
 
 
 python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP)
