@@ -28,8 +28,10 @@ EXIT_MEANINGS = (
     (
         EXIT_FAILED,
         (
-            "a patch or verification failed (everything rolled back), the target is not writable, or the run "
-            "check failed or cannot run there (files stay as written); `demo`: its environment did not build "
+            "a patch or verification failed (everything rolled back), the target is not writable or a write "
+            "failed (a full disk, an immutable file: each file is its old or its new bytes, the next apply "
+            "completes), or the run check failed or cannot run there (files stay as written); `demo`: its "
+            "environment did not build "
             "(the line gives pip's error and the log's path) or the check failed"
         ),
     ),
@@ -41,7 +43,13 @@ EXIT_MEANINGS = (
             "that is not a checkpoint directory on the target or a `--tensor-parallel` larger than its devices"
         ),
     ),
-    (EXIT_CONFLICT, "conflict: a file changed by hand, an anchor missing, a damaged backup or state record"),
+    (
+        EXIT_CONFLICT,
+        (
+            "conflict: a file changed by hand, an anchor missing, a damaged backup or state record, a state folder "
+            "another user owns or can write, an original that is not the bytes pip's RECORD gives (`rollback --force`)"
+        ),
+    ),
     (EXIT_UNREACHABLE, "target unreachable, or it did not answer within its time limit (status `timed-out`)"),
     (EXIT_LOCKED, "target locked by another patcher run"),
     (EXIT_PENDING, "`plan` only: changes are pending (`plan` exits 0 when there is nothing to do)"),
