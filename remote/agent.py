@@ -1358,8 +1358,8 @@ def _check_restores(
     for item in items:
         if not item.get("restore_original") or force:
             continue
-        entry = state["files"].get(item["path"]) or {}
-        if entry.get("original_adopted"):
+        entry = state["files"].get(item["path"])
+        if entry is not None and entry.get("original_adopted"):
             continue
         expected = pip_sha256(declared, item["path"])
         data = own.read(backup_name(item["original_sha256"]), "backups")
@@ -1437,7 +1437,8 @@ def _pending_entry(declared: Declared, state: StateRecord, item: ApplyItem, data
     )
     entry.setdefault("patched_sha256", None)
     entry.setdefault("patches", [])
-    if entry.get("original_sha256") != (state["files"].get(item["path"]) or {}).get("original_sha256"):
+    before = state["files"].get(item["path"])
+    if before is None or before["original_sha256"] != item["original_sha256"]:
         # a new original: adopted (--force) when pip's RECORD gives other bytes; rollback checks
         # every other original against RECORD before restoring it
         expected = pip_sha256(declared, item["path"])
