@@ -149,3 +149,24 @@ def test_a_report_that_cannot_be_written_after_a_successful_apply_is_exit_8_not_
     code, doc, err = patcher("status", "--python", str(python), "--json")
     assert code == 0, err
     assert {p["state"] for p in doc["targets"][0]["patches"]} <= {"applied", "not-selected"}
+
+
+def test_a_fleets_report_that_cannot_be_written_is_exit_8_and_its_retry_file_is_still_written(tmp_path: Path):
+    """A host where nothing listens (exit 4): the JSON goes to /dev/full, the retry file is still
+    written, and the one line gives the fleet's own code."""
+    from tests.support.sshd import SshClient, free_port
+
+    if not shutil.which("ssh") or not shutil.which("ssh-keygen"):
+        pytest.skip("the OpenSSH client (ssh, ssh-keygen) is missing")
+    host = f"root@127.0.0.1:{free_port('127.0.0.1')}"
+    argv = patcher_argv("status", "--host", host, *SshClient(tmp_path / "client").args(), "--json")
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [*argv, "--retry-file", "failed.retry"], stdout=full, stderr=subprocess.PIPE, text=True,
+            env=patcher_env(clean_ssh=True), cwd=tmp_path, timeout=300,
+        )  # fmt: skip
+    assert proc.returncode == 8, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "its report could not be written to stdout (No space left on device)" in proc.stderr
+    assert "ended with exit 4 (target unreachable" in proc.stderr, proc.stderr
+    assert (tmp_path / "failed.retry").exists()
