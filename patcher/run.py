@@ -42,6 +42,7 @@ class RunOptions:
     only: Sequence[str] = ()
     skip: Sequence[str] = ()
     force: bool = False
+    force_restore: bool = False  # rollback --force: restore originals pip's RECORD does not vouch for
     verify: bool = True
     diff: bool = False
     forget_all: bool = False
@@ -284,6 +285,8 @@ def _write(
         "written_by": f"patcher {__version__}",
         "declared": declared,
     }
+    if options.force_restore:
+        apply["force_restore"] = True
     request, limits = options.write_call(apply)
     fault = os.environ.get("PATCHER_FAULT")  # crash tests only: see remote/agent.py checkpoint()
     if fault:

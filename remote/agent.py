@@ -121,6 +121,7 @@ if TYPE_CHECKING:
         expect: NotRequired[Snapshot | None]
         verify: NotRequired[VerifySpec | None]
         written_by: NotRequired[str]
+        force_restore: NotRequired[bool]
         lock_timeout: NotRequired[float]
         time_limit: NotRequired[float]
         fault: NotRequired[Fault]
@@ -160,6 +161,7 @@ if TYPE_CHECKING:
         original_sha256: str
         patched_sha256: str | None
         patches: list[str]
+        original_adopted: NotRequired[bool]
         edits: NotRequired[dict[str, list[str]]]
         outcomes: NotRequired[dict[str, str]]
         versions: NotRequired[dict[str, str | None]]
@@ -385,7 +387,10 @@ def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
     HELD.require_exclusive("write " + path)
     folder = os.path.dirname(path)
     ref = like if like and os.path.exists(like) else None
-    fd, tmp = tempfile.mkstemp(prefix=".patcher-", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".patcher-", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise write_failure(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -403,13 +408,71 @@ def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
             os.chmod(tmp, 0o644)
         checkpoint("temp-written:" + os.path.basename(path))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise write_failure(exc, path) from None
         raise
     fsync_dir(folder)
+
+
+# What a write that failed leaves, said with every failure: the transaction's guarantee.
+_LEFT_AS_IS = (
+    "every file is its old or its new bytes (`patcher status` says which; the next apply completes a run cut short)"
+)
+
+
+def file_flags(path: str) -> str:
+    """ "immutable" or "append-only" when the file carries that attribute (chattr +i / +a), else ""."""
+    try:
+        import fcntl
+        import struct
+
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except (ImportError, OSError):
+        return ""
+    try:
+        raw = fcntl.ioctl(fd, 0x80086601, b"\0" * 8)  # FS_IOC_GETFLAGS (Linux)
+        flags = struct.unpack("i", raw[:4])[0]
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return "immutable" if flags & 0x10 else "append-only" if flags & 0x20 else ""
+
+
+def write_failure(exc: OSError, path: str) -> Exception:
+    """A failed write of `path` as one line that names it, the cause and what to do (the system
+    names the temporary file, or nothing at all, as its filename)."""
+    attribute = file_flags(path) if exc.errno in (errno.EPERM, errno.EACCES) else ""
+    if attribute:
+        return AgentError(
+            "not-writable",
+            f"cannot replace {path}: it is {attribute} (chattr +{attribute[0]}), which stops even root; "
+            f"clear it with `chattr -{attribute[0]} {path}` and run the command again; {_LEFT_AS_IS}",
+        )
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return AgentError(
+            "os-error",
+            f"cannot write {path}: {exc.strerror}; free space on the filesystem that holds "
+            f"{os.path.dirname(path)} (`df {os.path.dirname(path)}`) and run the command again; {_LEFT_AS_IS}",
+        )
+    if exc.errno == errno.EROFS:
+        return AgentError(
+            "not-writable",
+            f"cannot write {path}: its filesystem is mounted read-only; remount it read-write and run the "
+            f"command again; {_LEFT_AS_IS}",
+        )
+    if isinstance(exc, PermissionError):
+        return AgentError(
+            "not-writable",
+            f"cannot write {path}: permission denied; run as a user who can write there (the environment's "
+            f"owner, or --sudo on a remote host); {_LEFT_AS_IS}",
+        )
+    return AgentError("os-error", f"cannot write {path}: {exc.strerror}; {_LEFT_AS_IS}")
 
 
 def remove_stale_temporaries(folder: str) -> None:
@@ -447,6 +510,33 @@ _LINK_ADVICE = (
     "point one anywhere while root runs patcher); replace the link with the real file or folder "
     "(or remove it) and run patcher again"
 )
+# The most a state record or a backup (one source file) can be: what patcher writes is far smaller,
+# and a larger entry (a sparse file of gigabytes) is refused before it is read into memory.
+STATE_ENTRY_LIMIT = 64 << 20
+
+
+def trusted_owners() -> set:
+    """Who may own patcher's state: root, the running user and the environment's owner (who can
+    write the files the state guards anyway). Anyone else could plant an original for rollback."""
+    owners = {0, os.geteuid()} if hasattr(os, "geteuid") else set()
+    try:
+        owners.add(os.stat(sys.prefix).st_uid)
+    except OSError:
+        pass
+    return owners
+
+
+def untrusted_reason(info) -> str | None:
+    """Why an entry of the state folder (its os.stat result) cannot be trusted, or None."""
+    if not hasattr(os, "geteuid"):
+        return None  # no owners to check (Windows)
+    owners = trusted_owners()
+    if info.st_uid not in owners:
+        names = ", ".join(f"uid {uid}" for uid in sorted(owners))
+        return f"it belongs to uid {info.st_uid}, not to root or the environment's owner ({names})"
+    if info.st_mode & 0o022:
+        return f"it is writable by {'group and others' if info.st_mode & 0o002 else 'its group'} (mode {info.st_mode & 0o7777:o})"
+    return None
 
 
 class StateFolder:
@@ -475,6 +565,20 @@ class StateFolder:
             except FileExistsError:
                 pass
         self.fd = self._open_dir(self.path, None, self.path, missing_ok=not create)
+
+    def check_trusted(self, fd: int, shown: str) -> None:
+        """Refuse an entry (open as `fd`) another user could have written: its owner and mode are
+        checked, not the record's word, so the check holds however state.json was edited."""
+        reason = untrusted_reason(os.fstat(fd))
+        if reason is not None:
+            os.close(fd)
+            raise AgentError(
+                "hostile-path",
+                f"refusing {shown}: {reason}; patcher restores originals from this folder, so whoever "
+                f"can write it could make rollback write their bytes into {sys.prefix}. If you trust its "
+                f"contents, run `chown -R root {self.path} && chmod -R go-w {self.path}` (or chown it to the "
+                "environment's owner), else move it aside and reinstall the package (pip install --force-reinstall)",
+            )
 
     def _own(self, name: str, dir_fd=None) -> None:
         """Root working on an environment another user owns makes its state that user's: the
@@ -510,13 +614,15 @@ class StateFolder:
 
     def _open_dir(self, name: str, dir_fd, shown: str, missing_ok: bool) -> int:
         try:
-            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=dir_fd)
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=dir_fd)
         except FileNotFoundError:
             if missing_ok:
                 return -1
             raise
         except OSError as exc:
             raise self.refusal(name, dir_fd, shown, exc) from None
+        self.check_trusted(fd, shown)
+        return fd
 
     def dir_fd(self, where: str, create: bool) -> int:
         """The descriptor of this folder (where="") or of backups/ (-1: it does not exist)."""
@@ -545,6 +651,7 @@ class StateFolder:
             raise self.refusal(name, folder, self.shown(name, where), exc) from None
         if flags & os.O_CREAT and self.owner is not None:
             os.fchown(fd, *self.owner)
+        self.check_trusted(fd, self.shown(name, where))
         return fd
 
     def read(self, name: str, where: str = "") -> bytes | None:
@@ -556,8 +663,16 @@ class StateFolder:
         except FileNotFoundError:
             return None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise self.refusal(name, self.dir_fd(where, False), self.shown(name, where))
+            if info.st_size > STATE_ENTRY_LIMIT:
+                raise AgentError(
+                    "corrupt-state",
+                    f"refusing {self.shown(name, where)}: it is {info.st_size / (1 << 20):.0f} MiB, more than "
+                    f"patcher ever writes there ({STATE_ENTRY_LIMIT >> 20} MiB); it was not written by patcher: "
+                    "move it aside, reinstall the package (pip install --force-reinstall) and run patcher again",
+                )
             chunks: list = []
             while True:
                 chunk = os.read(fd, 1 << 20)
@@ -586,11 +701,13 @@ class StateFolder:
                 os.fsync(fh.fileno())
             checkpoint("temp-written:" + name)
             os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
-        except BaseException:
+        except BaseException as exc:
             try:
                 os.unlink(tmp, dir_fd=folder)
             except OSError:
                 pass
+            if isinstance(exc, OSError):
+                raise write_failure(exc, self.shown(name, where)) from None
             raise
         try:
             os.fsync(folder)
@@ -946,14 +1063,26 @@ class HeldLock:
         a reader found no state folder (nothing released, since nothing is held)."""
         if mode == "exclusive":
             self.folder = StateFolder(create=True)
-            self.fd = self.folder.open("lock", os.O_RDWR | os.O_CREAT)  # a link there is refused
+            self.fd = self.folder.open("lock", os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)  # a link there is refused
+            self._require_plain_file()
             return True
         self.folder = StateFolder(create=False)
         if self.folder.fd < 0:
             self.release()
             return False
-        self.fd = self.folder.open("lock", os.O_RDONLY)
+        self.fd = self.folder.open("lock", os.O_RDONLY | os.O_NONBLOCK)  # a fifo must not block us
+        self._require_plain_file()
         return True
+
+    def _require_plain_file(self) -> None:
+        """A lock that is not a plain file (a fifo, a device someone put there) is refused: flock
+        on it would wait for no run, or open it would block."""
+        import stat
+
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            folder = self.folder
+            assert folder is not None
+            raise folder.refusal("lock", folder.fd, folder.shown("lock"))
 
     def _flock(self, operation: int, mode: str, timeout: float) -> bool:
         """flock the open lock file, polling until `timeout` passes (see acquire)."""
@@ -1162,6 +1291,7 @@ def op_apply(req: ApplyRequest) -> ApplyResult:
         state = load_state(own, declared)
         _remove_temporaries(own, declared, items + req.get("cleanup", []))
         previous = _check_items(items, declared, state)
+        _check_restores(own, declared, state, items, bool(req.get("force_restore")))
         _take_backups(own, items, previous)
         new_bytes = _record_intent(own, declared, state, items)
         _write_files(items, previous, new_bytes)
@@ -1199,6 +1329,9 @@ def _check_items(items: list[ApplyItem], declared: Declared, state: StateRecord)
                 f"{full} changed since the plan was made (sha256 {current}, expected "
                 f"{item['expected_sha256']}); run the command again",
             )
+        attribute = file_flags(full)
+        if attribute:
+            raise write_failure(PermissionError(errno.EPERM, "Operation not permitted"), full)
         if not (os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK)):
             raise AgentError(
                 "not-writable",
@@ -1207,6 +1340,41 @@ def _check_items(items: list[ApplyItem], declared: Declared, state: StateRecord)
         with open(full, "rb") as fh:
             previous[item["path"]] = (full, fh.read(), state["files"].get(item["path"]))
     return previous
+
+
+def pip_sha256(declared: Declared, rel: str) -> str | None:
+    """The sha256 pip's RECORD gives for a declared file (None: not installed, or not listed)."""
+    name = declared.distribution[rel]
+    found = find_distributions([name], [{"distribution": name, "path": rel}])
+    return found[name]["record"].get(rel) if name in found else None
+
+
+def _check_restores(
+    own: StateFolder, declared: Declared, state: StateRecord, items: list[ApplyItem], force: bool
+) -> None:
+    """An original about to be restored must be the bytes pip installed, where its RECORD says
+    which, unless the record says it was adopted with --force (the state folder's owner and mode
+    are checked: only root or the environment's owner can have said so) or `force_restore`."""
+    for item in items:
+        if not item.get("restore_original") or force:
+            continue
+        entry = state["files"].get(item["path"])
+        if entry is not None and entry.get("original_adopted"):
+            continue
+        expected = pip_sha256(declared, item["path"])
+        data = own.read(backup_name(item["original_sha256"]), "backups")
+        if expected is None or data is None:
+            continue  # nothing to compare with; a missing backup is refused where it is read
+        actual = sha256_bytes(data)
+        if actual != expected:
+            raise AgentError(
+                "backup-missing",
+                f"refusing to restore {_installed(declared, item['path'])} from "
+                f"{own.shown(backup_name(item['original_sha256']), 'backups')}: its sha256 {actual} is not the "
+                f"{expected} pip's RECORD gives, and the record does not say it was adopted with --force; "
+                "reinstall the package (pip install --force-reinstall) and run `patcher forget`, or, if you "
+                "know this backup is the original you want back, run `patcher rollback --force`",
+            )
 
 
 def _take_backups(own: StateFolder, items: list[ApplyItem], previous: dict) -> None:
@@ -1269,6 +1437,12 @@ def _pending_entry(declared: Declared, state: StateRecord, item: ApplyItem, data
     )
     entry.setdefault("patched_sha256", None)
     entry.setdefault("patches", [])
+    before = state["files"].get(item["path"])
+    if before is None or before["original_sha256"] != item["original_sha256"]:
+        # a new original: adopted (--force) when pip's RECORD gives other bytes; rollback checks
+        # every other original against RECORD before restoring it
+        expected = pip_sha256(declared, item["path"])
+        entry["original_adopted"] = expected is not None and expected != item["original_sha256"]
     entry["pending"] = {
         "sha256": sha256_bytes(data),
         "patches": item["patches"],
@@ -1665,7 +1839,8 @@ def serve(req: dict) -> None:
         }
     except OSError as exc:
         kind = "not-writable" if exc.errno in (errno.EROFS, errno.EACCES) else "os-error"
-        answer = {"ok": False, "error": {"kind": kind, "message": f"{exc.strerror}: {exc.filename}"}}
+        where = f": {exc.filename}" if exc.filename is not None else " (the system named no file)"
+        answer = {"ok": False, "error": {"kind": kind, "message": f"{exc.strerror}{where}; {_LEFT_AS_IS}"}}
     except Exception as exc:  # a bug: said as an answer, not as a session that ends without one  # noqa: BLE001
         answer = {"ok": False, "error": {"kind": "internal", "message": f"agent error: {type(exc).__name__}: {exc}"}}
     answer_once(answer)

@@ -111,11 +111,18 @@ def _run_local(command: str, local, options, out: Output) -> None:
             target=local.label, status="interrupted", exit_code=EXIT_INTERRUPTED, message=local.interrupted_message()
         )
     reports = [report]
-    if out.json_mode:
-        click.echo(json.dumps(document(command, reports), indent=2))
-    if not out.quiet or report.exit_code not in (0, 6):
-        render_reports(command, reports, show_diff=options.diff and not out.json_mode, quiet=out.quiet)
-    sys.exit(overall_exit(reports))
+    code = overall_exit(reports)
+    try:
+        if out.json_mode:
+            click.echo(json.dumps(document(command, reports), indent=2))
+        if not out.quiet or report.exit_code not in (0, 6):
+            render_reports(command, reports, show_diff=options.diff and not out.json_mode, quiet=out.quiet)
+        sys.stdout.flush()
+    except OSError as exc:  # stdout is full or closed: the run's outcome stands, its report is lost
+        from .fastexit import report_lost
+
+        code = report_lost(exc, code)
+    sys.exit(code)
 
 
 python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP)
@@ -523,12 +530,18 @@ def verify(
 @python_option
 @remote_options
 @only_option
+@click.option(
+    "--force",
+    is_flag=True,
+    help="restore a kept original even where pip's RECORD gives other bytes and the record does not "
+    "say it was adopted with apply --force",
+)
 @lock_option
 @facts_timeout_option
 @write_timeout_option
 @json_option
 @quiet_option
-def rollback(python, remote, only, lock_timeout, facts_timeout, write_timeout, json_mode, quiet) -> None:
+def rollback(python, remote, only, force, lock_timeout, facts_timeout, write_timeout, json_mode, quiet) -> None:
     """Restore the original files (byte-identical); --only takes out single patches."""
     _run(
         "rollback",
@@ -537,6 +550,7 @@ def rollback(python, remote, only, lock_timeout, facts_timeout, write_timeout, j
         quiet,
         remote,
         only=only,
+        force_restore=force,
         lock_timeout=lock_timeout,
         facts_timeout=facts_timeout,
         write_timeout=write_timeout,

@@ -20,9 +20,54 @@ def run_and_exit(command) -> None:
         else:
             print(exc.code, file=sys.stderr)
             code = 1
+    except OSError as exc:
+        if not is_stdout_failure(exc):
+            raise
+        code = report_lost(exc, None)
     try:
         sys.stdout.flush()
+    except OSError as exc:
+        code = report_lost(exc, code)
+    try:
         sys.stderr.flush()
-    except (BrokenPipeError, OSError):
-        code = code or 1
+    except OSError:
+        pass
     os._exit(code)
+
+
+def is_stdout_failure(exc: OSError) -> bool:
+    """Whether `exc` is stdout refusing what was written to it (checked by writing nothing more)."""
+    try:
+        os.fstat(sys.stdout.fileno())
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        return True
+    return isinstance(exc, BrokenPipeError)
+
+
+def report_lost(exc: OSError, code: int | None) -> int:
+    """The report could not be written to stdout: one line on stderr that says so and what the run
+    itself ended with, and EXIT_REPORT_LOST (exit 1 would say everything was rolled back)."""
+    from ..core.errors import EXIT_REPORT_LOST, meaning
+
+    try:  # what is still buffered for stdout goes nowhere (no second error at exit)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    ended = (
+        f"the run itself ended with exit {code} ({meaning(code).split(':')[0].split(',')[0]})"
+        if code is not None
+        else "the run was cut short where it wrote its report"
+    )
+    cause = exc.strerror or type(exc).__name__
+    try:
+        print(
+            f"patcher: its report could not be written to stdout ({cause}); {ended}; every file is its old "
+            "or its new bytes: `patcher status` shows each target as it is now (exit 8)",
+            file=sys.stderr,
+        )
+    except OSError:
+        pass
+    return EXIT_REPORT_LOST

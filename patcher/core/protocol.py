@@ -101,6 +101,7 @@ if TYPE_CHECKING:
         expect: NotRequired[Snapshot | None]
         verify: NotRequired[VerifySpec | None]
         written_by: NotRequired[str]
+        force_restore: NotRequired[bool]  # rollback --force: restore originals RECORD does not vouch for
         lock_timeout: NotRequired[float]
         time_limit: NotRequired[float]
         fault: NotRequired[Fault]
@@ -144,6 +145,7 @@ if TYPE_CHECKING:
         original_sha256: str
         patched_sha256: str | None
         patches: list[str]
+        original_adopted: NotRequired[bool]  # adopted with --force: not the bytes pip's RECORD gives
         edits: NotRequired[dict[str, list[str]]]
         outcomes: NotRequired[dict[str, str]]
         versions: NotRequired[dict[str, str | None]]

@@ -5,6 +5,7 @@ is touched, roll out, tell the result, write the retry file. How it looks is the
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,11 +78,21 @@ def run_fleet_command(
         if option.lower().replace(" ", "") in ("stricthostkeychecking=no", "stricthostkeychecking=off"):
             view.note("note: host keys are not checked (--ssh-option StrictHostKeyChecking=no)")
     results, interrupted = roll_out(inputs, python, options, view.progress(len(inputs.hosts)), transform_cache)
-    view.show(command, results, interrupted, fleet_json(command, results, interrupted, remote, inputs.readers))
+    lost = None
+    try:
+        view.show(command, results, interrupted, fleet_json(command, results, interrupted, remote, inputs.readers))
+        sys.stdout.flush()
+    except OSError as exc:  # stdout is full or closed: the hosts' outcomes stand, the report is lost
+        lost = exc
     code = EXIT_INTERRUPTED if interrupted else overall_exit([r.report for r in results])
     if remote.retry_file:
         code = write_retry_file(remote.retry_file, command, results, code, view)
-    return EXIT_INTERRUPTED if interrupted else code
+    code = EXIT_INTERRUPTED if interrupted else code
+    if lost is not None:
+        from ..cli.fastexit import report_lost
+
+        return report_lost(lost, code)
+    return code
 
 
 def check_inputs(python: str | None, remote: RemoteOptions) -> FleetInputs:
