@@ -382,9 +382,7 @@ class _Blocks(cst.CSTTransformer):
         iterable = updated.for_in.iter
         code = cst.Module(body=[]).code_for_node
         self.codemod.rewrote()
-        return cst.parse_expression(
-            f"{ROWS}({code(iterable)}, {code(span.lower)}, {code(span.upper)})"
-        )
+        return cst.parse_expression(f"{ROWS}({code(iterable)}, {code(span.lower)}, {code(span.upper)})")
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
         if self.in_guard:  # the fallback inside the patched guard

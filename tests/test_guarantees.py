@@ -184,7 +184,9 @@ def test_user_without_write_access_gets_a_clear_error(env: Path):
     )
     assert proc.returncode == 1, proc.stderr
     assert "run as a user who can write" in proc.stderr
-    assert len([line for line in proc.stderr.splitlines() if "error:" in line]) == 1
+    # one line says it, once (no "failed: error: ..." doubling)
+    assert len([line for line in proc.stderr.splitlines() if "run as a user who can write" in line]) == 1, proc.stderr
+    assert "error: " not in proc.stderr.replace("failed: ", ""), proc.stderr
     assert "Traceback" not in proc.stderr
     assert files(env) == before
 

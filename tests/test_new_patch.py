@@ -94,7 +94,7 @@ def test_a_new_patch_module_is_all_a_patch_author_writes(tree: Path):
     listed = run(tree, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", "-k", "v98", "tests")
     for test in (
         "test_before_becomes_after",
-        "test_each_patch_applies_to_0_3_0_and_compiles",
+        "test_each_patch_applies_to_its_release_and_compiles",
         "test_subset_applies_and_compiles",
         "test_subsets_are_idempotent",
         "test_each_patch_alone_applies_once_and_rolls_back_byte_identical",
@@ -107,12 +107,13 @@ def test_a_new_patch_module_is_all_a_patch_author_writes(tree: Path):
     passed = re.search(r"(\d+) passed", picked.stdout)
     assert picked.returncode == 0 and passed and int(passed.group(1)) >= 10, picked.stdout[-3000:]
 
-    # What does not name it stays as it was: every recorded release row is still current (v98
-    # is selected on none), the declarations and generated pages agree.
+    # What does not name it stays as it was: every recorded release row keeps its state (v98 is
+    # selected on none), the declarations and generated pages agree.
     same = run(
         tree, "-m", "pytest", "-q", "-p", "no:cacheprovider",
         "tests/test_declarations.py", "tests/test_generated.py",
-        "tests/test_release_record.py::test_every_recorded_row_speaks_for_todays_patches",
+        "tests/test_release_record.py::test_the_rows_of_the_releases_the_suite_runs_speak_for_todays_patches",
+        "tests/test_release_record.py::test_every_row_run_with_other_patches_says_so",
     )  # fmt: skip
     assert same.returncode == 0, same.stdout[-3000:]
 
@@ -120,6 +121,6 @@ def test_a_new_patch_module_is_all_a_patch_author_writes(tree: Path):
     evidence = run(tree, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_leave_one_out.py", "-k", "v98")
     assert evidence.returncode == 1, evidence.stdout[-2000:]
     assert (
-        "no recorded row 0.99.0-without-v98: python bench/releases.py --release 0.99.0 --leave-out v98"
-        in evidence.stdout
+        "no recorded row 0.99.0-without-v98: python bench/releases.py --release 0.99.0 --speculators 0.3.0 "
+        "--leave-out v98" in evidence.stdout
     )
