@@ -362,6 +362,14 @@ def main() -> int:
         "--reference-device", default="cpu", help="where transformers' reference runs: cpu (default) or cuda"
     )
     parser.add_argument("--timeout", type=int, default=420, help="seconds one extraction may take (default 420)")
+    parser.add_argument(
+        "--moe-backend",
+        choices=("auto", "triton"),
+        default="auto",
+        help="vLLM's unquantized MoE kernels: auto (vLLM's choice) or triton, for releases (0.22+) that pick "
+        "FlashInfer's CUTLASS MoE, whose prebuilt kernels (flashinfer-cubin, 361 MB) the staging leaves out; "
+        "without them FlashInfer compiles its kernels on the spot, for longer than --timeout",
+    )
     args = parser.parse_args()
     names = [n for n in args.models.split(",") if n]
     unknown = sorted(set(names) - {"llama", *MOE_KINDS})
@@ -369,6 +377,9 @@ def main() -> int:
         parser.error(f"--models: unknown {', '.join(unknown)}; known: llama, {', '.join(MOE_KINDS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     run = Run(args.out)
+    if args.moe_backend == "triton":
+        run.env["VLLM_USE_FLASHINFER_MOE_FP16"] = "0"  # the Triton MoE 0.20 picks by itself
+    run.summary["moe_backend"] = args.moe_backend
     started = time.monotonic()
 
     import torch  # the machine's own

@@ -294,6 +294,28 @@ def text_config_dict(params: dict = TEXT) -> dict:
 # --- inside an environment with torch, transformers, tokenizers, safetensors -----------------
 
 
+def checkpoint_shapes(state_shapes: dict[str, tuple]) -> dict[str, tuple]:
+    """The model's parameters as a published DeepSeek-V3 checkpoint names them: one gate_proj,
+    up_proj and down_proj per routed expert. transformers 5 keeps each layer's experts fused
+    (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) and converts the
+    per-expert names when it loads; vLLM's loader reads only the per-expert ones."""
+    shapes: dict[str, tuple] = {}
+    for name, shape in state_shapes.items():
+        prefix, _, last = name.rpartition(".mlp.experts.")
+        if last == "gate_up_proj":
+            experts, rows, cols = shape
+            for e in range(experts):
+                shapes[f"{prefix}.mlp.experts.{e}.gate_proj.weight"] = (rows // 2, cols)
+                shapes[f"{prefix}.mlp.experts.{e}.up_proj.weight"] = (rows // 2, cols)
+        elif last == "down_proj":
+            experts, rows, cols = shape
+            for e in range(experts):
+                shapes[f"{prefix}.mlp.experts.{e}.down_proj.weight"] = (rows, cols)
+        else:
+            shapes[name] = shape
+    return shapes
+
+
 def random_text_weights(config, seed: int = SEED, std: float = INIT_STD) -> dict:
     """Every parameter of a DeepseekV3ForCausalLM of `config`, drawn here in name order (so the
     weights do not depend on transformers' own init), in bfloat16."""
@@ -302,7 +324,7 @@ def random_text_weights(config, seed: int = SEED, std: float = INIT_STD) -> dict
 
     with torch.device("meta"):
         model = DeepseekV3ForCausalLM(config)
-    shapes = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+    shapes = checkpoint_shapes({name: tuple(p.shape) for name, p in model.state_dict().items()})
     generator = torch.Generator().manual_seed(seed)
     weights = {}
     bases: dict[str, object] = {}  # per layer and projection: the routed experts' shared part
@@ -518,6 +540,20 @@ def build(out_dir: Path, kind: str) -> None:
         "merge_kernel_size": VISION["merge_kernel_size"],
         "side": grid * VISION["patch_size"],
         "num_frames_per_chunk": 4,
+        # What vLLM 0.26+'s own Kimi-K2.5 processor reads instead of the remote code (the published
+        # checkpoint's keys), sized to the same 4x4 patches: every item is 2x2 tokens either way.
+        "media_proc_cfg": {
+            "patch_size": VISION["patch_size"],
+            "merge_kernel_size": VISION["merge_kernel_size"],
+            "temporal_merge_kernel_size": 4,
+            "in_patch_limit": grid * grid,
+            "in_patch_limit_each_frame": grid * grid,
+            "in_patch_limit_video": grid * grid,
+            "patch_limit_on_one_side": grid,
+            "fixed_output_tokens": None,
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+        },
     }
     (out_dir / "preprocessor_config.json").write_text(json.dumps(processor, indent=1, sort_keys=True) + "\n")
     write_reference(out_dir / REFERENCE_DIR, config, reference_weights, tokenizer)
