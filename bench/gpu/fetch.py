@@ -2,9 +2,11 @@
 
     python bench/gpu/fetch.py 0.20.0 [0.20.1 ...] [--dest DIR]  # download, cut into folders
     python bench/gpu/fetch.py --run-only [--dest DIR]  # only refresh DEST/run (script + patcher)
+    python bench/gpu/fetch.py --run-only --speculators 0.4.0.1  # DEST/run also holds that release
+
 
 The GPU machine has no network and a call carries at most 64 MiB, so everything it needs travels
-in folders of at most 60 MiB (`DEST/stage-0.20.0/00`, `01`, ...; `stage-0.20.1+0.20.2/` for
+in folders of at most 56 MiB (`DEST/stage-0.20.0/00`, `01`, ...; `stage-0.20.1+0.20.2/` for
 several releases, each shared wheel once): large wheels cut into parts, small ones packed
 together, and `manifest.json` beside them giving each release's wheels, each wheel's sha256 and
 the parts it is cut into, so `gpu_run.py` can join them and check every byte before installing.
@@ -27,7 +29,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-PART = 60 * 1024 * 1024  # one carried folder; the call's 64 MiB also holds the checkout itself
+# One carried folder: the call's 64 MiB also holds the checkout's tracked files (about 4 MiB, growing
+# with the GPU records), so a folder leaves 8 MiB for them.
+PART = 56 * 1024 * 1024
 
 # The GPU machine: Python 3.12, x86_64, glibc new enough for manylinux_2_35 (vLLM's CUDA wheels).
 PLATFORM = [
@@ -72,8 +76,9 @@ def download(listing: Path, wheels: Path) -> None:
         sys.exit(f"pip download failed for {listing.name} (see pip's message above)")
 
 
-def pack_run(run: Path) -> None:
-    """DEST/run: the script the device runs and this checkout's patcher as a wheel."""
+def pack_run(run: Path, speculators: str | None) -> None:
+    """DEST/run: the script the device runs, this checkout's patcher as a wheel and, where asked,
+    another speculators release (gpu_run.py --speculators installs it instead of the staged one)."""
     if run.exists():
         shutil.rmtree(run)
     run.mkdir(parents=True)
@@ -90,6 +95,11 @@ def pack_run(run: Path) -> None:
         patcher = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(run), clean]
         if subprocess.run(patcher).returncode != 0:
             sys.exit("pip wheel of this checkout failed")
+    if speculators:
+        wanted = [f"speculators=={speculators}"]
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *PLATFORM, "-d", str(run), *wanted]
+        if subprocess.run(command).returncode != 0:
+            sys.exit(f"pip download speculators=={speculators} failed (see pip's message above)")
 
 
 def stage(wheel_sets: dict[str, list[Path]], out: Path) -> dict:
@@ -144,8 +154,11 @@ def main() -> None:
     parser.add_argument(
         "--dest", type=Path, default=REPO / ".gpu", help="where wheels-*/, stage-*/ and run/ go (default: .gpu)"
     )
+    parser.add_argument(
+        "--speculators", metavar="VERSION", help="also put this speculators release in DEST/run (e.g. 0.4.0.1)"
+    )
     args = parser.parse_args()
-    pack_run(args.dest / "run")
+    pack_run(args.dest / "run", args.speculators)
     print(f"{args.dest / 'run'}: gpu_run.py and {next((args.dest / 'run').glob('patcher-*.whl')).name}")
     if args.run_only:
         return

@@ -18,7 +18,10 @@ timed, each result written under --out (at most 8 files come back from the devic
    transformers' own bfloat16-vs-float32 band on the same prompts;
 6. `patcher rollback`: every target file's sha256 must equal its pristine one (and speculators' RECORD);
 7. optionally the check with one patch left out (`--leave-out v18`: the fork failure; `v20` for the
-   Kimi-K2.5 wrappers), each model's first call, rolled back again.
+   Kimi-K2.5 wrappers; a comma list runs each in turn), each model's first call, rolled back again.
+`--speculators 0.4.0.1` installs that release (its wheel in the run folder: fetch.py --speculators)
+instead of the staged one; the rest of the staging is unchanged (0.4's generator path imports
+nothing 0.3.0's does not).
 summary.json holds every figure; the last lines printed are a table. What comes back stays within
 the device tool's 8 files: summary.json, log.txt, one e2e-*.json per model and size (the Llama's keep
 their old names, e2e-tp1.json), and without-<patch>.json with the leave-one-out reports of all models.
@@ -121,10 +124,17 @@ def join_wheels(stage: Path, release: str | None, run: Run) -> list[Path]:
     return joined
 
 
-def install(run: Run, stage: Path, release: str | None, run_dir: Path) -> bool:
-    """Join and check the staged wheels, then install them and run_dir's patcher wheel into SITE."""
+def install(run: Run, stage: Path, release: str | None, run_dir: Path, speculators: str | None) -> bool:
+    """Join and check the staged wheels, then install them and run_dir's patcher wheel into SITE
+    (and run_dir's speculators wheel instead of the staged one, where --speculators names it)."""
     wheels = join_wheels(stage, release, run)
     wheels += sorted(run_dir.glob("patcher-*.whl"))  # this checkout's patcher, carried with the script
+    if speculators:
+        chosen = sorted(run_dir.glob(f"speculators-{speculators}-*.whl"))
+        if not chosen:
+            sys.exit(f"--speculators {speculators}: no such wheel in {run_dir} (fetch.py --speculators {speculators})")
+        wheels = [w for w in wheels if not w.name.startswith("speculators-")] + chosen
+    run.summary["speculators"] = speculators or "staged"
     if SITE.exists():
         shutil.rmtree(SITE)
     done = run.step(
@@ -346,7 +356,12 @@ def main() -> int:
         "--tp", default="1,2", help="tensor parallel sizes to check (default 1,2; those over the GPU count are skipped)"
     )
     parser.add_argument(
-        "--leave-out", default="", help="then check with this patch left out (e.g. v18), and roll back again"
+        "--leave-out",
+        default="",
+        help="then check with this patch left out (e.g. v18; a comma list: each in turn), and roll back again",
+    )
+    parser.add_argument(
+        "--speculators", metavar="VERSION", help="install this speculators release from --run-dir (fetch.py --speculators)"
     )
     parser.add_argument(
         "--run-check", action="store_true", help="also `patcher verify --run` once applied (the run check, on CUDA)"
@@ -393,7 +408,7 @@ def main() -> int:
     }
     run.say(f"machine: {run.summary['machine']}")
 
-    if not install(run, args.stage, args.release, args.run_dir):
+    if not install(run, args.stage, args.release, args.run_dir, args.speculators):
         return 1
     run.summary["models"] = names
     if not make_models(run, names):
@@ -434,20 +449,20 @@ def main() -> int:
     run.summary["rollback_identical"] = code_back == 0 and after == pristine and bool(pristine)
     run.summary["pristine_matches_record"] = pristine_matches_record(pristine)
 
-    if args.leave_out and code == 0:
+    for left_out in [p for p in args.leave_out.split(",") if p] if code == 0 else []:
         # The symptom the left-out patch answers, on this machine; then back to pristine again.
-        left, _ = patcher_json(run, f"apply-without-{args.leave_out}", "apply", "--skip", args.leave_out)
+        left, _ = patcher_json(run, f"apply-without-{left_out}", "apply", "--skip", left_out)
         if left == 0 and args.run_check:
             # the run check must catch the half-patched state on CUDA too
-            run_check(run, f"run_check_without_{args.leave_out}", f"verify-run-without-{args.leave_out}")
+            run_check(run, f"run_check_without_{left_out}", f"verify-run-without-{left_out}")
         elif left == 0:
             # each model's first call; the reports travel in one file (the device returns 8 files)
-            jobs = [(f"{name}-without-{args.leave_out}", model_dir(name), 1) for name in names]
+            jobs = [(f"{name}-without-{left_out}", model_dir(name), 1) for name in names]
             if names == ["llama"]:
-                jobs = [(f"without-{args.leave_out}", MODEL, 1)]
+                jobs = [(f"without-{left_out}", MODEL, 1)]
             reports = extract_all(run, jobs, "1", EXTRA, args)
-            (args.out / f"without-{args.leave_out}.json").write_text(json.dumps(reports, indent=1) + "\n")
-        again, _ = patcher_json(run, "rollback-again", "rollback")
+            (args.out / f"without-{left_out}.json").write_text(json.dumps(reports, indent=1) + "\n")
+        again, _ = patcher_json(run, f"rollback-after-{left_out}", "rollback")
         identical = again == 0 and {path: sha256(SITE / path) for path in pristine} == pristine
         run.summary["rollback_identical"] = run.summary["rollback_identical"] and identical
 
