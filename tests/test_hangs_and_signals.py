@@ -20,6 +20,7 @@ from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher_argv, patcher_env, timed_patcher
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import SshServer, next_address, spec, why_no_sshd
+from tests.support.terminal import sigint_as_at_a_terminal
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 GENERATOR = next(t for t in TARGETS if t.endswith("vllm_hidden_states_generator.py"))
@@ -218,15 +219,6 @@ def test_banner_lines_on_stdout_are_not_taken_for_answers(tmp_path: Path):
 
 
 # ------------------------------------------------------------------ Ctrl-C (local)
-
-
-def sigint_as_at_a_terminal() -> None:
-    """In the child before it runs: SIGINT handled by default, as for a command at a terminal. A
-    suite started in the background by a shell without job control (`.ci/run &`) runs with SIGINT
-    ignored, which every child inherits, and Python then keeps ignoring it: patcher would rightly
-    never see the Ctrl-C (the thread dump of a fresh-clone run showed it waiting on, unaware).
-    Only signal.signal runs between fork and exec (no lock is taken there: PLW1509 does not apply)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def interrupt_when(proc: subprocess.Popen, condition, what: str) -> tuple[dict, str, float]:

@@ -6,7 +6,9 @@ the worker during the transfer, or after a SIGINT at any moment of it (before th
 the caller waits, after the reply) or in the middle of a loop of calls.
 
 The driver (tests/support/shared_states_driver.py) runs in a throwaway target over the demo
-environment, patched through the real CLI as tests/test_e2e_vllm.py does; one vLLM at a time.
+environment, patched through the real CLI as tests/test_e2e_vllm.py does; one vLLM at a time
+(one run for every moment of the SIGINT, one with v21 for two tests). Every process a test sends
+SIGINT to starts with it default-handled (sigint_as_at_a_terminal), however the suite was started.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +27,8 @@ import pytest
 from tests.support.cli import patcher
 from tests.support.e2e import patch_as
 from tests.support.envs import overlay_env
+from tests.support.shared_states_driver import MOMENTS
+from tests.support.terminal import sigint_as_at_a_terminal
 
 pytestmark = pytest.mark.vllm
 
@@ -83,6 +88,7 @@ def drive(target: Path, model: Path, mode: str, *extra: str) -> dict:
         text=True,
         timeout=900,
         cwd=str(target.parent.parent),
+        preexec_fn=sigint_as_at_a_terminal,  # the sigint mode interrupts itself
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith(REPORT)]
     assert lines, f"no report (exit {done.returncode}); stderr:\n{done.stderr[-3000:]}"
@@ -104,26 +110,33 @@ def equal_in_target(target: Path, a: Path, b: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_v21_states_own_their_storage_stay_valid_and_leave_nothing(target: Path, model: Path, tmp_path: Path):
+@pytest.fixture(scope="module")
+def with_v21(target: Path, model: Path, tmp_path_factory) -> dict:
+    """One run with every patch: its report, what it left, its first call's tensors (--dump)."""
     patch_as(target)
+    dump = tmp_path_factory.mktemp("with-v21") / "with.pt"
     with Leftovers() as left:
-        report = drive(target, model, "run", "--dump", str(tmp_path / "with.pt"))
+        report = drive(target, model, "run", "--dump", str(dump))
+    return {"report": report, "left": left, "dump": dump}
+
+
+def test_v21_states_own_their_storage_stay_valid_and_leave_nothing(with_v21: dict):
+    report, left = with_v21["report"], with_v21["left"]
     assert report["ok"], report
     assert report["transfer"] == {"path": "shared memory", "calls": 3}, report["transfer"]
     assert report["devices"] == ["cpu"]
     assert not left.new_files and not left.new_shm, (left.new_files, left.new_shm)
 
 
-def test_without_v21_the_rpc_queue_carries_the_same_tensors(target: Path, model: Path, tmp_path: Path):
+def test_without_v21_the_rpc_queue_carries_the_same_tensors(target: Path, model: Path, tmp_path: Path, with_v21):
     """The leave-one-out: the old path, and bit for bit the tensors v21 returns (CPU build)."""
-    patch_as(target)
-    drive(target, model, "run", "--dump", str(tmp_path / "with.pt"))
+    assert with_v21["report"]["ok"], with_v21["report"]
     states = patch_as(target, "v21")
     assert states["v21"] != "applied", states
     report = drive(target, model, "run", "--dump", str(tmp_path / "without.pt"))
     assert report["ok"], report
     assert report["transfer"]["path"] == "RPC queue", report["transfer"]
-    compared = equal_in_target(target, tmp_path / "with.pt", tmp_path / "without.pt")
+    compared = equal_in_target(target, with_v21["dump"], tmp_path / "without.pt")
     assert compared["same_count"] and compared["tensors"] == 7 * 3, compared
     assert compared["bit_equal"], compared
 
@@ -140,15 +153,50 @@ def test_an_exception_in_the_worker_during_the_transfer_leaves_nothing(target: P
     assert not left.new_files and not left.new_shm, (left.new_files, left.new_shm)
 
 
-@pytest.mark.parametrize("moment", ["before-reply", "during-rpc", "after-reply"])
-def test_a_sigint_during_the_transfer_leaves_nothing(target: Path, model: Path, moment: str):
+@pytest.mark.parametrize("mode", ["sigint", "loop"])
+def test_the_driver_refuses_to_send_a_sigint_that_would_interrupt_nothing(target: Path, model: Path, mode: str):
+    """Started with SIGINT ignored (as by `nohup ... &`), the driver says so and exits 2 before
+    vLLM starts, rather than reporting calls that its SIGINT never interrupted."""
+    done = subprocess.run(
+        [str(target), str(DRIVER), mode, "--model", str(model)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(target.parent.parent),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        (
+            f"shared_states_driver: {mode} needs SIGINT default-handled, and this process inherited it ignored "
+            "(as a background job of a shell without job control does); start it with "
+            "preexec_fn=tests.support.terminal.sigint_as_at_a_terminal"
+        )
+    ], done.stderr
+    assert not done.stdout
+
+
+@pytest.fixture(scope="module")
+def interrupted(target: Path, model: Path) -> dict:
+    """One driver run that interrupts a call at each of MOMENTS in turn (one vLLM start for all)."""
     patch_as(target)
     with Leftovers() as left:
-        report = drive(target, model, f"sigint-{moment}")
-    assert report.get("interrupted"), report
-    assert report["rpc_file"] and not report["file_left"], report
+        report = drive(target, model, "sigint")
+    return {"report": report, "left": left}
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_a_sigint_during_the_transfer_leaves_nothing(interrupted: dict, moment: str):
+    report, left = interrupted["report"], interrupted["left"]
+    assert moment in report.get("moments", {}), report
+    seen = report["moments"][moment]
+    assert seen.get("interrupted"), report
+    assert seen["rpc_file"] and not seen["file_left"], seen
+    if moment == "during-rpc":  # the worker went on after the caller had removed the name: it made none
+        assert seen["late_reply"]["reply"]["unavailable"].startswith("FileNotFoundError"), seen
     if moment == "after-reply":
-        assert report["reply_made_file"], report  # the worker had sized and mapped the file
+        assert seen["reply_made_file"], seen  # the worker had sized and mapped the file
+    # the one run's leftovers (the moments share one generator and one vLLM)
     assert not left.new_files and not left.new_shm, (left.new_files, left.new_shm)
 
 
@@ -158,28 +206,48 @@ def test_ctrl_c_in_a_loop_of_calls_leaves_nothing(target: Path, model: Path):
         proc = subprocess.Popen(
             [str(target), str(DRIVER), "loop", "--model", str(model)],
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             text=True,
             cwd=str(target.parent.parent),
             start_new_session=True,  # its own process group: the test cleans up only what it started
+            preexec_fn=sigint_as_at_a_terminal,  # noqa: PLW1509
         )
+        calls: list[dict] = []
+        stderr: list[str] = []
+        readers = [
+            threading.Thread(target=read_calls, args=(proc.stdout, calls), daemon=True),
+            threading.Thread(target=stderr.extend, args=(proc.stderr,), daemon=True),
+        ]
+        for reader in readers:
+            reader.start()
         try:
-            assert proc.stdout is not None
-            calls = []
+            # after two calls (the buffer made, then reused), SIGINT as soon as a transfer is in
+            # flight: its file's name exists only while a call's reply is on its way
             deadline = time.monotonic() + 600
-            for line in proc.stdout:
-                if line.startswith("calls "):
-                    calls.append(json.loads(line.split(" ", 2)[2]))
-                    if len(calls) == 2:
-                        time.sleep(0.3)  # into the third call
-                        proc.send_signal(signal.SIGINT)
-                        break
+            while len(calls) < 2:
+                assert proc.poll() is None, "".join(stderr)[-3000:]
                 assert time.monotonic() < deadline, "no second call in 10 minutes"
+                time.sleep(0.05)
+            before = transfer_files()
+            while not transfer_files() - before:
+                assert proc.poll() is None, "".join(stderr)[-3000:]
+                assert time.monotonic() < deadline, "no transfer file seen in 10 minutes"
+                time.sleep(0.0005)  # a transfer's file lives for milliseconds: look often
+            proc.send_signal(signal.SIGINT)
             code = proc.wait(timeout=120)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        for reader in readers:
+            reader.join(30)
     assert calls and calls[-1]["path"] == "shared memory", calls
     assert code != 0  # KeyboardInterrupt
     assert not left.new_files and not left.new_shm, (left.new_files, left.new_shm)
+
+
+def read_calls(stdout, calls: list[dict]) -> None:
+    """The loop's "calls N {transfer}" lines, as they come."""
+    for line in stdout:
+        if line.startswith("calls "):
+            calls.append(json.loads(line.split(" ", 2)[2]))

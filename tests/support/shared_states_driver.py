@@ -10,11 +10,14 @@ MODE:
   shut down and deleted. --dump saves the first call's results (torch.save) for comparing runs.
 - worker-error: a call whose prompt can never be scheduled (KV cache smaller than the prompt):
   the worker raises inside the transfer; the report names the exception.
-- sigint-before-reply / sigint-during-rpc / sigint-after-reply: a real SIGINT to this process
-  just before the captured states' RPC is sent, 2 ms after (while the caller waits for the
-  worker), or just after its reply arrived (the file made and sized), by wrapping the
-  executor's collective_rpc (the generator's code runs unchanged); then exit.
+- sigint: one generator, one call per moment of MOMENTS in turn, each interrupted by a real
+  SIGINT to this process at that moment of the captured states' RPC (by wrapping the executor's
+  collective_rpc: the generator's code runs unchanged); the report's "moments" says, for each,
+  whether the call was interrupted and whether the transfer's file is left.
 - loop: generate() over and over, printing "calls N" after each; the test sends SIGINT.
+sigint and loop refuse to run (exit 2, one line on stderr) where SIGINT is not default-handled
+in this process (inherited as ignored: a background job of a shell without job control), since
+their SIGINT would then interrupt nothing. Exit 0: the report's "ok"; 1: not ok.
 The report: {"mode", "ok", "error": {"type", "message"} or null, "transfer", ...}.
 """
 
@@ -25,11 +28,16 @@ import os
 import random
 import signal
 import sys
-import threading
-import time
 import traceback
 
 REPORT = "SHARED-STATES-REPORT "
+MOMENTS = {
+    "before-reply": "just before the RPC is sent",
+    "during-rpc": "while the caller waits: the worker, inside the RPC, signals the caller and goes on "
+    "once the caller's interrupt has removed the file's name (it then opens a path that is gone)",
+    "after-reply": "just after the worker's reply arrived (the file made and sized)",
+}
+WAIT_LIMIT = 120  # seconds for anything the driver or the worker waits on (a hang is a failure)
 
 
 def prompts(count: int, low: int, high: int, seed: int) -> list[list[int]]:
@@ -46,6 +54,23 @@ def transfer_of(generator) -> dict:
 
 def owns_storage(tensor) -> bool:
     return tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+
+
+def interrupt_the_caller_then_write(worker, request_tokens, path, mapped_buffer, caller):
+    """In the worker, as the captured states' RPC (cloudpickle sends it by value): SIGINT to the
+    caller, which is waiting for this reply; then, once the caller's interrupt has removed the
+    file's name, v21's own write, which must find the path gone (it opens it, never makes it)."""
+    import os
+    import signal
+    import time
+
+    from speculators.data_generation.vllm_hidden_states_generator import _write_captured_states
+
+    os.kill(caller, signal.SIGINT)
+    deadline = time.monotonic() + WAIT_LIMIT
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.001)  # a poll, not a guess: the name goes as soon as the caller unwinds
+    return _write_captured_states(worker, request_tokens, path, mapped_buffer)
 
 
 def run(model: str, mode: str, dump: str | None) -> dict:
@@ -109,32 +134,45 @@ def run(model: str, mode: str, dump: str | None) -> dict:
         report["ok"] = "error" in report
         executor.shutdown()
         return report
-    if mode in ("sigint-before-reply", "sigint-during-rpc", "sigint-after-reply"):
+    if mode == "sigint":
         real = executor.collective_rpc
+        batch = prompts(11, 900, 1000, 5)
+        report["moments"] = {}
+        for moment in MOMENTS:
+            seen: dict = report["moments"].setdefault(moment, {})
 
-        def interrupting(method, *args, **kwargs):
-            if callable(method) and getattr(method, "__name__", "") == "_write_captured_states":
-                report["rpc_file"] = kwargs.get("args", (None, None))[1]
-                if mode == "sigint-before-reply":
+            def interrupting(method, *args, seen=seen, moment=moment, **kwargs):
+                if not (callable(method) and getattr(method, "__name__", "") == "_write_captured_states"):
+                    return real(method, *args, **kwargs)
+                seen["rpc_file"] = kwargs["args"][1]
+                if moment == "before-reply":
                     os.kill(os.getpid(), signal.SIGINT)
-                if mode == "sigint-during-rpc":  # while the caller waits for the worker's reply
-                    threading.Timer(0.002, os.kill, (os.getpid(), signal.SIGINT)).start()
+                if moment == "during-rpc":
+                    method = interrupt_the_caller_then_write
+                    kwargs["args"] = (*kwargs["args"], os.getpid())
+                    seen["rpc_sent"] = True
                 reply = real(method, *args, **kwargs)
-                report["reply_made_file"] = bool(reply and reply.get("made"))
-                if mode == "sigint-after-reply":
+                seen["reply_made_file"] = bool(reply and reply.get("made"))
+                if moment == "after-reply":
                     os.kill(os.getpid(), signal.SIGINT)
                 return reply
-            return real(method, *args, **kwargs)
 
-        executor.collective_rpc = interrupting
-        try:
-            generator.generate(prompts(11, 900, 1000, 5))
-        except KeyboardInterrupt:
-            report["interrupted"] = True
-        time.sleep(2)  # a worker still busy with the reply opens the path now, or finds it gone
-        report["file_left"] = bool(report.get("rpc_file") and os.path.exists(report["rpc_file"]))
-        report["ok"] = report.get("interrupted", False) and not report["file_left"]
-        executor.collective_rpc = real
+            executor.collective_rpc = interrupting
+            try:
+                generator.generate(batch)
+            except KeyboardInterrupt:
+                seen["interrupted"] = True
+            executor.collective_rpc = real
+            if seen.pop("rpc_sent", False) and seen.get("interrupted"):
+                # The interrupted call's reply is still on its way and collective_rpc does not
+                # drop it (the next call would take it for its own): read it. Once it is here the
+                # worker is done with the path, so what is left now stays left.
+                status, late = executor.response_mqs[0].dequeue(timeout=WAIT_LIMIT)
+                seen["late_reply"] = {"status": str(status), "reply": late}
+            seen["file_left"] = bool(seen.get("rpc_file") and os.path.exists(seen["rpc_file"]))
+        report["ok"] = all(
+            s.get("interrupted") and s.get("rpc_file") and not s["file_left"] for s in report["moments"].values()
+        )
         executor.shutdown()
         return report
     if mode == "loop":
@@ -150,6 +188,17 @@ def run(model: str, mode: str, dump: str | None) -> dict:
 
 def main() -> None:
     mode, model = sys.argv[1], sys.argv[sys.argv.index("--model") + 1]
+    handler = signal.getsignal(signal.SIGINT)
+    if mode in ("sigint", "loop") and handler is not signal.default_int_handler:
+        # Python installs its handler only where SIGINT was default-handled at its start
+        inherited = "ignored" if handler == signal.SIG_IGN else f"handled by {handler!r}"
+        print(
+            f"shared_states_driver: {mode} needs SIGINT default-handled, and this process inherited it {inherited} "
+            "(as a background job of a shell without job control does); start it with "
+            "preexec_fn=tests.support.terminal.sigint_as_at_a_terminal",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     dump = sys.argv[sys.argv.index("--dump") + 1] if "--dump" in sys.argv else None
     try:
         report = run(model, mode, dump)
