@@ -112,7 +112,7 @@ def test_every_error_kind_exits_alike_through_patcher_and_a_bundle(bundle: Path)
     from patcher.run import _fail
 
     core = json.loads(_embedded(bundle, "CORE"))
-    assert core["planning"] == Path("patcher/core/planning.py").read_text()  # patcher's planning, not a copy
+    assert core["planning"] == Path("patcher/plan/planning.py").read_text()  # patcher's planning, not a copy
     ns: dict = {}
     exec(compile(core["errors"], "<bundle-errors>", "exec"), ns)  # noqa: S102 - the text the bundle embeds
     for kind in [*ERROR_KINDS, "a-kind-nobody-knows"]:

@@ -201,7 +201,7 @@ def test_one_agent_process_per_session_and_none_left_behind(tmp_path):
 
     python = light_env(tmp_path)
     patches = load_patches()
-    request = {"op": "facts", "names": condition_names(patches), "files": target_files(patches)}
+    request = {"op": "facts", "names": condition_names(patches), "files": target_files(p.spec() for p in patches)}
     with LocalTransport(str(python)) as transport:
         transport.call(request)
         proc = transport._proc

@@ -172,8 +172,8 @@ def test_the_agent_never_returns_a_file_outside_the_declared_set(env: Path, outs
             {
                 "op": "facts",
                 "names": condition_names(PATCHES),
-                "files": target_files(PATCHES),
-                "declared": target_files(PATCHES),
+                "files": target_files(p.spec() for p in PATCHES),
+                "declared": target_files(p.spec() for p in PATCHES),
             }
         )
     assert SECRET not in json.dumps(facts)

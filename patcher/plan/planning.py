@@ -1,8 +1,9 @@
 """From a target's facts to a plan, in small steps: select -> classify -> desired set -> states
--> changes. Shared by patcher (patcher/plan/planning.py) and a bundle (which embeds this text).
+-> changes. Shared by patcher (patcher/plan/target_plan.py runs it with the codemods) and a
+bundle (which embeds this text).
 
-Standard library only, Python 3.9+, no imports from patcher: a bundle runs this text as is. Two
-things come from the caller, so that each side keeps its own:
+Standard library only, Python 3.9+, no imports from patcher (the type checker's aside): a bundle
+runs this text as is. Two things come from the caller, so that each side keeps its own:
 - `holds(spec, version) -> bool`, PEP 440 matching (patcher: packaging; a bundle: its own);
 - the transform results. `draft()` says which files need which codemods (`Draft.requests`);
   the caller computes them (patcher runs libcst, a bundle looks up the bytes it carries) and
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Protocol
 
-    from .protocol import (
+    from ..core.protocol import (
         ApplyItem,
         CleanupItem,
         DistributionFacts,
@@ -98,6 +99,18 @@ def condition_names(specs: Iterable[Conditioned]) -> list:
             if name not in names:
                 names.append(name)
     return names
+
+
+# Detected in every target whether a patch's condition names them or not: their versions are in
+# every report (`versions`), and patches may gate on them (transformers 5 breaks speculators itself).
+# hs_connectors: the KV connector speculators 0.8+ extracts through (`status` names it).
+ALWAYS_DETECTED = ("vllm", "speculators", "transformers", "torch", "hs_connectors")
+
+
+def detected_names(specs: Iterable[Conditioned]) -> list:
+    """The import names the agent is asked about: every condition's, and ALWAYS_DETECTED."""
+    names = condition_names(specs)
+    return names + [n for n in ALWAYS_DETECTED if n not in names]
 
 
 def target_files(specs: Iterable[PatchSpec]) -> list[TargetFile]:

@@ -53,7 +53,7 @@ def selected_on(patch: Patch) -> dict[str, str]:
     """Versions on which `patch` is selected: the baseline where it already is, else, for each
     distribution its conditions (or one edit's with the patch's own) name, the lowest bound they
     allow (v12: vLLM 0.33.0; v16: transformers 5.4.0; v18: torch 2.0)."""
-    from patcher.core.planning import select_one
+    from patcher.plan.planning import select_one
 
     def lowest_allowed(conditions: Mapping[str, list[str]]) -> dict[str, str]:
         versions = dict(BASELINE)
