@@ -383,7 +383,7 @@ def _then_run_check(transport, report: TargetReport, options: RunOptions) -> Tar
     if not options.run_check:
         return report
     from .core.errors import EXIT_USAGE
-    from .runcheck import DEFAULT_TIMEOUT, memory_cap_mib, request, summary
+    from .run_check_request import DEFAULT_TIMEOUT, memory_cap_mib, request, summary
 
     try:
         memory_cap = memory_cap_mib()

@@ -143,14 +143,14 @@ def cli_page() -> str:
     import click
     from click.testing import CliRunner
 
-    from patcher.cli.commands import main
+    from patcher.cli.patcher_command import main
 
     def help_of(*args: str) -> str:
         result = CliRunner().invoke(main, [*args, "--help"], prog_name="patcher", terminal_width=78)
         assert result.exit_code == 0, result.output
         return result.output.rstrip()
 
-    lines = _header("Command line reference", "the click commands in `patcher/cli/commands.py`")
+    lines = _header("Command line reference", "the click commands in `patcher/cli/patcher_command.py`")
     lines += ["Each command's `--help`, as patcher prints it on an 80-column screen.", "", "```text", help_of(), "```"]
     ctx = click.Context(main, info_name="patcher")
     for name in main.list_commands(ctx):

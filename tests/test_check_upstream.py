@@ -22,11 +22,11 @@ from patcher.patches.targets import GENERATOR as GENERATOR_FILE
 from patcher.patchset.registry import load_patches
 from patcher.plan.selection import condition_holds
 from patcher.upstream.check import EXIT_OK, EXIT_UNREACHABLE, EXIT_WRONG_GATE, CheckOptions, run_check
+from patcher.upstream.check_upstream_render import render_markdown
 from patcher.upstream.facts import SourceTree, Verdict, evaluate
 from patcher.upstream.gates import ReleaseRead, check_gate
 from patcher.upstream.index import Index
 from patcher.upstream.nightly import check_nightly
-from patcher.upstream.render import render_markdown
 from patcher.upstream.sources import ReleaseFiles
 from patcher.upstream.wheels import IndexUnreachable
 from tests.support.cli import run_patcher

@@ -19,12 +19,12 @@ import pytest
 from patcher.patchset.registry import load_patches
 from patcher.upstream.binding import bind_file
 from patcher.upstream.check import EXIT_DRIFT, EXIT_OK, EXIT_UNREACHABLE, CheckOptions, run_check
+from patcher.upstream.check_upstream_render import render_markdown
 from patcher.upstream.deps import TORCH_SOURCE_TAGS
 from patcher.upstream.facts import SourceTree
 from patcher.upstream.index import load_index
 from patcher.upstream.names import source_tree
 from patcher.upstream.patched import variants
-from patcher.upstream.render import render_markdown
 from patcher.upstream.runs import load_runs
 from patcher.upstream.sources import ReleaseFiles
 from patcher.upstream.wheels import IndexUnreachable
