@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))  # tests.support builds the light target environments
+sys.path.append(str(ROOT))  # workbench/ builds the light target environments
 
 import record  # noqa: E402  (bench/record.py, beside this script)
 
 from patcher.patchset.registry import load_patches  # noqa: E402
-from tests.support.envs import light_env, site_file  # noqa: E402
+from workbench.envs import light_env, site_file  # noqa: E402
 
 # What users run: the console script installed beside this interpreter.
 SCRIPT = Path(sys.executable).parent / "patcher"

@@ -30,7 +30,7 @@ from patcher.upstream.nightly import check_nightly
 from patcher.upstream.sources import ReleaseFiles
 from patcher.upstream.wheels import IndexUnreachable
 from tests.support.cli import run_patcher
-from tests.support.releases import INDEX_AS_OF, cache_dir
+from workbench.release_files import INDEX_AS_OF, cache_dir
 
 SPECULATORS = ["0.3.0", "0.4.0", "0.5.0"]
 VLLM = ["0.11.0", "0.11.1", "0.12.0", "0.16.0"]

@@ -19,8 +19,8 @@ from patcher.patchset.registry import load_patches
 from patcher.plan.planning import condition_names, target_files
 from patcher.plan.target_plan import plan_target
 from patcher.transport.local import AgentFailure, LocalTransport
-from tests.support.envs import light_env, site_file
-from tests.support.sshd import ensure_user, spec, why_no_sshd
+from workbench.envs import light_env, site_file
+from workbench.sshd import ensure_user, spec, why_no_sshd
 
 PATCHES = load_patches()
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -233,7 +233,7 @@ STRESS_ROUNDS = int(os.environ.get("PATCHER_RACE_ROUNDS", "10"))  # per kind; be
 
 def stress(python: Path, vias: dict[str, list[str]], plan: list[tuple[int, list[str]]]) -> None:
     """`plan`: (rounds, ways) in turn, on one environment."""
-    from tests.support.race import Stress
+    from workbench.race_stress import Stress
 
     seed = int(os.environ.get("PATCHER_RACE_SEED", str(time.time_ns() % 100000)))
     harness = Stress(python, vias, seed)

