@@ -25,7 +25,8 @@ the recipe are the ones it ran with), on any machine; a patch added or changed l
 not selected on current, and a gate moved without changing what a row selects leaves every row
 current. A release (and speculators release) keeps one row, its newest. A row whose
 environment did not build is shown, not recorded: it says nothing of the patches. The docs' release
-matrix page (docs/reference/releases.md) is made from the record alone: `python scripts/generate.py`.
+matrix page (docs/reference/releases.md) and the record patcher ships (patcher/upstream/release_record.json,
+what check-upstream shows) are made from the record alone: `python scripts/generate.py`.
 
 --speculators V puts speculators V (from the package index) on top instead of 0.3.0: its rows are
 recorded beside 0.3.0's (`<release>-speculators-<V>-<key>`), the table's speculators column says which.

@@ -1,5 +1,6 @@
 """The release matrix's record (bench/results/releases/): the docs' release pages are made from it, each row
-says which patch set it ran with, and check-upstream reads it beside the user's own runs."""
+says which patch set it ran with, and check-upstream reads it beside the user's own runs, from the
+copy patcher ships (patcher/upstream/release_record.json), in a checkout and installed alike."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from patcher.demo.recipes import recipe_for
 from patcher.upstream.runs import (
     expected_selection,
     load_runs,
-    recorded_folder,
+    read_folder,
     row_is_current,
     row_key,
     row_versions,
@@ -34,7 +35,7 @@ def test_the_docs_tables_are_the_record(left_out):
 
 def test_every_recorded_row_is_named_by_its_key_and_has_a_recipe():
     files = sorted(matrix.RECORD.glob("*.json"))
-    assert files and matrix.RECORD == recorded_folder()
+    assert files
     seen = set()
     for file in files:
         row = json.loads(file.read_text())
@@ -262,7 +263,7 @@ def test_a_runs_exit_says_whether_every_row_it_ran_passed():
 
 def test_check_upstream_reads_a_release_without_a_cpu_build_as_its_apply_and_rollback(tmp_path):
     # 0.33.0's row is apply and verification only (no CPU build): it passed, as the docs' record page says
-    assert load_runs(recorded_folder())["0.33.0"].ok
+    assert load_runs(matrix.RECORD)["0.33.0"].ok
     skipped = {"release": "0.33.0", "apply": "exit 0, changed", "rollback_identical": True, "finished": "2026-12-01"}
     skipped["extract"] = {"skipped": "no CPU build: apply and verification only"}
     rows = [
@@ -278,3 +279,78 @@ def test_check_upstream_reads_a_release_without_a_cpu_build_as_its_apply_and_rol
         (folder / f"{row['release']}-0123456789ab.json").write_text(json.dumps(row))
         verdicts.append(load_runs(folder)[row["release"]].ok)
     assert verdicts == [True, False, False, False]
+
+
+def test_check_upstream_shows_the_record_patcher_ships(tmp_path, monkeypatch):
+    # the shipped copy is the record's own reading, stale rows included (tests/test_generated.py keeps
+    # it current); with no runs of the user's own, it is what check-upstream shows
+    from patcher.upstream.runs import shipped_runs
+
+    monkeypatch.setenv("PATCHER_CACHE", str(tmp_path))
+    record = {
+        v: dataclasses.replace(r, file=f"bench/results/releases/{Path(r.file).name}")
+        for v, r in read_folder(matrix.RECORD).items()
+    }
+    assert shipped_runs() == record and load_runs() == record
+    assert {"0.16.0", "0.32.0", "0.33.0"} <= set(record) and any(r.stale for r in record.values())
+    # a run of the user's own, newer than the record's, wins for its release
+    (tmp_path / "releases").mkdir()
+    mine = {"schema_version": 1, "vllm": "0.16.0", "ok": False, "finished": "2999-01-01T00:00:00Z", "summary": "mine"}
+    (tmp_path / "releases" / "mine.json").write_text(json.dumps(mine))
+    assert load_runs()["0.16.0"].summary == "mine" and load_runs()["0.32.0"] == record["0.32.0"]
+
+
+def test_an_installed_wheel_ships_the_record_check_upstream_reads(tmp_path):
+    # what a user's CI has: patcher's wheel, no checkout. Built from a copy of the tree (the build
+    # writes beside its sources), installed with --no-deps into a fresh venv; its dependencies come
+    # from this one's site-packages, whose editable patcher a plain directory on sys.path does not bring
+    import shutil
+    import sysconfig
+    import zipfile
+
+    source = tmp_path / "source"
+    for name in ("patcher", "patches", "remote"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    # built as pip builds it for a user: setuptools>=68 in an isolated build environment (from pip's
+    # cache after the first run; the venv's own setuptools has no bdist_wheel)
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("patcher-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "patcher/upstream/release_record.json" in names
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"patcher", wheel.name.split("-py")[0] + ".dist-info"}, tops  # no bench/, tests/, workbench/
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
+    installed = subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], capture_output=True, text=True
+    )
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # and a row of the user's own is keyed there as here (its patches found where patcher.patches is installed)
+    code = (
+        "import json, patcher; from patcher.upstream.runs import expected_selection, load_runs, row_key, row_versions\n"
+        "row = {'release': '0.16.0'}\n"
+        "key = row_key('0.16.0', expected_selection(row), row_versions(row))\n"
+        "print(json.dumps({'where': patcher.__file__, 'key': key, 'runs': {v: r.to_json() for v, r in load_runs().items()}}))"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PATCHER_CACHE": str(tmp_path / "cache"), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout)
+    assert Path(answer["where"]).is_relative_to(site), answer["where"]
+    shipped = json.loads((ROOT / "patcher" / "upstream" / "release_record.json").read_text())["runs"]
+    assert answer["runs"] == {e["vllm"]: {k: v for k, v in e.items() if k != "vllm"} for e in shipped}
+    assert answer["runs"]["0.32.0"]["ok"] and answer["runs"]["0.16.0"]["stale"] is False
+    row = {"release": "0.16.0"}
+    assert answer["key"] == row_key("0.16.0", expected_selection(row), row_versions(row)) is not None
