@@ -44,8 +44,8 @@ sys.path.append(str(ROOT / "bench"))
 import record  # noqa: E402  (bench/record.py, beside this script)
 from fleet import PATCHER, TARGETS, Fleet, ansible_base_env, sh  # noqa: E402
 
-from tests.support.envs import site_file  # noqa: E402
-from tests.support.sshd import why_no_sshd  # noqa: E402
+from workbench.envs import site_file  # noqa: E402
+from workbench.sshd import why_no_sshd  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PYINFRA_VERSION = "3.10.0"

@@ -1,5 +1,5 @@
 """Every `ansible-test sanity` test (the ansible-core pinned by the test extra) on the patcher.fleet
-collection, offline but for the package index (see tests/support/ansible_sanity.py for how), and
+collection, offline but for the package index (see workbench/ansible_test_sanity.py for how), and
 how long it took. The suite runs the short form (tests/test_ansible_collection.py); this is the
 whole set, which adds pylint, pep8 and import, whose environments take minutes to make the first
 time.
@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 
-from tests.support.ansible_sanity import ANSIBLE_TEST, SHORT_FORM, run_sanity  # noqa: E402
-from tests.support.releases import cache_dir  # noqa: E402
+from workbench.ansible_test_sanity import ANSIBLE_TEST, SHORT_FORM, run_sanity  # noqa: E402
+from workbench.release_files import cache_dir  # noqa: E402
 
 
 def main() -> int:

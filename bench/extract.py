@@ -626,7 +626,7 @@ def cpu_target(work: Path, log) -> tuple[str, str]:
     from patcher.demo.environment import build_demo_env
     from patcher.demo.overlay import make_overlay
     from patcher.demo.tiny_model import ensure_tiny_model
-    from tests.support.envs import cache_dir, download_wheel
+    from workbench.envs import cache_dir, download_wheel
 
     demo = build_demo_env(progress=log)
     model = ensure_tiny_model(demo, progress=log)

@@ -28,13 +28,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))  # for tests.support; patcher itself as installed
+sys.path.append(str(ROOT))  # for workbench/; patcher itself as installed
 
 import record  # noqa: E402  (bench/record.py, beside this script)
 
 from patcher.patchset.registry import load_patches  # noqa: E402
-from tests.support.envs import light_env, site_file  # noqa: E402
-from tests.support.sshd import SshClient, SshServer, why_no_sshd  # noqa: E402
+from workbench.envs import light_env, site_file  # noqa: E402
+from workbench.sshd import SshClient, SshServer, why_no_sshd  # noqa: E402
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 # What users run: the console script installed beside this interpreter.

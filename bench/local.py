@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))  # tests.support builds the light target environments
+sys.path.append(str(ROOT))  # workbench/ builds the light target environments
 
 import record  # noqa: E402  (bench/record.py, beside this script)
 
 from patcher.patchset.registry import load_patches  # noqa: E402
-from tests.support.envs import light_env, site_file  # noqa: E402
+from workbench.envs import light_env, site_file  # noqa: E402
 
 # What users run: the console script installed beside this interpreter.
 SCRIPT = Path(sys.executable).parent / "patcher"
@@ -159,12 +159,17 @@ def verification(repeat: int) -> list[dict]:
     baseline = timed(imports, repeat)
     print(f"{'IMPORTS: the patched modules':<34} {baseline * 1000:8.0f} ms  (baseline)")
     # The verifier itself, as apply runs it: the agent's verify operation in a fresh interpreter.
-    from patcher.plan.planning import condition_names, plan_target, target_files
+    from patcher.plan.planning import condition_names, target_files
+    from patcher.plan.target_plan import plan_target
     from patcher.transport.local import LocalTransport
 
     with LocalTransport(str(target)) as transport:
         facts = transport.call(
-            {"op": "facts", "names": condition_names(load_patches()), "files": target_files(load_patches())}
+            {
+                "op": "facts",
+                "names": condition_names(load_patches()),
+                "files": target_files(p.spec() for p in load_patches()),
+            }
         )
         plan = plan_target(facts, load_patches())
         spec = {"files": plan.verify_files, "import_prefixes": ["vllm"]}

@@ -1,7 +1,7 @@
 """Concurrency stress, long form: hundreds of rounds of `apply --no-verify`, `rollback` (with
 `--only`/`--skip` mixed in) and `status` started 0-80 ms apart on one environment, locally, over
 ssh (a real sshd on 127.0.2.x, loopback only) and both at once; after each round the files, the
-reports and `status` are checked (tests/support/race.py says what). Not a timing: it prints the
+reports and `status` are checked (workbench/race_stress.py says what). Not a timing: it prints the
 rounds, the bad rounds (each described) and the seed, and exits 1 if any round was bad.
 
     python bench/race.py [--rounds 300] [--ways local,ssh,mixed] [--seed N] [--max-offset-ms 80]
@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT))  # for tests.support; patcher itself as installed
+sys.path.append(str(ROOT))  # for workbench/; patcher itself as installed
 
-from tests.support.envs import light_env  # noqa: E402
-from tests.support.race import Stress  # noqa: E402
-from tests.support.sshd import SshClient, SshServer, why_no_sshd  # noqa: E402
+from workbench.envs import light_env  # noqa: E402
+from workbench.race_stress import Stress  # noqa: E402
+from workbench.sshd import SshClient, SshServer, why_no_sshd  # noqa: E402
 
 
 def main() -> int:

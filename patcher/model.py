@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # libcst is imported only where a codemod actually runs
     from .codemod import PatchCodemod
-    from .core.planning import PatchSpec
+    from .plan.planning import PatchSpec
 
 PATCH_ID = re.compile(r"^v(?P<number>[0-9]+)-[a-z0-9]+(?:-[a-z0-9]+)*$")
 
@@ -319,7 +319,7 @@ class Patch:
 
     def spec(self) -> PatchSpec:
         """What the shared planning core needs of this declaration, as plain data."""
-        from .core.planning import PatchSpec
+        from .plan.planning import PatchSpec
 
         return PatchSpec(
             id=self.id,

@@ -11,10 +11,18 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .core.errors import EXIT_FAILED, EXIT_PENDING, outcome
-from .core.planning import unpatched_path, verify_spec
 from .model import Patch
 from .patchset.registry import release_lines
-from .plan.planning import Mode, PatchState, TargetPlan, after_write, detected_names, plan_target, target_files
+from .plan.planning import (
+    PatchState,
+    TargetPlan,
+    after_write,
+    detected_names,
+    target_files,
+    unpatched_path,
+    verify_spec,
+)
+from .plan.target_plan import Mode, plan_target
 from .report import TargetReport
 from .transport.local import AgentFailure, TransportError
 
@@ -112,7 +120,7 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
     verify and record (the agent does all three in one request). `report` is filled step by step."""
     # Every request declares the patches' target files: the agent reads, writes and records
     # nothing else, whatever the state record on the target says.
-    declared = target_files(patches)
+    declared = target_files(p.spec() for p in patches)
     facts = _detect(transport, patches, options, report, declared)
     if options.command == "forget":
         return _forget(transport, options, report, declared)
@@ -184,7 +192,7 @@ def _forget(transport, options: RunOptions, report: TargetReport, declared: list
 
 
 def _plan(facts: Facts, patches: Sequence[Patch], mode: Mode, options: RunOptions, report: TargetReport) -> TargetPlan:
-    """Select and plan (patcher.plan.planning): each patch's state and each file's change; the report
+    """Select and plan (patcher.plan.target_plan): each patch's state and each file's change; the report
     takes the patch states, notes and file entries."""
     plan = plan_target(facts, patches, mode, options.only, options.skip, options.force, release_lines())
     report.patches = plan.patches
@@ -375,7 +383,7 @@ def _then_run_check(transport, report: TargetReport, options: RunOptions) -> Tar
     if not options.run_check:
         return report
     from .core.errors import EXIT_USAGE
-    from .runcheck import DEFAULT_TIMEOUT, memory_cap_mib, request, summary
+    from .run_check_request import DEFAULT_TIMEOUT, memory_cap_mib, request, summary
 
     try:
         memory_cap = memory_cap_mib()

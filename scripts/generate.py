@@ -10,12 +10,15 @@ The artefacts:
     docs/reference/*.md           the docs' generated pages (scripts/pages.py): the patch reference,
                                   the CLI reference, the exit codes, the release matrix, the GPU
                                   runs, the benchmarks
+    patcher/upstream/release_record.json
+                                  the release matrix's record as patcher ships it (package data:
+                                  check-upstream shows it), made from bench/results/releases/
     README.md                     its generated cells (the exit codes), between their markers
     tests/golden/*.json           the documented JSON of the main commands, as tests/test_contract.py
                                   records it (PATCHER_UPDATE_GOLDEN=1; it runs the real CLI on light
                                   environments, a few seconds; --no-golden leaves them out)
 
-tests/test_generated.py fails, naming this command, while any of the first two is out of date;
+tests/test_generated.py fails, naming this command, while any of the first three is out of date;
 tests/test_contract.py does for the golden files. Exit: 0 done (or, with --check, all current),
 1 out of date (--check) or the golden files' run failed.
 """
@@ -47,8 +50,16 @@ def help_text() -> str:
     )
 
 
+def release_record() -> str:
+    from patcher.upstream.runs import record_index
+    from workbench.release_matrix import RECORD  # importable: pages.py puts the checkout on sys.path
+
+    return record_index(RECORD, RECORD.relative_to(ROOT).as_posix())
+
+
 ARTEFACTS: dict[str, Callable[[], str]] = {
     "patcher/cli/help_text.py": help_text,
+    "patcher/upstream/release_record.json": release_record,
     **pages.PAGES,
     "README.md": pages.readme,
 }

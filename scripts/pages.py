@@ -11,12 +11,13 @@ by hand): scripts/generate.py writes them, and tests/test_generated.py fails whi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # workbench/, the checkout's tools (bench/ and the tests share it)
+    sys.path.insert(0, str(ROOT))
 DOCS = ROOT / "docs"
 REGENERATE = "python scripts/generate.py"
 
@@ -38,18 +39,6 @@ def cell(text: str) -> str:
 def table(head: list[str], rows: list[list[str]], align: str = "") -> list[str]:
     marks = [("---:" if a == "r" else "---") for a in (align or "l" * len(head))]
     return ["| " + " | ".join(head) + " |", "|" + "|".join(marks) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
-
-
-def _bench_releases():
-    """bench/releases.py, loaded by path (bench/ is not a package)."""
-    name = "bench_releases"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "releases.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 # ---------------------------------------------------------------------- the patch reference
@@ -143,14 +132,14 @@ def cli_page() -> str:
     import click
     from click.testing import CliRunner
 
-    from patcher.cli.commands import main
+    from patcher.cli.patcher_command import main
 
     def help_of(*args: str) -> str:
         result = CliRunner().invoke(main, [*args, "--help"], prog_name="patcher", terminal_width=78)
         assert result.exit_code == 0, result.output
         return result.output.rstrip()
 
-    lines = _header("Command line reference", "the click commands in `patcher/cli/commands.py`")
+    lines = _header("Command line reference", "the click commands in `patcher/cli/patcher_command.py`")
     lines += ["Each command's `--help`, as patcher prints it on an 80-column screen.", "", "```text", help_of(), "```"]
     ctx = click.Context(main, info_name="patcher")
     for name in main.list_commands(ctx):
@@ -162,21 +151,22 @@ def cli_page() -> str:
 
 
 def releases_page() -> str:
-    releases = _bench_releases()
+    from workbench import release_matrix as matrix
+
     lines = _header("Release matrix: the record", "`bench/results/releases/` (`bench/releases.py` writes it)")
     lines += [
         "One row per release, newest first, made from the recorded rows alone; what the matrix runs and",
         'what the rows found: [Release matrix](../release-matrix.md). "run with" says whether a row',
         "still speaks for today's patches (the same ones selected on its versions, their code unchanged).",
         "",
-        releases.table(releases.recorded_rows()),
+        matrix.table(matrix.recorded_rows()),
         "",
         "## Leave-one-out rows",
         "",
         "Each with every patch but the one named (`bench/releases.py --leave-out vN`): the symptom the",
         "patch declares (its `leave_one_out`) must show, and rollback must be byte-identical.",
         "",
-        releases.table(releases.recorded_rows(left_out=True)),
+        matrix.table(matrix.recorded_rows(left_out=True)),
     ]
     return "\n".join(lines) + "\n"
 

@@ -1,4 +1,5 @@
-"""Fixtures shared by test modules (helpers that are not fixtures live in tests/support/)."""
+"""Fixtures shared by test modules (helpers that are not fixtures live in tests/support/, and those
+bench/ uses too in workbench/)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.envs import light_env
-from tests.support.sshd import SshClient, SshServer, ensure_user, next_address
+from workbench.envs import light_env
+from workbench.sshd import SshClient, SshServer, ensure_user, next_address
 
 
 @pytest.fixture
@@ -48,22 +49,6 @@ def host_env(tmp_path: Path):
         return light_env(tmp_path / f"host{next(count)}")
 
     return make
-
-
-@pytest.fixture(scope="module")
-def releases():
-    """bench/releases.py as a module (the release matrix's runner: its recipes and pass rule)."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_releases", Path(__file__).parent.parent / "bench" / "releases.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 SYSTEM_PYTHON = "/usr/bin/python3"

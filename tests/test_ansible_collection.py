@@ -26,10 +26,10 @@ import pytest
 
 from patcher.patchset.registry import load_patches
 from patcher.transport.ansible_task import COMMANDS, OPTIONS
-from tests.support.ansible_sanity import SHORT_FORM, run_sanity
-from tests.support.envs import light_env, site_file
-from tests.support.releases import cache_dir
-from tests.support.sshd import SshClient, SshServer, why_no_sshd
+from workbench.ansible_test_sanity import SHORT_FORM, run_sanity
+from workbench.envs import light_env, site_file
+from workbench.release_files import cache_dir
+from workbench.sshd import SshClient, SshServer, why_no_sshd
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -489,7 +489,7 @@ def test_patcher_is_imported_once_by_ansible_playbook_before_it_forks_the_hosts_
 @needs_sshd
 def test_a_host_on_an_uncovered_release_is_failed_with_the_reason(fleet):
     """Exit 7 is Ansible's `failed` (only 0, and 6 in check mode, are ok), with patcher's one line."""
-    from tests.support.envs import reinstall_speculators
+    from workbench.envs import reinstall_speculators
 
     work, inventory, envs, env = fleet
     reinstall_speculators(envs[1], "0.2.0")  # a release no patch set covers

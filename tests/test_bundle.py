@@ -23,9 +23,9 @@ from patcher.patchset.registry import load_patches
 from patcher.plan.selection import condition_holds
 from patcher.transport import bundle_runtime
 from tests.support.cli import patcher
-from tests.support.envs import light_env, site_file
 from tests.support.files import GENERATOR
-from tests.support.pythons import find_python, python_or_skip
+from workbench.envs import light_env, site_file
+from workbench.pythons import find_python, python_or_skip
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 GENERATOR_PATH = "speculators/data_generation/vllm_hidden_states_generator.py"  # patched on vLLM 0.16
@@ -112,7 +112,7 @@ def test_every_error_kind_exits_alike_through_patcher_and_a_bundle(bundle: Path)
     from patcher.run import _fail
 
     core = json.loads(_embedded(bundle, "CORE"))
-    assert core["planning"] == Path("patcher/core/planning.py").read_text()  # patcher's planning, not a copy
+    assert core["planning"] == Path("patcher/plan/planning.py").read_text()  # patcher's planning, not a copy
     ns: dict = {}
     exec(compile(core["errors"], "<bundle-errors>", "exec"), ns)  # noqa: S102 - the text the bundle embeds
     for kind in [*ERROR_KINDS, "a-kind-nobody-knows"]:
@@ -123,7 +123,7 @@ def test_every_error_kind_exits_alike_through_patcher_and_a_bundle(bundle: Path)
 
 def test_patcher_and_the_bundle_plan_alike(bundle: Path, tmp_path: Path):
     """Drift: the same states, reasons, files and exit codes through both, step by step."""
-    from tests.support.envs import fabricate_dist
+    from workbench.envs import fabricate_dist
 
     mine, theirs = light_env(tmp_path / "a"), light_env(tmp_path / "b")
 
@@ -236,7 +236,7 @@ def test_other_releases_and_wrong_interpreters(bundle: Path, tmp_path: Path):
 
 def test_runs_on_python_3_9(bundle: Path, tmp_path: Path, monkeypatch):
     found = python_or_skip("3.9")
-    monkeypatch.setattr("tests.support.envs.PYTHON_FOR_TARGETS", found)
+    monkeypatch.setattr("workbench.envs.PYTHON_FOR_TARGETS", found)
     target = light_env(tmp_path)
     pristine = files(target)
     code, doc, err = run_bundle(bundle, target, "apply", "--no-verify", "--json")
@@ -358,7 +358,7 @@ def test_version_logic_on_the_cases_that_matter():
 @pytest.mark.vllm
 def test_apply_verifies_against_the_real_vllm(bundle: Path, tmp_path: Path):
     from patcher.demo.environment import build_demo_env
-    from tests.support.envs import overlay_env
+    from workbench.envs import overlay_env
 
     target = overlay_env(tmp_path, build_demo_env(progress=lambda message: None))
     pristine = files(target)
@@ -427,7 +427,7 @@ def test_a_patched_file_swapped_under_its_key_is_refused(bundle: Path, tmp_path:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="root applying to another user's environment needs root")
 def test_root_on_a_user_owned_environment_leaves_state_the_owner_can_roll_back(bundle: Path, shared_env: Path):
-    from tests.support.sshd import ensure_user
+    from workbench.sshd import ensure_user
 
     owner = ensure_user("patcher-plain")
     prefix = shared_env.parent.parent

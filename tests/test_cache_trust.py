@@ -12,7 +12,7 @@ import pytest
 from patcher.cache import untrusted_reason
 from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher
-from tests.support.envs import site_file
+from workbench.envs import site_file
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 NOBODY = 65534

@@ -22,15 +22,15 @@ from patcher.patches.targets import GENERATOR as GENERATOR_FILE
 from patcher.patchset.registry import load_patches
 from patcher.plan.selection import condition_holds
 from patcher.upstream.check import EXIT_OK, EXIT_UNREACHABLE, EXIT_WRONG_GATE, CheckOptions, run_check
+from patcher.upstream.check_upstream_render import render_markdown
 from patcher.upstream.facts import SourceTree, Verdict, evaluate
 from patcher.upstream.gates import ReleaseRead, check_gate
 from patcher.upstream.index import Index
 from patcher.upstream.nightly import check_nightly
-from patcher.upstream.render import render_markdown
 from patcher.upstream.sources import ReleaseFiles
 from patcher.upstream.wheels import IndexUnreachable
 from tests.support.cli import run_patcher
-from tests.support.releases import INDEX_AS_OF, cache_dir
+from workbench.release_files import INDEX_AS_OF, cache_dir
 
 SPECULATORS = ["0.3.0", "0.4.0", "0.5.0"]
 VLLM = ["0.11.0", "0.11.1", "0.12.0", "0.16.0"]

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(args: list[str], columns: int, *, entry: bool = True) -> subprocess.CompletedProcess:
-    module = "patcher.cli.entry" if entry else "patcher.cli.commands"
+    module = "patcher.cli.entry" if entry else "patcher.cli.patcher_command"
     code = f"import sys; sys.argv[0] = 'patcher'; from {module} import main; main()"
     env = {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run(

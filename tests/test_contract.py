@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher
-from tests.support.envs import fabricate_dist, light_env, site_file
+from workbench.envs import fabricate_dist, light_env, site_file
 
 GOLDEN = Path(__file__).parent / "golden"
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"

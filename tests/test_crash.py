@@ -12,9 +12,9 @@ import pytest
 
 from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher
-from tests.support.envs import light_env, site_file
 from tests.support.files import GENERATOR, WORKER
-from tests.support.sshd import spec, why_no_sshd
+from workbench.envs import light_env, site_file
+from workbench.sshd import spec, why_no_sshd
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 

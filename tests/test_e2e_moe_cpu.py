@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.e2e import EXTRACT, TIMINGS, error_of, patch_as, summary
-from tests.support.envs import overlay_env
+from workbench.envs import overlay_env
 
 pytestmark = pytest.mark.vllm
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.cli import patcher
 from tests.support.e2e import assert_all_correct, error_of, extract, prompts, summary
-from tests.support.envs import overlay_env, site_file
+from workbench.envs import overlay_env, site_file
 
 pytestmark = pytest.mark.vllm
 

@@ -33,7 +33,7 @@ from tests.support.e2e import (
     pristine,
     summary,
 )
-from tests.support.envs import overlay_env
+from workbench.envs import overlay_env
 
 pytestmark = pytest.mark.vllm
 

@@ -16,7 +16,7 @@ import pytest
 from tests.support.cli import patcher
 from tests.support.declared import leave_one_outs, run_id
 from tests.support.e2e import assert_every_selected_patch_applies, extract, leave_out, pristine, summary
-from tests.support.envs import overlay_env
+from workbench.envs import overlay_env
 
 pytestmark = pytest.mark.vllm
 

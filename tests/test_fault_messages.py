@@ -15,8 +15,8 @@ import pytest
 
 from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher, patcher_argv, patcher_env
-from tests.support.envs import light_env, site_file
 from tests.support.files import GENERATOR
+from workbench.envs import light_env, site_file
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs and chattr +i need root")
@@ -154,7 +154,7 @@ def test_a_report_that_cannot_be_written_after_a_successful_apply_is_exit_8_not_
 def test_a_fleets_report_that_cannot_be_written_is_exit_8_and_its_retry_file_is_still_written(tmp_path: Path):
     """A host where nothing listens (exit 4): the JSON goes to /dev/full, the retry file is still
     written, and the one line gives the fleet's own code."""
-    from tests.support.sshd import SshClient, free_port
+    from workbench.sshd import SshClient, free_port
 
     if not shutil.which("ssh") or not shutil.which("ssh-keygen"):
         pytest.skip("the OpenSSH client (ssh, ssh-keygen) is missing")

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher, sha, states
-from tests.support.envs import PYTHON_FOR_TARGETS, light_env, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
-from tests.support.releases import cache_dir, download_wheel
+from workbench.envs import PYTHON_FOR_TARGETS, light_env, site_file
+from workbench.release_files import cache_dir, download_wheel
 
 PATCHES = load_patches()
 TARGETS = sorted({p.target.path for p in PATCHES})
@@ -84,7 +84,7 @@ def test_pip_force_reinstall_and_uninstall(tmp_path: Path):
     wheel = download_wheel("speculators", "0.3.0", cache_dir() / "wheels")
     pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check"]
     subprocess.run([*pip, str(wheel)], check=True)
-    from tests.support.envs import fabricate_dist
+    from workbench.envs import fabricate_dist
 
     fabricate_dist(env, "vllm", "0.16.0")
     pristine = files(python)

@@ -18,9 +18,9 @@ import pytest
 
 from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher_argv, patcher_env, timed_patcher
-from tests.support.envs import light_env, site_file
-from tests.support.sshd import SshServer, next_address, spec, why_no_sshd
 from tests.support.terminal import sigint_as_at_a_terminal
+from workbench.envs import light_env, site_file
+from workbench.sshd import SshServer, next_address, spec, why_no_sshd
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 GENERATOR = next(t for t in TARGETS if t.endswith("vllm_hidden_states_generator.py"))

@@ -4,6 +4,7 @@ count too: a cycle there is still two modules that cannot be read one without th
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,3 +88,34 @@ def test_every_package_is_installed():
         module_name(init.parent / "__init__.py") for top in INSTALLED_AS for init in (ROOT / top).rglob("__init__.py")
     }
     assert found - listed == set(), "add them to [tool.setuptools] packages in pyproject.toml"
+
+
+# Names Python or Ansible give several modules on purpose: a package's __init__ and __main__, and
+# an Ansible action plugin, which Ansible pairs with its module by their shared name.
+SHARED_NAMES = {"__init__.py", "__main__.py", "patch.py"}
+
+
+def test_one_module_per_name():
+    # two modules of one name that mean different things (a runcheck.py on each side, four
+    # command(s).py) make every mention of one ambiguous
+    seen: dict[str, list[str]] = {}
+    for top in INSTALLED_AS:
+        for path in (ROOT / top).rglob("*.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1 and name not in SHARED_NAMES} == {}
+
+
+# A path in the tree as the product's docstrings and comments name one: `patcher/cli/entry.py`
+# (a name with a wildcard or a placeholder, `bench/gpu/results/*/`, `<release>-<key>.json`, is not one)
+TREE_PATH = re.compile(r"(?<![\w./-])((?:patcher|patches|remote|bench|tests|scripts|docs)/[\w./-]*\w)(?![\w*<{])")
+
+
+def test_the_products_texts_name_only_files_that_exist():
+    missing = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for top in INSTALLED_AS
+        for path in (ROOT / top).rglob("*.py")
+        for name in TREE_PATH.findall(path.read_text(encoding="utf-8"))
+        if not (ROOT / name).exists()
+    }
+    assert missing == set()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher, sha, states
-from tests.support.envs import overlay_env, site_file
+from workbench.envs import overlay_env, site_file
 
 pytestmark = pytest.mark.vllm
 

@@ -21,6 +21,7 @@ from tests.support.declared import (
     record_shows,
     run_id,
 )
+from workbench import release_matrix as matrix
 
 DECLARED = [(p, run) for p in patches() for run in p.leave_one_out]
 RECORDED_ON_CPU = [(p, run) for p, run in DECLARED if by_record(run)]
@@ -35,10 +36,10 @@ def test_every_patch_declares_where_its_need_is_shown():
 @pytest.mark.parametrize(
     "patch,run", RECORDED_ON_CPU, ids=[f"{r.vllm}-{r.speculators}-{run_id(p, r)}" for p, r in RECORDED_ON_CPU]
 )
-def test_a_recorded_row_shows_the_declared_symptom(releases, patch, run):
+def test_a_recorded_row_shows_the_declared_symptom(patch, run):
     assert not run.also_skip, f"{patch.id}: bench/releases.py leaves out one patch; run it on {' or '.join(END_TO_END)}"
-    name = releases.row_name({"release": run.vllm, "speculators": run.speculators, "left_out": patch.short_id})
-    rows = [r for r in releases.recorded_rows(left_out=True) if releases.row_name(r) == name]
+    name = matrix.row_name({"release": run.vllm, "speculators": run.speculators, "left_out": patch.short_id})
+    rows = [r for r in matrix.recorded_rows(left_out=True) if matrix.row_name(r) == name]
     assert rows, (
         f"no recorded row {name}: python bench/releases.py --release {run.vllm} --speculators {run.speculators} "
         f"--leave-out {patch.short_id}"
@@ -46,7 +47,7 @@ def test_a_recorded_row_shows_the_declared_symptom(releases, patch, run):
     (row,) = rows
     assert row["rollback_identical"], row
     if run.symptom is None:
-        assert releases.row_passed({k: v for k, v in row.items() if k != "left_out"}), row["apply"]
+        assert matrix.row_passed({k: v for k, v in row.items() if k != "left_out"}), row["apply"]
         return
     problems = bench_row_shows(run.symptom, row)
     assert not problems, (name, problems)
@@ -61,12 +62,12 @@ def test_a_gpu_record_shows_the_declared_symptom(patch, run):
     assert any(not problems for problems in verdicts.values()), verdicts
 
 
-def test_every_recorded_leave_one_out_row_is_declared(releases):
+def test_every_recorded_leave_one_out_row_is_declared():
     declared = {(run.vllm, run.speculators, left_out(p, run)) for p, run in DECLARED}
-    for row in releases.recorded_rows(left_out=True):
-        speculators = releases.speculators_of(row)
+    for row in matrix.recorded_rows(left_out=True):
+        speculators = matrix.speculators_of(row)
         assert (row["release"], speculators, (row["left_out"],)) in declared, (
-            f"{releases.row_name(row)} is recorded but no patch declares "
+            f"{matrix.row_name(row)} is recorded but no patch declares "
             f"LeaveOneOut({row['release']!r}, ..., speculators={speculators!r}) for {row['left_out']}"
         )
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from patcher.core.planning import readable_conditions
 from patcher.patchset.registry import load_patches
+from patcher.plan.planning import readable_conditions
 from tests.support.cli import run_patcher
-from tests.support.envs import light_env
+from workbench.envs import light_env
 
 
 @pytest.fixture

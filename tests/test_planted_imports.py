@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher_env
-from tests.support.sshd import ensure_user, spec, why_no_sshd
+from workbench.sshd import ensure_user, spec, why_no_sshd
 
 PLANTED = ("json", "__future__", "pydantic", "speculators")
 # The console script, as users start patcher: `python -m patcher` would itself put the current

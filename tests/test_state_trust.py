@@ -16,8 +16,8 @@ import pytest
 
 from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher
-from tests.support.envs import site_file
 from tests.support.files import GENERATOR
+from workbench.envs import site_file
 
 TARGETS = sorted({p.target.path for p in load_patches()})
 PLANTED = b"import os\nos.system('id > /tmp/owned-by-the-state-folder')  # planted\n"
@@ -155,7 +155,7 @@ def test_an_original_adopted_with_force_is_restored_and_dropping_its_mark_is_ref
 
 
 def test_a_pip_reinstall_between_apply_and_rollback_is_not_clobbered(host_env):
-    from tests.support.envs import reinstall_speculators
+    from workbench.envs import reinstall_speculators
 
     python = host_env()
     code, _, err = patcher("apply", "--no-verify", "--python", str(python))

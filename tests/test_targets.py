@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher, sha, states
-from tests.support.envs import light_env, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
+from workbench.envs import light_env, site_file
 
 PYENV = Path.home() / ".pyenv" / "versions"
 
@@ -27,7 +27,7 @@ def interpreter(minor: str) -> str:
 
 
 def test_target_on_python_3_9(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("tests.support.envs.PYTHON_FOR_TARGETS", interpreter("3.9"))
+    monkeypatch.setattr("workbench.envs.PYTHON_FOR_TARGETS", interpreter("3.9"))
     python = light_env(tmp_path)
     version = subprocess.run(
         [str(python), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True, check=True

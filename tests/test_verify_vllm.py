@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher, states
-from tests.support.envs import overlay_env, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
+from workbench.envs import overlay_env, site_file
 
 pytestmark = pytest.mark.vllm
 
@@ -74,14 +74,17 @@ def test_verification_in_a_session_always_takes_a_fresh_interpreter(env: Path):
     """One agent session serves several requests; a verification must still see the files as a
     new process sees them now, not the modules the session (or an earlier check) imported."""
     from patcher.patchset.registry import load_patches
-    from patcher.plan.planning import condition_names, plan_target, target_files
+    from patcher.plan.planning import condition_names, target_files
+    from patcher.plan.target_plan import plan_target
     from patcher.transport.local import LocalTransport
 
     code, _, err = patcher("apply", "--python", str(env), "--no-verify")
     assert code == 0, err
     patches = load_patches()
     with LocalTransport(str(env)) as transport:
-        facts = transport.call({"op": "facts", "names": condition_names(patches), "files": target_files(patches)})
+        facts = transport.call(
+            {"op": "facts", "names": condition_names(patches), "files": target_files(p.spec() for p in patches)}
+        )
         spec = {"files": plan_target(facts, patches).verify_files, "import_prefixes": ["vllm"]}
         assert transport.call({"op": "verify", "spec": spec})["ok"]
         # It imported vLLM and torch, but not in the session's own process.

@@ -33,7 +33,7 @@ def main() -> None:
 
         sys.stdout.write(HELP)
         return
-    from .commands import main as cli_main
+    from .patcher_command import main as cli_main
 
     run_and_exit(cli_main)
 
@@ -42,7 +42,7 @@ def render_help() -> str:
     """click's top-level help, as an 80-column (or wider) screen shows it: 78 columns."""
     from click.testing import CliRunner
 
-    from .commands import main as cli_main
+    from .patcher_command import main as cli_main
 
     result = CliRunner().invoke(cli_main, ["--help"], prog_name="patcher", terminal_width=78)
     assert result.exit_code == 0, result.output

@@ -1,6 +1,6 @@
 """How a fleet run looks: live progress on a terminal (rich), plain lines otherwise, the JSON
 document on stdout (--json), and one host's report or the per-host summary at the end
-(`TerminalFleetView`, what patcher.fleet.command talks to)."""
+(`TerminalFleetView`, what patcher.fleet.fleet_run talks to)."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def render_summary(command: str, results: list[HostResult]) -> None:
 
 
 class TerminalFleetView:
-    """The fleet command's output (patcher.fleet.command.FleetView): progress and errors on
+    """The fleet command's output (patcher.fleet.fleet_run.FleetView): progress and errors on
     stderr through the CLI's `note` and `error`, the JSON document and --diff on stdout."""
 
     def __init__(

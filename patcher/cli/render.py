@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..core.errors import EXIT_PENDING
-from ..core.planning import readable_conditions
+from ..plan.planning import readable_conditions
 
 STATE_STYLE = {
     "applied": "green",

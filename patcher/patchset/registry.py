@@ -37,7 +37,7 @@ def load_patches(package: str = "patcher.patches", *, indexed: bool = True) -> t
 @cache
 def release_lines(package: str = "patcher.patches") -> tuple[ReleaseLine, ...]:
     """The release lines the package's `targets` module declares (RELEASE_LINES): the releases a
-    target must be on for patcher to answer for it (see patcher.core.planning.coverage)."""
+    target must be on for patcher to answer for it (see patcher.plan.planning.coverage)."""
     try:
         targets = importlib.import_module(f"{package}.targets")
     except ModuleNotFoundError:

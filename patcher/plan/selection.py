@@ -1,5 +1,5 @@
 """Which patches, and which of their edits, hold for the versions a target has installed:
-packaging's PEP 440 for the shared core's selection (patcher/core/planning.py)."""
+packaging's PEP 440 for planning's selection (patcher/plan/planning.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..core import planning as core
 from ..model import Edit, Patch
+from . import planning
 
 
 def condition_holds(spec: str, version: str | None) -> bool:
@@ -28,7 +28,7 @@ def condition_holds(spec: str, version: str | None) -> bool:
 
 
 def failed_conditions(conditions: Mapping[str, str], versions: Mapping[str, str | None]) -> list[str]:
-    return core.failed_conditions(dict(conditions), dict(versions), condition_holds)
+    return planning.failed_conditions(dict(conditions), dict(versions), condition_holds)
 
 
 @dataclass
@@ -44,11 +44,11 @@ class Selection:
 
 
 def select_patches(patches: Sequence[Patch], versions: Mapping[str, str | None]) -> dict[str, Selection]:
-    """What a run on a fresh target would apply: the core's selection by version conditions,
+    """What a run on a fresh target would apply: planning's selection by version conditions,
     with a patch whose `needs` are not selected left out too (check-upstream, bundle ranges)."""
     specs = [p.spec() for p in patches]
-    chosen = core.select(specs, dict(versions), condition_holds)
-    kept = set(core.selected_with_needs(specs, chosen))
+    chosen = planning.select(specs, dict(versions), condition_holds)
+    kept = set(planning.selected_with_needs(specs, chosen))
     out: dict[str, Selection] = {}
     for patch in patches:
         sel = chosen[patch.id]
@@ -63,4 +63,4 @@ def select_patches(patches: Sequence[Patch], versions: Mapping[str, str | None])
 
 def describe(patch: Patch, versions: Mapping[str, str | None]) -> str:
     """e.g. "speculators 0.3.0 (>=0.3.0,<0.4.0), vllm 0.16.0 (>=0.11.1, >=0.12.0)"."""
-    return core.describe(patch.spec(), dict(versions))
+    return planning.describe(patch.spec(), dict(versions))

@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING
 from packaging.specifiers import SpecifierSet
 
 from .. import __version__
-from ..core import planning as core
 from ..model import Patch, ReleaseLine
-from ..plan.planning import condition_names, detected_names, run_transform, spec_of, specs_of
+from ..plan import planning as core
+from ..plan.planning import condition_names, detected_names
 from ..plan.selection import condition_holds, select_patches
+from ..plan.target_plan import run_transform, spec_of, specs_of
 from ..transform.transforms import shared_transforms
 
 if TYPE_CHECKING:

@@ -4,8 +4,8 @@ that runs it, with no controller and nothing installed (standard library only, P
 `patcher bundle` writes this source with three blobs filled in: DATA (the declarations as the
 planning core reads them, the pristine files it knows by sha256, and the codemods' result for
 every transform the core can ask for on them, keyed by TransformRequest.key()), AGENT (the agent)
-and CORE (the text of patcher/core/: errors.py and planning.py). It plans with patcher's own
-planning core, not a copy: only PEP 440 matching is its own (below, checked against packaging
+and CORE (the texts of patcher/core/errors.py and patcher/plan/planning.py). It plans with
+patcher's own planning core, not a copy: only PEP 440 matching is its own (below, checked against packaging
 when the bundle is made) and the transform results come from DATA instead of libcst. The agent
 does every write, exactly as when patcher drives it: same lock, backups, atomic writes, state
 record and verification, so patcher and a bundle can take turns on the same environment.
@@ -35,7 +35,7 @@ DATA = None  # replaced in a bundle file
 AGENT = None
 DIGESTS = None  # in a bundle: the sha256 of DATA's, AGENT's and CORE's bytes
 
-CORE = None  # the text of patcher/core's modules, in a bundle
+CORE = None  # the texts of core/errors.py and plan/planning.py, in a bundle
 
 
 # ------------------------------------------------------------------ PEP 440, the part patches use
@@ -195,11 +195,12 @@ def _bundle_data() -> dict:
 
 
 def _core() -> tuple:
-    """(errors, planning): patcher/core's modules. In a bundle their text is in CORE and runs
-    here as their own modules; imported inside patcher (tests, `patcher bundle`), they are
+    """(errors, planning): patcher/core/errors.py and patcher/plan/planning.py. In a bundle their
+    text is in CORE and runs here as their own modules; imported inside patcher (tests, `patcher bundle`), they are
     patcher's own: either way the very code patcher plans with."""
     if CORE is None:
-        from patcher.core import errors, planning
+        from patcher.core import errors
+        from patcher.plan import planning
 
         return errors, planning
     sources = json.loads(_load("CORE"))

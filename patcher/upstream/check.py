@@ -254,8 +254,8 @@ class _Check:
         if not self.options.bind:
             return
         bound_files = declared_targets(self.patches) if self.options.targets is None else list(self.options.targets)
-        from ..core.planning import line_allows
         from ..patchset.registry import release_lines
+        from ..plan.planning import line_allows
 
         lines = [x.as_json() for x in release_lines()]
         for dist, version in self._needed_in_order():

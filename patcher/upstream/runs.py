@@ -2,23 +2,31 @@
 
 check-upstream sees only what the sources say; what a release does when it runs (the KV cache
 layout resolved at start-up, the CPU block size, silently wrong rows) is seen only by running
-it: the release matrix (bench/releases.py) builds each release's environment, applies and runs
-the run check there, and writes one file per run:
+it: the release matrix (bench/releases.py in patcher's repository) builds each release's
+environment, applies and runs the run check there, and records one row per release. Two places
+are read:
+
+- the user's own runs, one file per run:
 
     $PATCHER_CACHE/releases/<anything>.json      (default ~/.cache/patcher/releases)
     {"schema_version": 1, "vllm": "0.32.0", "ok": true, "finished": "2026-11-30T22:04:00Z",
      "summary": "one line: what passed or the first failure", "patcher": "commit or version"}
 
-bench/releases.py's own rows (`<release>[-speculators-<V>][-without-vN]-<key>.json`: "release", "apply", "extract",
-"rollback_identical", "finished", ...) are read too, from that folder and, in a checkout, from the
-matrix's record in the repository (bench/results/releases): ok when apply exited 0 (verified), the
-extraction was ok with every row whole and in order (or, for a release without a CPU build, whose
-row is apply and verification only, was not run), and rollback was byte-identical; finished is the row's
-own (else the file's time). A row is marked stale when it no longer speaks for the patches here
-(row_is_current): today's declarations select other patches or edits on its versions, or what
-the ones it selected run, or its release's recipe, changed since it ran (a gate moved alone does
-not make it stale). The newest `finished` per release wins; a file that reads
-as neither is skipped.
+  and bench/releases.py's own rows (`<release>[-speculators-<V>][-without-vN]-<key>.json`:
+  "release", "apply", "extract", "rollback_identical", "finished", ...) put there;
+- the release matrix's record as patcher ships it (RECORD_INDEX, package data): per release, the
+  run record_index made of the repository's rows when this patcher was built (scripts/generate.py
+  writes it, and its --check fails while it is not the rows' own). Made there, not here, because
+  whether a row is stale is told by hashing the patch modules' syntax trees (row_key), whose
+  ast.dump differs between Python releases: an installed patcher on another Python could not tell.
+
+A bench row is ok when apply exited 0 (verified), the extraction was ok with every row whole and
+in order (or, for a release without a CPU build, whose row is apply and verification only, was
+not run), and rollback was byte-identical; finished is the row's own (else the file's time). A
+row is marked stale when it no longer speaks for the patches here (row_is_current): today's
+declarations select other patches or edits on its versions, or what the ones it selected run, or
+its release's recipe, changed since it ran (a gate moved alone does not make it stale). The
+newest `finished` per release wins; a file that reads as neither is skipped.
 """
 
 from __future__ import annotations
@@ -217,11 +225,13 @@ def _sibling_imports(path: Path) -> dict[str, tuple[str, ...]]:
 
 
 def _patches_folder() -> Path | None:
-    """The patch modules' folder in a checkout with the release recipes (None in an installed wheel)."""
-    root = Path(__file__).resolve().parent.parent.parent
-    if not (root / "patcher" / "demo" / "releases.json").is_file() or not (root / "patches").is_dir():
+    """The patch modules' folder, wherever patcher.patches is (patches/ in a checkout)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("patcher.patches")
+    if spec is None or not spec.submodule_search_locations:
         return None
-    return root / "patches"
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def row_key(release: str, selected: Sequence[str], versions: dict[str, str]) -> str | None:
@@ -232,8 +242,8 @@ def row_key(release: str, selected: Sequence[str], versions: dict[str, str]) -> 
     edits, its target, needs and attribute calls; then the speculators release and that release's
     recipe (what its environment is built from). A patch the row did not select is not in it, nor
     is any `requires=` or `when=`: row_is_current checks that today's gates select the same patches
-    on the row's versions. None where this installation has no recipes file or a selected patch
-    has no module."""
+    on the row's versions. None where no recipe answers the release or a selected patch has no
+    module."""
     from patcher.demo.recipes import RecipeError, recipe_for
     from patcher.patchset.registry import load_patches
     from patcher.plan.selection import select_patches
@@ -349,39 +359,98 @@ def default_folder() -> Path:
     return (Path(base).expanduser() if base else Path.home() / ".cache" / "patcher") / "releases"
 
 
-def recorded_folder() -> Path:
-    """The release matrix's record in a checkout (absent from an installed wheel)."""
-    return Path(__file__).resolve().parent.parent.parent / "bench" / "results" / "releases"
+# The release matrix's record as patcher ships it (package data, written by scripts/generate.py)
+RECORD_INDEX = Path(__file__).with_name("release_record.json")
 
 
-def load_runs(folder: Path | None = None) -> dict[str, RunResult]:
+def _read_run(data: dict, file: Path) -> RunResult | None:
+    """The run one file says, or None for a row check-upstream does not show: a leave-one-out row
+    proves a patch's need, not the release's state, and the runs column is speculators 0.3.0's
+    (its patch set's)."""
+    if data.get("left_out") or data.get("speculators", DEFAULT_SPECULATORS) != DEFAULT_SPECULATORS:
+        return None
+    if "release" in data and "vllm" not in data:
+        return _from_bench_row(data, file)
+    return RunResult(
+        str(data["vllm"]),
+        bool(data["ok"]),
+        str(data["finished"]),
+        str(data.get("summary", "")),
+        str(data.get("patcher", "")),
+        str(file),
+    )
+
+
+def _newest(runs: list[RunResult]) -> dict[str, RunResult]:
     out: dict[str, RunResult] = {}
-    files: list[Path] = []
-    for where in [folder] if folder else [default_folder(), recorded_folder()]:
-        try:
-            files += sorted(where.glob("*.json"))
-        except OSError:
-            continue
-    for file in files:
-        try:
-            data = json.loads(file.read_text())
-            if data.get("left_out"):
-                continue  # a leave-one-out row proves a patch's need, not the release's state
-            if data.get("speculators", DEFAULT_SPECULATORS) != DEFAULT_SPECULATORS:
-                continue  # check-upstream's runs column is speculators 0.3.0's (its patch set's)
-            if "release" in data and "vllm" not in data:
-                result = _from_bench_row(data, file)
-            else:
-                result = RunResult(
-                    str(data["vllm"]),
-                    bool(data["ok"]),
-                    str(data["finished"]),
-                    str(data.get("summary", "")),
-                    str(data.get("patcher", "")),
-                    str(file),
-                )
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
+    for result in runs:
         if result.vllm not in out or result.finished > out[result.vllm].finished:
             out[result.vllm] = result
     return out
+
+
+def read_folder(folder: Path) -> dict[str, RunResult]:
+    """The newest run per release among a folder's files (one that reads as no run is skipped)."""
+    runs = []
+    try:
+        files = sorted(folder.glob("*.json"))
+    except OSError:
+        return {}
+    for file in files:
+        try:
+            result = _read_run(json.loads(file.read_text()), file)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if result is not None:
+            runs.append(result)
+    return _newest(runs)
+
+
+def record_index(folder: Path, shown_as: str) -> str:
+    """RECORD_INDEX's text for the rows in `folder` (the repository's record, named `shown_as` in
+    each run's "file"): per release, its newest run as read_folder reads it, stale told here."""
+    runs = read_folder(folder)
+    entries = [
+        {"vllm": v, **runs[v].to_json(), "file": f"{shown_as}/{Path(runs[v].file).name}"}
+        for v in sorted(runs, key=_version_key)
+    ]
+    return json.dumps({"schema_version": 1, "runs": entries}, indent=1) + "\n"
+
+
+def _version_key(text: str) -> tuple:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return (0, Version(text), text)
+    except InvalidVersion:
+        return (1, text, text)
+
+
+def shipped_runs() -> dict[str, RunResult]:
+    """The runs RECORD_INDEX holds ({} where it cannot be read)."""
+    try:
+        entries = json.loads(RECORD_INDEX.read_text(encoding="utf-8"))["runs"]
+        return _newest(
+            [
+                RunResult(
+                    str(e["vllm"]),
+                    bool(e["ok"]),
+                    str(e["finished"]),
+                    str(e.get("summary", "")),
+                    str(e.get("patcher", "")),
+                    str(e.get("file", "")),
+                    bool(e.get("stale")),
+                )
+                for e in entries
+            ]
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def load_runs(folder: Path | None = None) -> dict[str, RunResult]:
+    """The newest run per release: of `folder` alone when given, else of the user's own runs
+    (default_folder) and the record patcher ships (shipped_runs)."""
+    if folder:
+        return read_folder(folder)
+    return _newest([*shipped_runs().values(), *read_folder(default_folder()).values()])

@@ -1,1 +1,1 @@
-"""Helpers shared by the tests."""
+"""Helpers of the tests alone (those bench/ uses too are in workbench/)."""

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 # on any other release is checked against its recorded row (bench/results/releases/).
 END_TO_END = {"0.16.0": "tests/test_e2e_vllm.py", "0.32.0": "tests/test_e2e_vllm_032.py"}
 GPU_RESULTS = ROOT / "bench" / "gpu" / "results"
-# What a light environment (tests/support/envs.py) has when a patch's conditions say nothing else.
+# What a light environment (workbench/envs.py) has when a patch's conditions say nothing else.
 BASELINE = {"speculators": "0.3.0", "vllm": "0.16.0"}
 
 
@@ -53,7 +53,7 @@ def selected_on(patch: Patch) -> dict[str, str]:
     """Versions on which `patch` is selected: the baseline where it already is, else, for each
     distribution its conditions (or one edit's with the patch's own) name, the lowest bound they
     allow (v12: vLLM 0.33.0; v16: transformers 5.4.0; v18: torch 2.0)."""
-    from patcher.core.planning import select_one
+    from patcher.plan.planning import select_one
 
     def lowest_allowed(conditions: Mapping[str, list[str]]) -> dict[str, str]:
         versions = dict(BASELINE)

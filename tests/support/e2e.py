@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.support.cli import patcher
-from tests.support.envs import site_file
+from workbench.envs import site_file
 
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 WORKER = "speculators/data_generation/custom_worker.py"

@@ -1,4 +1,7 @@
-"""The `patcher` command line. Messages and progress go to stderr; --json alone to stdout."""
+"""The `patcher` click group and the commands on targets (list, status, plan, apply, verify,
+rollback, forget, bundle); `demo` and `check-upstream` load from patcher/demo/demo_command.py and
+patcher/upstream/check_upstream_command.py when they run. Messages and progress go to stderr;
+--json alone to stdout."""
 
 from __future__ import annotations
 
@@ -67,7 +70,7 @@ def _resolve(ids: tuple[str, ...], out: Output) -> list[str]:
 
 def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote: RemoteOptions, **kwargs) -> None:
     """One command on its target: the local interpreter (`--python`), or the hosts `remote` names
-    (patcher.fleet.command does that part; cli/fleetview.py shows it). Exits with the run's code."""
+    (patcher.fleet.fleet_run does that part; cli/fleetview.py shows it). Exits with the run's code."""
     if not remote.is_fleet:
         # The agent's interpreter starts (and compiles the agent) while patcher loads the rest.
         local = _transport(python)
@@ -79,7 +82,7 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
     skip = _resolve(kwargs.pop("skip", ()), out)
     options = RunOptions(command=command, only=only, skip=skip, progress=out.progress, **kwargs)
     if remote.is_fleet:
-        from ..fleet.command import run_fleet_command
+        from ..fleet.fleet_run import run_fleet_command
         from .fleetview import TerminalFleetView
 
         view = TerminalFleetView(out.progress, out.error, json_mode, quiet, diff=options.diff)
@@ -323,8 +326,8 @@ class _Commands(click.Group):
     """The commands; those in LAZY are imported only when they run (or help lists them)."""
 
     LAZY: ClassVar[dict[str, str]] = {
-        "demo": "patcher.demo.command:demo",
-        "check-upstream": "patcher.upstream.command:check_upstream",
+        "demo": "patcher.demo.demo_command:demo",
+        "check-upstream": "patcher.upstream.check_upstream_command:check_upstream",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

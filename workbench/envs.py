@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .pythons import find_python
-from .releases import cache_dir, download_wheel
+from .release_files import cache_dir, download_wheel
 
 # python3.11 when one runs (a name on PATH may be a pyenv shim that cannot), else this one
 PYTHON_FOR_TARGETS = find_python("3.11")[0] or sys.executable

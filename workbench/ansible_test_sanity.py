@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 COLLECTION = ROOT / "remote" / "ansible"
 NAMESPACE, NAME = "patcher", "fleet"
 ANSIBLE_TEST = Path(sys.executable).parent / "ansible-test"

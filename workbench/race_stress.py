@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patcher.patchset.registry import load_patches
-from patcher.plan.planning import condition_names, plan_target, target_files
+from patcher.plan.planning import condition_names, target_files
+from patcher.plan.target_plan import plan_target
 from patcher.run import RunOptions, run_target
 from patcher.transport.local import LocalTransport
 
@@ -90,7 +91,7 @@ class Stress:
         self.pristine = {rel: site_file(python, rel).read_bytes() for rel in TARGETS}
         with LocalTransport(str(python)) as session:
             self.pristine_facts = session.call(
-                {"op": "facts", "names": condition_names(PATCHES), "files": target_files(PATCHES)}
+                {"op": "facts", "names": condition_names(PATCHES), "files": target_files(p.spec() for p in PATCHES)}
             )
         self.expected: dict[frozenset, dict[str, bytes]] = {}
         self.state = self.status_state()

@@ -88,7 +88,7 @@ def check_upstream(
     from ..output_files import OutputFileError, check_destination, write_output_file
     from ..patchset.registry import load_patches
     from .check import run_check
-    from .render import render_markdown, render_terminal
+    from .check_upstream_render import render_markdown, render_terminal
 
     try:
         since_map, only = _ranges(since, releases, nightlies)
