@@ -144,8 +144,18 @@ class ReleaseLine:
     patched: bool
     path: str  # what extraction goes through on these releases, in words (status says it)
     # what the line needs of the other distributions installed beside it, PEP 440: speculators 0.4
-    # drives vLLM 0.12's engine API (its datagen extra allows 0.12-0.16) and cannot run on 0.11
+    # drives vLLM 0.12's engine API (its datagen extra allows 0.12-0.16) and cannot run on 0.11;
+    # 0.3's and 0.4's worker drives the v1 GPU model runner, which vLLM 0.34.0 removed
     requires: Mapping[str, str] = field(default_factory=dict)
+    # why the line stops at each clause of `requires`, keyed "<name><clause>" ("vllm<0.34.0"): the
+    # refusal of a target past it says so (patcher.plan.planning.coverage), as check-upstream does
+    requires_why: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        clauses = {f"{name}{c.strip()}" for name, spec in self.requires.items() for c in spec.split(",") if c.strip()}
+        stray = sorted(set(self.requires_why) - clauses)
+        if stray:
+            raise ValueError(f"release line {self.spec}: requires_why names {stray}, no clause of requires {clauses}")
 
     def as_json(self) -> dict:
         return {
@@ -155,6 +165,7 @@ class ReleaseLine:
             "patched": self.patched,
             "path": self.path,
             "requires": dict(self.requires),
+            "requires_why": dict(self.requires_why),
         }
 
 

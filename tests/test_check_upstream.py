@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -251,6 +252,99 @@ def test_a_gate_that_leaves_out_a_newer_nightly_is_caught(tmp_path):
     nightly = "0.16.0rc2.dev45+g1a2b3c4"
     checked = check_nightly(nightly, [patch], {"speculators": "0.3.0"}, [gate], tmp_path, sys.executable)
     assert any("leaves out nightly 0.16.0rc2.dev45+g1a2b3c4" in p and "0.12.0" in p for p in checked.problems)
+
+
+def test_a_nightly_older_than_every_release_read_is_not_judged(report):
+    # `--since vllm=0.33.0`: v20's guard fact ("DeepseekV2ForCausalLM does not derive from
+    # SupportsEagle3") no longer holds in 0.33.0, and nothing older is read, so nothing says what
+    # a nightly of 0.11.1 has (it held in 0.11.0-0.17.x). It used to be an error, "selects nightly
+    # ..., older than 0.33.0 where the fact does not hold yet".
+    patches = [p for p in load_patches() if p.short_id in ("v19", "v20")]
+    nightlies = ("0.11.1rc6.dev141+g38f225c2a.cu129", "0.34.0rc1.dev5+gabcdef0")
+    done = run_check(
+        patches,
+        CheckOptions(
+            only={"speculators": ["0.3.0"], "vllm": ["0.33.0"]},
+            index=Index(report.index),
+            cache=cache(),
+            nightlies=nightlies,
+            bind=False,
+        ),
+    )
+    assert done.exit_code == EXIT_OK, done.problems
+    old, new = done.nightlies
+    assert old.notes == [f"nightly {nightlies[0]} is older than every vllm release read: its gates are not judged"]
+    # a nightly of 0.34.0 is refused as 0.34.0 is (PEP 440: <0.34.0 leaves out its pre-releases)
+    assert len(new.notes) == 1 and new.notes[0].startswith(
+        "not covered: refused (exit 7): speculators 0.3.0, 0.4.0, 0.4.0.1 run on vllm <0.34.0 only"
+    )
+
+
+# ---------------------------------------------------------------------- releases no line runs on
+
+# vLLM 0.34.0 removed the v1 GPU model runner: patches/targets.py bounds the 0.3 and 0.4 lines below
+# it. Read with 0.33.0 (the last release they run on) and the transformers releases above.
+PAST_THE_LINES = [
+    "--release",
+    "speculators=0.3.0,0.4.0",
+    "--release",
+    "vllm=0.33.0,0.34.0",
+    "--release",
+    "transformers=" + ",".join(TRANSFORMERS),
+    *(f"--until={d}={v}" for d, v in {**INDEX_AS_OF, "vllm": "0.34.0"}.items()),
+    "--no-nightlies",
+    "--json",
+]
+
+
+def test_a_vllm_release_no_line_runs_on_is_not_covered_and_not_drift():
+    done = check_upstream(*PAST_THE_LINES, "--cache", str(cache()))
+    if done.returncode == EXIT_UNREACHABLE:
+        pytest.skip(f"package index unreachable: {done.stderr.strip()}")
+    document = json.loads(done.stdout)
+    assert done.returncode == document["exit_code"] == EXIT_OK, document["problems"]
+    why = (
+        "speculators 0.3.0, 0.4.0, 0.4.0.1 run on vllm <0.34.0 only: vLLM 0.34.0 removed the v1 GPU model runner its "
+        "worker drives (vllm.v1.worker.gpu_model_runner, model_runner.input_batch), and no patch ports it to the new "
+        "runner"
+    )
+    assert document["not_covered"] == [
+        {"distribution": "vllm", "version": "0.34.0", "status": "refused", "exit_code": 7, "why": why}
+    ]
+    row = f"vllm 0.34.0: not covered: refused (exit 7): {why}; status, plan, apply and verify refuse a target with it"
+    assert done.stderr.count(row) == 1, done.stderr[-3000:]
+    # nothing of 0.34.0 is read or bound; 0.33.0 is, as ever
+    assert list(document["releases_read"]["vllm"]) == ["0.33.0"]
+    assert list(document["runs"]) == ["0.33.0"]  # the vLLM releases bound
+    assert "0.34.0" not in json.dumps(document["bindings"]) + json.dumps(document["gates"])
+
+
+def test_without_the_bound_vllm_0_34_is_the_gate_errors_it_was(tmp_path):
+    # a throwaway copy of the tree whose 0.3 and 0.4 lines run on every vLLM: what check-upstream
+    # said before the bound (v10's and v19's facts are gone in 0.34.0), so the test above can fail
+    root = Path(__file__).resolve().parent.parent
+    tree = tmp_path / "tree"
+    keep = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(root / "patcher", tree / "patcher", ignore=keep)
+    for name in ("patches", "remote"):
+        shutil.rmtree(tree / "patcher" / name, ignore_errors=True)
+        shutil.copytree(root / name, tree / "patcher" / name, ignore=keep)
+    targets = tree / "patcher" / "patches" / "targets.py"
+    assert targets.read_text().count("<0.34.0") >= 3
+    targets.write_text(targets.read_text().replace("<0.34.0", "<1000"))
+    done = run_patcher(
+        "check-upstream", *PAST_THE_LINES, "--cache", str(cache()), env={"PYTHONPATH": str(tree)}, cwd=tmp_path
+    )
+    if done.returncode == EXIT_UNREACHABLE:
+        pytest.skip(f"package index unreachable: {done.stderr.strip()}")
+    document = json.loads(done.stdout)
+    assert done.returncode == document["exit_code"] == EXIT_WRONG_GATE, document["problems"]
+    assert document["not_covered"] == []
+    gone = [p for p in document["problems"] if "the fact is gone again" in p and "not in 0.34.0" in p]
+    assert [p.split(":")[0] for p in gone] == [
+        "v10-worker-request-capture WorkerRecordsRequestRows",
+        "v19-v1-model-runner SelectV1ModelRunner",
+    ], document["problems"]
 
 
 # ---------------------------------------------------------------------- command line

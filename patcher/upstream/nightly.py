@@ -7,7 +7,7 @@ folder alone), and the patches are selected on what it found. Nothing can be rea
 nightly's sources, so its facts are bounded by the releases around it: a nightly of X.Y.Z is
 newer than every release before X.Y.Z and older than X.Y.Z. A gate that leaves out a nightly
 newer than a release where the fact already holds, or selects one older than a release where
-it does not hold yet, is wrong.
+it does not hold yet, is wrong. A nightly older than every release read is not judged.
 """
 
 from __future__ import annotations
@@ -105,9 +105,16 @@ def check_nightly(
         result.selected[patch_id] = selection.edit_names if selection.selected else []
         result.reasons[patch_id] = selection.reason
     base = Version(Version(nightly).base_version)
-    for check in checks:
-        if check.fact is None or check.fact.distribution != distribution or not check.holds:
-            continue
+    judged = [c for c in checks if c.fact is not None and c.fact.distribution == distribution and c.holds]
+    if judged and not any(Version(r) < base for c in judged for r in c.holds):
+        # older than every release read (`--since vllm=0.33.0` and a nightly of 0.11.1): nothing read
+        # says what it has, and a fact read absent later (one vLLM removed since) says nothing of it
+        result.notes.append(
+            f"nightly {nightly} is older than every {distribution} release read: its gates are not judged"
+        )
+        return result
+    for check in judged:
+        assert check.fact is not None  # judged: those with a fact
         picked = not check.gate or condition_holds(check.gate, nightly)
         older = [r for r in check.holds if Version(r) < base]
         newer = [r for r in check.holds if Version(r) >= base]
