@@ -18,6 +18,7 @@ import pytest
 from patcher.patchset.registry import load_patches
 from patcher.plan.planning import condition_names, plan_target, target_files
 from patcher.transport.local import AgentFailure, LocalTransport
+from tests.support.cli import patcher_env
 from tests.support.envs import light_env, site_file
 from tests.support.sshd import ensure_user, spec, why_no_sshd
 
@@ -50,7 +51,7 @@ def holders(path: Path) -> list[int]:
 
 
 def start(*args: str, fault: dict | None = None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "PATCHER_FAULT"}
+    env = {k: v for k, v in patcher_env(clean_ssh=True).items() if k != "PATCHER_FAULT"}  # nor the user's cache
     if fault:
         env["PATCHER_FAULT"] = json.dumps(fault)
     return subprocess.Popen(

@@ -99,7 +99,8 @@ def test_run_check_over_ssh_without_v11_fails_on_the_split_prompt(tmp_path: Path
             *client.args(),
             "--json",
             timeout=900,
-            cwd=tmp_path,  # its retry file (the host fails) is written there, not in the checkout
+            cwd=tmp_path,
+            clean_ssh=True,  # nor the user's cache: its retry file (the host fails) goes to the session's
         )
         TIMINGS["verify --run over ssh, without v11"] = time.monotonic() - started
     finally:

@@ -12,7 +12,7 @@ from typing import ClassVar
 import click
 
 from .. import __version__
-from ..fleet.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FORKS, DEFAULT_RETRY_FILE, RemoteOptions
+from ..fleet.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FORKS, RemoteOptions
 
 PYTHON_HELP = (
     "the target environment's interpreter, e.g. /root/ml-env/bin/python3 (default: the interpreter "
@@ -265,10 +265,10 @@ REMOTE_OPTIONS = [
     ),
     click.option(
         "--retry-file",
-        default=DEFAULT_RETRY_FILE,
-        show_default=True,
         metavar="FILE",
-        help="where to list the hosts that did not succeed (an inventory for the next run)",
+        # never the current folder by default: it is often a git checkout
+        help="where to list the hosts that did not succeed (an inventory for the next run)  "
+        "[default: $PATCHER_CACHE/patcher.retry]",
     ),
     click.option("--no-retry-file", is_flag=True, help="write no retry file"),
 ]
@@ -310,7 +310,8 @@ def remote_options(f):
             ssh_options=tuple(ssh_options),
             ssh_config=ssh_config,
             connect_timeout=connect_timeout,
-            retry_file=None if no_retry_file else retry_file,
+            retry_file=retry_file,
+            no_retry_file=no_retry_file,
         )
         return f(*args, remote=remote, **kwargs)
 
