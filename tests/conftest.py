@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.envs import light_env
+from tests.support.progress import keep_config
 from tests.support.sshd import SshClient, SshServer, ensure_user, next_address
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    keep_config(config)  # the long fixtures' progress goes to pytest's terminal (tests/support/progress.py)
 
 
 @pytest.fixture

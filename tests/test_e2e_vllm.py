@@ -33,7 +33,7 @@ from tests.support.e2e import (
     pristine,
     summary,
 )
-from tests.support.envs import overlay_env
+from tests.support.envs import demo_env, overlay_env
 
 pytestmark = pytest.mark.vllm
 
@@ -49,9 +49,8 @@ FIGURES: dict[str, str] = {}
 
 @pytest.fixture(scope="module")
 def demo_python() -> Path:
-    from patcher.demo.environment import build_demo_env
 
-    return build_demo_env(progress=lambda message: None)
+    return demo_env()
 
 
 @pytest.fixture(scope="module")

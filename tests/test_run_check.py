@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher, patcher_argv
-from tests.support.envs import light_env, overlay_env
+from tests.support.envs import demo_env, light_env, overlay_env
 from tests.support.sshd import SshClient, SshServer, why_no_sshd
 
 TIMINGS: dict[str, float] = {}
@@ -26,9 +26,8 @@ TIMINGS: dict[str, float] = {}
 
 @pytest.fixture(scope="module")
 def demo_python() -> Path:
-    from patcher.demo.environment import build_demo_env
 
-    return build_demo_env(progress=lambda message: None)
+    return demo_env()
 
 
 def _run_check_folders() -> set[str]:

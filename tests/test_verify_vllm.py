@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher, states
-from tests.support.envs import overlay_env, site_file
+from tests.support.envs import demo_env, overlay_env, site_file
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
 
 pytestmark = pytest.mark.vllm
@@ -19,9 +19,8 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="session")
 def demo_python() -> Path:
-    from patcher.demo.environment import build_demo_env
 
-    return build_demo_env(progress=lambda message: None)
+    return demo_env()
 
 
 @pytest.fixture
