@@ -3,6 +3,7 @@ what happened and what to do next, with one prefix, on the real command line and
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,35 @@ def test_conditions_render_once_and_readably(python: str):
         for raw in (">=0.12.0, >=0.12.0", ">=0.11.1, >=0.11.0", "<=0.18.0,!=0.18.0", ">=0.11.1, >=0.12.0"):
             assert raw not in text.replace("\n", " "), raw
     assert "speculators >=0.3.0, <0.4.0; vllm >=0.12.0" in listed
+
+
+def reasons(done) -> dict[str, str]:
+    return {p["id"]: p["reason"] for p in json.loads(done.stdout)["targets"][0]["patches"]}
+
+
+def test_a_reason_names_each_distribution_once_in_a_readable_range(tmp_path: Path):
+    """v3's edits need vllm >=0.11.1 or >=0.12.0, v14's >=0.29.0 or >=0.33.0: one range each."""
+    done = run_patcher("status", "--python", str(light_env(tmp_path, vllm="0.11.0")), "--json")
+    why = reasons(done)
+    assert why["v3-signatures"] == "no edit applies: vllm 0.11.0 does not satisfy >=0.11.1"
+    assert why["v14-kv-cache-layout"] == "no edit applies: vllm 0.11.0 does not satisfy >=0.29.0"
+    assert why["v22-result-order"] == "speculators 0.3.0 does not satisfy >=0.4.0, <0.5.0"
+
+
+def test_no_patch_selected_says_each_missing_distribution_once(tmp_path: Path):
+    done = run_patcher("status", "--python", str(light_env(tmp_path, vllm=None)), "--json")
+    assert done.returncode == 0, done.stderr
+    why = reasons(done)
+    assert why["v17-attn-mask-utils"] == "no edit applies: transformers is not installed (needs >=5.24.0, <5.25.0)"
+    assert why["v18-lazy-compile"] == (
+        "no edit applies: torch is not installed (needs >=2.0); vllm is not installed (needs >=0.11.0)"
+    )
+    # its two edits together take any vllm: only that vllm is missing is worth saying
+    assert why["v20-wrapper-decoder"] == "no edit applies: vllm is not installed"
+    assert last_line(done.stderr) == (
+        "ok: no patch selected: speculators 0.3.0 does not satisfy >=0.4.0, <0.5.0; torch is not installed; "
+        "transformers is not installed; vllm is not installed"
+    )
 
 
 def test_readable_conditions():
