@@ -135,3 +135,36 @@ def test_list_at_80_columns_keeps_ids_whole():
     ids = [p.id for p in load_patches()]
     assert [x for x in lines if not x.startswith(" ")] == ids
     assert all(len(x) <= 80 or " " not in x.strip() for x in lines)
+
+
+def test_an_expected_failure_in_the_e2e_report_is_one_readable_line():
+    """tests/test_e2e_vllm.py's report, printed on a passing run, states the failures its tests
+    require: each on one line, without pydantic's link and detail or vLLM's pointer to a stack
+    trace (the messages as the extraction driver recorded them on vLLM 0.16.0)."""
+    from tests.support.e2e import summary
+
+    pristine = {
+        "type": "ValidationError",
+        "phase": "init",
+        "where": "_dataclasses.py:__init__",
+        "message": "1 validation error for SchedulerConfig\nis_encoder_decoder\n  Field required [type=missing, "
+        "input_value=ArgsKwargs((), {'max_num_..._batched_tokens': 8192}), input_type=ArgsKwargs]\n"
+        "    For further information visit https://errors.pydantic.dev/2.12/v/missing",
+    }
+    assert summary({"error": pristine}) == (
+        "ValidationError in init at _dataclasses.py:__init__: 1 validation error for SchedulerConfig; "
+        "is_encoder_decoder; Field required"
+    )
+    without_v6 = {
+        "type": "RuntimeError",
+        "phase": "generate 1",
+        "where": "multiproc_executor.py:get_response",
+        "message": "Worker failed with error 'request req_0_3: captured 32 rows of hidden states, expected 64', "
+        "please check the stack trace above for the root cause",
+    }
+    assert summary({"error": without_v6}) == (
+        "RuntimeError in generate 1 at multiproc_executor.py:get_response: Worker failed with error "
+        "'request req_0_3: captured 32 rows of hidden states, expected 64'"
+    )
+    bare = {"type": "AssertionError", "phase": "generate 1", "where": "block_pool.py:cache_full_blocks", "message": ""}
+    assert summary({"error": bare}) == "AssertionError in generate 1 at block_pool.py:cache_full_blocks"
