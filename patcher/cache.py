@@ -81,15 +81,21 @@ def write_cache_file(path: Path, data: bytes) -> None:
     the umask, so the next run trusts them); a cache that cannot be written is only slower."""
     from .output_files import OutputFileError, write_output_file
 
-    root = cache_root()
     if not trusted(path.parent):
         return
     try:
-        missing = [p for p in (path.parent, *path.parent.parents) if p == root or root in p.parents]
-        for folder in reversed(missing):
-            if not folder.exists():
-                folder.mkdir(mode=0o755)
-                os.chmod(folder, 0o755)
+        make_cache_folder(path.parent)
         write_output_file(path, data, 0o644)
     except (OSError, OutputFileError):
         pass
+
+
+def make_cache_folder(folder: Path) -> None:
+    """Create `folder` in the cache and the cache folders above it that are missing, 0755 whatever
+    the umask (so the next run trusts them); OSError when it cannot."""
+    root = cache_root()
+    missing = [p for p in (folder, *folder.parents) if p == root or root in p.parents]
+    for part in reversed(missing):
+        if not part.exists():
+            part.mkdir(mode=0o755)
+            os.chmod(part, 0o755)

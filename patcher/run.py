@@ -420,8 +420,16 @@ def _then_run_check(transport, report: TargetReport, options: RunOptions) -> Tar
 
 
 def _why_none(plan: TargetPlan) -> str:
-    reasons = sorted({p.reason for p in plan.patches if p.state == "not-selected"})
-    return "; ".join(reasons) or "no patch applies"
+    """Why no patch is selected, each fact once: a distribution that is not installed is said once
+    (each patch's own range is in its reason), the others as each patch's reason says."""
+    facts: dict[str, None] = {}
+    for p in plan.patches:
+        if p.state != "not-selected":
+            continue
+        for part in p.reason.removeprefix("no edit applies: ").split("; "):
+            name, _, rest = part.partition(" is not installed (needs ")
+            facts[f"{name} is not installed" if rest else part] = None
+    return "; ".join(sorted(facts)) or "no patch applies"
 
 
 def _file_entry(change, plan: TargetPlan, with_diff: bool) -> dict:

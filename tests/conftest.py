@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 
 from workbench.envs import light_env
+from workbench.progress import keep_config
 from workbench.sshd import SshClient, SshServer, ensure_user, next_address
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    keep_config(config)  # the long fixtures' progress goes to pytest's terminal (workbench/progress.py)
 
 
 @pytest.fixture

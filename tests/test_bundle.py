@@ -24,7 +24,7 @@ from patcher.plan.selection import condition_holds
 from patcher.transport import bundle_runtime
 from tests.support.cli import patcher
 from tests.support.files import GENERATOR
-from workbench.envs import light_env, site_file
+from workbench.envs import demo_env, light_env, site_file
 from workbench.pythons import find_python, python_or_skip
 
 TARGETS = sorted({p.target.path for p in load_patches()})
@@ -357,10 +357,9 @@ def test_version_logic_on_the_cases_that_matter():
 
 @pytest.mark.vllm
 def test_apply_verifies_against_the_real_vllm(bundle: Path, tmp_path: Path):
-    from patcher.demo.environment import build_demo_env
     from workbench.envs import overlay_env
 
-    target = overlay_env(tmp_path, build_demo_env(progress=lambda message: None))
+    target = overlay_env(tmp_path, demo_env())
     pristine = files(target)
     code, doc, err = run_bundle(bundle, target, "apply", "--json")
     assert code == 0, err

@@ -4,6 +4,7 @@ status tells which, apply completes, rollback restores the original bytes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -11,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from patcher.patchset.registry import load_patches
-from tests.support.cli import patcher
+from tests.support.cli import patcher as run_patcher
 from tests.support.files import GENERATOR, WORKER
 from workbench.envs import light_env, site_file
 from workbench.sshd import spec, why_no_sshd
 
+# Without the user's ssh agent or cache: a killed remote run writes its retry file into the cache.
+patcher = functools.partial(run_patcher, clean_ssh=True)
 TARGETS = sorted({p.target.path for p in load_patches()})
 
 

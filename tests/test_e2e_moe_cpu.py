@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.e2e import EXTRACT, TIMINGS, error_of, patch_as, summary
-from workbench.envs import overlay_env
+from workbench.envs import demo_env, overlay_env
 
 pytestmark = pytest.mark.vllm
 
@@ -35,9 +35,8 @@ CPU_ENV = {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 @pytest.fixture(scope="module")
 def demo_python() -> Path:
-    from patcher.demo.environment import build_demo_env
 
-    return build_demo_env(progress=lambda message: None)
+    return demo_env()
 
 
 def checkpoint(demo_python: Path, kind: str) -> Path:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.cli import patcher
 from tests.support.e2e import assert_all_correct, error_of, extract, prompts, summary
-from workbench.envs import overlay_env, site_file
+from workbench.envs import demo_env, overlay_env, site_file
 
 pytestmark = pytest.mark.vllm
 
@@ -28,9 +28,8 @@ WORKER = "speculators/data_generation/custom_worker.py"
 
 @pytest.fixture(scope="module")
 def demo_python() -> Path:
-    from patcher.demo.environment import build_demo_env
 
-    return build_demo_env(progress=lambda message: None)
+    return demo_env()
 
 
 @pytest.fixture(scope="module")

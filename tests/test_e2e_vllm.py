@@ -33,7 +33,7 @@ from tests.support.e2e import (
     pristine,
     summary,
 )
-from workbench.envs import overlay_env
+from workbench.envs import demo_env, overlay_env
 
 pytestmark = pytest.mark.vllm
 
@@ -49,9 +49,8 @@ FIGURES: dict[str, str] = {}
 
 @pytest.fixture(scope="module")
 def demo_python() -> Path:
-    from patcher.demo.environment import build_demo_env
 
-    return build_demo_env(progress=lambda message: None)
+    return demo_env()
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +79,7 @@ def test_pristine_0_3_0_fails_at_scheduler_config(target: Path, model: Path):
     assert error["type"] == "ValidationError" and error["phase"] == "init", error
     assert "SchedulerConfig" in error["message"] and "is_encoder_decoder" in error["message"]
     assert "Field required" in error["message"]
-    FIGURES["pristine"] = summary(report)
+    FIGURES["pristine"] = "fails, as it must: " + summary(report)
 
 
 def test_all_patches_extract_correct_hidden_states(target: Path, model: Path):
@@ -116,7 +115,7 @@ def test_without_it_the_declared_symptom_shows(target: Path, model: Path, patch,
     or, for a silent one, rows that come back short or wrong."""
     problems, said = leave_out(target, model, patch, run)
     assert not problems, f"{run_id(patch, run)}: {problems}; the run said: {said}"
-    FIGURES[run_id(patch, run)] = said
+    FIGURES[run_id(patch, run)] = "its declared symptom, as it must: " + said
 
 
 def test_rollback_brings_the_original_failure_back(target: Path, model: Path):
@@ -126,13 +125,15 @@ def test_rollback_brings_the_original_failure_back(target: Path, model: Path):
     report = extract(target, model, "1", "after rollback")
     error = error_of(report)
     assert error["type"] == "ValidationError" and error["phase"] == "init", error
-    assert summary(report) == FIGURES.get("pristine", summary(report))
+    said = "fails, as it must: " + summary(report)
+    assert said == FIGURES.get("pristine", said)  # the same failure as before any patch
 
 
 def test_report(capsys):
-    """Not a check: the figures and timings of this run, for the docs and the log."""
+    """Not a check: the figures and timings of this run, for the docs and the log. The failures
+    in it are the ones the tests above required, one line each (tests/support/e2e.py summary)."""
     with capsys.disabled():
-        print("\nend-to-end on vLLM 0.16.0 (CPU):")
+        print("\nend-to-end on vLLM 0.16.0 (CPU), every check above passed:")
         for label, text in FIGURES.items():
             print(f"  {label}: {text}")
         for label, seconds in TIMINGS.items():

@@ -16,7 +16,7 @@ import pytest
 from tests.support.cli import patcher
 from tests.support.declared import leave_one_outs, run_id
 from tests.support.e2e import assert_every_selected_patch_applies, extract, leave_out, pristine, summary
-from workbench.envs import overlay_env
+from workbench.envs import demo_env, overlay_env
 
 pytestmark = pytest.mark.vllm
 
@@ -26,18 +26,16 @@ NEEDED = [(p, run) for p, run in leave_one_outs(VLLM) if run.symptom is not None
 
 @pytest.fixture(scope="module")
 def demo_python() -> Path:
-    from patcher.demo.environment import build_demo_env
 
-    return build_demo_env(progress=lambda message: None, vllm=VLLM)
+    return demo_env(VLLM)
 
 
 @pytest.fixture(scope="module")
 def model() -> Path:
     # made once with the 0.16 environment (the same weights every release reads)
-    from patcher.demo.environment import build_demo_env
     from patcher.demo.tiny_model import ensure_tiny_model
 
-    return ensure_tiny_model(build_demo_env(progress=lambda message: None), progress=lambda message: None)
+    return ensure_tiny_model(demo_env(), progress=lambda message: None)
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,8 @@ GENERATOR = next(t for t in TARGETS if t.endswith("vllm_hidden_states_generator.
 needs_sshd = pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
 
 
-# Every run: a time limit that ends a hang, no ssh agent of the user's, its own empty working folder
-# (where a fleet's retry file may be written).
+# Every run: a time limit that ends a hang, no ssh agent or cache of the user's, its own empty
+# working folder.
 patcher_run = functools.partial(timed_patcher, timeout=120, clean_ssh=True, fresh_cwd=True)
 
 
@@ -435,7 +435,9 @@ def test_ctrl_c_during_a_fleet_apply(tmp_path: Path, client, servers, host_env, 
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
-        env=patcher_env({"PATCHER_FAULT": paused_at(GENERATOR)}, clean_ssh=True),
+        env=patcher_env(
+            {"PATCHER_FAULT": paused_at(GENERATOR), "PATCHER_CACHE": str(tmp_path / "cache")}, clean_ssh=True
+        ),
         preexec_fn=sigint_as_at_a_terminal,  # noqa: PLW1509
     )
     doc, err, took = interrupt_when(
@@ -456,7 +458,7 @@ def test_ctrl_c_during_a_fleet_apply(tmp_path: Path, client, servers, host_env, 
         none_left(env)
         consistent(env, pristine, patched, ("--host", spec(server), *client.args()))
     assert files(envs[2]) == pristine
-    retry = (tmp_path / "patcher.retry").read_text()
+    retry = (tmp_path / "cache" / "patcher.retry").read_text()
     assert all(spec(s) in retry for s in hosts)
 
 

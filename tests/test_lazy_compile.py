@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher, sha, states
-from workbench.envs import overlay_env, site_file
+from workbench.envs import demo_env, overlay_env, site_file
 
 pytestmark = pytest.mark.vllm
 
@@ -51,9 +51,8 @@ print(json.dumps({
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory) -> Path:
-    from patcher.demo.environment import build_demo_env
 
-    python = overlay_env(tmp_path_factory.mktemp("lazy-compile"), build_demo_env(progress=lambda message: None))
+    python = overlay_env(tmp_path_factory.mktemp("lazy-compile"), demo_env())
     try:
         yield python
     finally:
@@ -93,9 +92,8 @@ def test_rollback_brings_the_call_back(target: Path):
 
 @pytest.fixture(scope="module")
 def target_0_4(tmp_path_factory) -> Path:
-    from patcher.demo.environment import build_demo_env
 
-    base = build_demo_env(progress=lambda message: None)
+    base = demo_env()
     python = overlay_env(tmp_path_factory.mktemp("lazy-compile-04"), base, speculators="0.4.0.1")
     try:
         yield python

@@ -19,6 +19,7 @@ from patcher.patchset.registry import load_patches
 from patcher.plan.planning import condition_names, target_files
 from patcher.plan.target_plan import plan_target
 from patcher.transport.local import AgentFailure, LocalTransport
+from tests.support.cli import patcher_env
 from workbench.envs import light_env, site_file
 from workbench.sshd import ensure_user, spec, why_no_sshd
 
@@ -51,7 +52,7 @@ def holders(path: Path) -> list[int]:
 
 
 def start(*args: str, fault: dict | None = None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "PATCHER_FAULT"}
+    env = {k: v for k, v in patcher_env(clean_ssh=True).items() if k != "PATCHER_FAULT"}  # nor the user's cache
     if fault:
         env["PATCHER_FAULT"] = json.dumps(fault)
     return subprocess.Popen(

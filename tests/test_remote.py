@@ -33,6 +33,15 @@ TARGETS = sorted({p.target.path for p in load_patches()})
 patcher = functools.partial(patcher, clean_ssh=True)
 
 
+def own_cache(tmp_path: Path) -> dict:
+    """The test's own PATCHER_CACHE, where a failed fleet run's retry file is written by default."""
+    return {"PATCHER_CACHE": str(tmp_path / "cache")}
+
+
+def retry_file(tmp_path: Path) -> Path:
+    return tmp_path / "cache" / "patcher.retry"
+
+
 def files(python: Path) -> dict[str, bytes]:
     return {rel: site_file(python, rel).read_bytes() for rel in TARGETS}
 
@@ -91,16 +100,16 @@ def test_a_host_on_an_uncovered_release_fails_the_rollout_and_is_retried(tmp_pat
     envs = [light_env(tmp_path / "covered"), light_env(tmp_path / "uncovered", speculators="0.2.0")]
     inventory = tmp_path / "hosts"
     inventory.write_text("".join(f"{spec(s)} ansible_python_interpreter={e}\n" for s, e in zip(up, envs)))
-    code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path)
+    code, doc, err = patcher(
+        "apply", "--no-verify", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path, env=own_cache(tmp_path)
+    )
     assert code == 7 == doc["exit_code"], err
     hosts = by_host(doc)
     assert hosts[spec(up[0])]["status"] == "changed"
     bad = hosts[spec(up[1])]
     assert bad["status"] == "failed" and bad["exit_code"] == 7
     assert bad["message"].startswith("speculators 0.2.0 is not a release patcher covers"), bad["message"]
-    retry = [
-        line.split()[0] for line in (tmp_path / "patcher.retry").read_text().splitlines() if line and line[0] != "#"
-    ]
+    retry = [line.split()[0] for line in retry_file(tmp_path).read_text().splitlines() if line and line[0] != "#"]
     assert retry == [spec(up[1])]
 
 
@@ -122,7 +131,9 @@ def test_several_hosts_json_per_host_retry_file_and_rerun_from_it(tmp_path: Path
     inventory.write_text("\n".join(lines) + "\n")
     pristine = files(down_env)
 
-    code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path)
+    code, doc, err = patcher(
+        "apply", "--no-verify", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path, env=own_cache(tmp_path)
+    )
     assert code == 4, err
     assert doc["exit_code"] == 4
     hosts = by_host(doc)
@@ -132,7 +143,8 @@ def test_several_hosts_json_per_host_retry_file_and_rerun_from_it(tmp_path: Path
     assert "connection refused" in hosts["gpu-late"]["message"]
     assert doc["summary"]["changed"] == 3 and doc["summary"]["unreachable"] == 1
     assert all(files(e) != pristine for e in envs) and files(down_env) == pristine
-    retry = (tmp_path / "patcher.retry").read_text()
+    assert not (tmp_path / "patcher.retry").exists()  # never the current folder
+    retry = retry_file(tmp_path).read_text()
     hosts_in_retry = [line for line in retry.splitlines() if line and not line.startswith("#")]
     assert hosts_in_retry == [
         (
@@ -145,12 +157,14 @@ def test_several_hosts_json_per_host_retry_file_and_rerun_from_it(tmp_path: Path
     late = SshServer(tmp_path / "sshd-late", down_address, {"root": client.public_key}, port=down_port)
     late.start()
     try:
-        code, doc, err = patcher("apply", "--no-verify", "-i", "patcher.retry", *client.args(), "--json", cwd=tmp_path)
+        code, doc, err = patcher(
+            "apply", "--no-verify", "-i", str(retry_file(tmp_path)), *client.args(), "--json", env=own_cache(tmp_path)
+        )
         assert code == 0, err
         assert [t["target"] for t in doc["targets"]] == ["gpu-late"]
         assert doc["targets"][0]["status"] == "changed"
         assert files(down_env) == files(envs[0])
-        assert not (tmp_path / "patcher.retry").exists()  # everything succeeded: the old list is gone
+        assert not retry_file(tmp_path).exists()  # everything succeeded: the old list is gone
     finally:
         late.remove()
 
@@ -217,6 +231,7 @@ def test_serial_batches_and_max_fail_stop_the_rollout(tmp_path: Path, client, se
         *client.args(),
         "--json",
         cwd=tmp_path,
+        env=own_cache(tmp_path),
     )
     assert code == 2, err  # the worst host: no python there (usage)
     statuses = [t["status"] for t in doc["targets"]]
@@ -226,9 +241,7 @@ def test_serial_batches_and_max_fail_stop_the_rollout(tmp_path: Path, client, se
     assert "rollout stopped" in doc["targets"][2]["message"] and "--max-fail 0%" in doc["targets"][2]["message"]
     assert files(envs[2]) == pristine and files(envs[3]) == pristine  # never touched
     assert doc["summary"]["skipped"] == 2
-    retry = [
-        line.split()[0] for line in (tmp_path / "patcher.retry").read_text().splitlines() if not line.startswith("#")
-    ]
+    retry = [line.split()[0] for line in retry_file(tmp_path).read_text().splitlines() if not line.startswith("#")]
     assert retry == [spec(s) for s in hosts[1:]]
     assert "skipped" in err
 
@@ -382,7 +395,9 @@ def test_changed_host_key_is_refused_and_says_how_to_fix_it(tmp_path: Path, clie
     inventory.write_text(
         f"{spec(server)} ansible_python_interpreter={env}\n{spec(other)} ansible_python_interpreter={other_env}\n"
     )
-    code, doc, err = patcher("apply", "--no-verify", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path)
+    code, doc, err = patcher(
+        "apply", "--no-verify", "-i", str(inventory), *client.args(), "--json", cwd=tmp_path, env=own_cache(tmp_path)
+    )
     assert code == 4, err
     changed, fine = doc["targets"]
     assert changed["status"] == "unreachable"
@@ -649,6 +664,7 @@ def test_inventory_connection_variables_from_ansible_inventory_and_built_in(tmp_
             "5",
             "--json",
             cwd=tmp_path,
+            env=own_cache(tmp_path),
         )
         assert code == 4, err
         assert doc["inventory"]["reader"] == (
@@ -658,7 +674,7 @@ def test_inventory_connection_variables_from_ansible_inventory_and_built_in(tmp_
         assert (gpu1["target"], gpu1["status"], gpu1["python"]) == ("gpu1", "ok", str(env)), gpu1["message"]
         assert "inventory variables patcher ignores for this host: ansible_ssh_pass" in gpu1["notes"]
         assert gpu2["status"] == "unreachable"
-    retry = [line for line in (tmp_path / "patcher.retry").read_text().splitlines() if not line.startswith("#")]
+    retry = [line for line in retry_file(tmp_path).read_text().splitlines() if not line.startswith("#")]
     assert retry == [
         f"gpu2 ansible_host={down_address} ansible_user=root ansible_port={retry[0].split('ansible_port=')[1]}"
     ]

@@ -37,6 +37,7 @@ EVERY_FLAG = [
     "5",
     "--retry-file",
     "failed.retry",
+    "--no-retry-file",
 ]
 
 
@@ -69,6 +70,7 @@ def test_every_flag_reaches_its_field():
         ssh_config="ssh.cfg",
         connect_timeout=5,
         retry_file="failed.retry",
+        no_retry_file=True,
     )
     untouched = [f.name for f in fields(RemoteOptions) if getattr(remote, f.name) == getattr(RemoteOptions(), f.name)]
     assert untouched == [], "a RemoteOptions field no flag sets: map it in remote_options"
@@ -79,8 +81,8 @@ def test_no_flags_is_a_local_run_with_the_documented_defaults():
     remote = given([])
     assert remote == RemoteOptions()
     assert not remote.is_fleet
-    assert (remote.forks, remote.connect_timeout, remote.retry_file) == (8, 10, "patcher.retry")
-    assert given(["--no-retry-file"]).retry_file is None
+    assert (remote.forks, remote.connect_timeout, remote.retry_file, remote.no_retry_file) == (8, 10, None, False)
+    assert given(["--no-retry-file"]).no_retry_file is True
 
 
 def test_remote_only_settings_are_named_by_their_flags_in_order():

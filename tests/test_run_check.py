@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher, patcher_argv
-from workbench.envs import light_env, overlay_env
+from workbench.envs import demo_env, light_env, overlay_env
 from workbench.sshd import SshClient, SshServer, why_no_sshd
 
 TIMINGS: dict[str, float] = {}
@@ -26,9 +26,8 @@ TIMINGS: dict[str, float] = {}
 
 @pytest.fixture(scope="module")
 def demo_python() -> Path:
-    from patcher.demo.environment import build_demo_env
 
-    return build_demo_env(progress=lambda message: None)
+    return demo_env()
 
 
 def _run_check_folders() -> set[str]:
@@ -99,7 +98,8 @@ def test_run_check_over_ssh_without_v11_fails_on_the_split_prompt(tmp_path: Path
             *client.args(),
             "--json",
             timeout=900,
-            cwd=tmp_path,  # its retry file (the host fails) is written there, not in the checkout
+            cwd=tmp_path,
+            clean_ssh=True,  # nor the user's cache: its retry file (the host fails) goes to the session's
         )
         TIMINGS["verify --run over ssh, without v11"] = time.monotonic() - started
     finally:

@@ -198,7 +198,8 @@ def test_over_ssh_the_model_path_is_the_targets(target: Path, tmp_path: Path):
                 *client.args(),
                 "--json",
                 timeout=300,
-                cwd=tmp_path,  # the retry file (the host fails) is written there
+                cwd=tmp_path,
+                clean_ssh=True,  # nor the user's cache: the retry file (the host fails) goes to the session's
             )
             assert code == 2, err
             report = doc["targets"][0]

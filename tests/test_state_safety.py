@@ -21,6 +21,7 @@ from patcher.fleet.inventory import RETRY_HEADER
 from patcher.patchset.registry import load_patches
 from patcher.plan.planning import condition_names, target_files
 from patcher.transport.local import LocalTransport
+from tests.support.cli import patcher_env
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
 from workbench.envs import light_env, site_file
 from workbench.sshd import SshClient, free_port, why_no_sshd
@@ -38,14 +39,15 @@ COMMANDS = (
 )
 
 
-def run(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:
+def run(*args: str, cwd: Path | None = None, env: dict | None = None) -> tuple[int, str, str]:
+    """patcher ARGS without the user's ssh agent or cache (patcher_env's clean_ssh); `env` adds."""
     proc = subprocess.run(
         [sys.executable, "-m", "patcher.cli", *args],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=cwd,
-        env={k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"},
+        env=patcher_env(env, clean_ssh=True),
     )
     return proc.returncode, proc.stdout, proc.stderr
 
@@ -418,13 +420,66 @@ def test_retry_file_refuses_what_patcher_did_not_write(tmp_path: Path, unreachab
     assert "connection refused" not in err  # refused before any host was tried
 
 
+def test_a_failed_host_run_writes_its_retry_file_in_the_cache_never_in_the_current_folder(tmp_path: Path, unreachable):
+    """No --retry-file: the list goes to $PATCHER_CACHE/patcher.retry (the cache folder made as
+    the cache's are, 0755), the current folder (here a git checkout) is left as it was, and the
+    last line says where the list is and how to use it."""
+    host, ssh = unreachable
+    checkout = tmp_path / "checkout"
+    (checkout / ".git").mkdir(parents=True)
+    cache = tmp_path / "cache"
+    code, _out, err = run("status", "--host", host, *ssh, cwd=checkout, env={"PATCHER_CACHE": str(cache)})
+    assert code == 4, err
+    assert [p.name for p in checkout.iterdir()] == [".git"]
+    retry = cache / "patcher.retry"
+    assert retry.read_text().startswith(RETRY_HEADER + str(retry))
+    assert os.stat(cache).st_mode & 0o777 == 0o755
+    assert err.splitlines()[-1] == (
+        f"1 host(s) did not succeed; listed in {retry}: `patcher status -i {retry}` "
+        "with this run's other options retries just them"
+    )
+
+
+def test_retry_file_goes_where_asked_and_nowhere_with_no_retry_file(tmp_path: Path, unreachable):
+    host, ssh = unreachable
+    cache, elsewhere = tmp_path / "cache", tmp_path / "lists"
+    elsewhere.mkdir()
+    env = {"PATCHER_CACHE": str(cache)}
+    wanted = elsewhere / "gpus.retry"
+    code, _out, err = run("apply", "--host", host, *ssh, "--retry-file", str(wanted), cwd=tmp_path, env=env)
+    assert code == 4, err
+    assert wanted.read_text().startswith(RETRY_HEADER)
+    assert err.splitlines()[-1].startswith(
+        f"1 host(s) did not succeed; listed in {wanted}: `patcher apply -i {wanted}`"
+    )
+    assert not (cache / "patcher.retry").exists()
+    before = snapshot(tmp_path)
+    code, _out, err = run("apply", "--host", host, *ssh, "--no-retry-file", cwd=tmp_path, env=env)
+    assert code == 4, err
+    assert snapshot(tmp_path) == before and "retry" not in err
+
+
+def test_an_untrusted_cache_gets_no_retry_file_and_says_so(tmp_path: Path, unreachable):
+    host, ssh = unreachable
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.chmod(cache, 0o777)  # writable by others: patcher must not write what it later reads as an inventory
+    code, _out, err = run("status", "--host", host, *ssh, cwd=tmp_path, env={"PATCHER_CACHE": str(cache)})
+    assert code == 4, err
+    assert list(cache.iterdir()) == []
+    assert f"warning: not using the cache {cache}: {cache} is writable by group and others" in err
+    assert err.splitlines()[-1] == (
+        "no retry file written: the cache is not used (the warning above says why); name one with --retry-file"
+    )
+
+
 def test_retry_file_temporary_is_never_written_through_a_planted_link(tmp_path: Path, unreachable):
     host, ssh = unreachable
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     for name in (".patcher.retry.tmp", ".patcher.retry.new"):
         (tmp_path / name).symlink_to(victim)
-    code, _out, err = run("status", "--host", host, *ssh, cwd=tmp_path)
+    code, _out, err = run("status", "--host", host, *ssh, cwd=tmp_path, env={"PATCHER_CACHE": str(tmp_path)})
     assert code == 4, err
     assert victim.read_text() == "precious\n"
     assert (tmp_path / "patcher.retry").read_text().startswith(RETRY_HEADER)
@@ -433,10 +488,11 @@ def test_retry_file_temporary_is_never_written_through_a_planted_link(tmp_path: 
 def test_retry_file_that_is_the_limited_inventory_is_not_cut_down(tmp_path: Path, unreachable):
     # A trailing comma: Ansible splits a pattern on commas when it has one, else on colons.
     host, ssh = unreachable
-    code, _, err = run("status", "--host", host, "--host", "root@127.0.0.1:1", *ssh, cwd=tmp_path)
+    env = {"PATCHER_CACHE": str(tmp_path / "cache")}
+    code, _, err = run("status", "--host", host, "--host", "root@127.0.0.1:1", *ssh, cwd=tmp_path, env=env)
     assert code == 4, err
-    retry = tmp_path / "patcher.retry"
+    retry = tmp_path / "cache" / "patcher.retry"
     listed = retry.read_text()
-    code, _out, err = run("status", "-i", "patcher.retry", "--limit", "root@127.0.0.1:1,", *ssh, cwd=tmp_path)
+    code, _out, err = run("status", "-i", str(retry), "--limit", "root@127.0.0.1:1,", *ssh, cwd=tmp_path, env=env)
     assert retry.read_text() == listed
     assert code == 2 and "--limit" in err and "--no-retry-file" in err, err

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from workbench.envs import demo_env
+
 pytestmark = pytest.mark.vllm
 
 TINY_MOE = Path(__file__).resolve().parent.parent / "patcher" / "demo" / "tiny_moe.py"
@@ -43,10 +45,7 @@ print(json.dumps({"same": same, "names": sorted(a), "layers": len(h4), "spread":
 
 @pytest.fixture(scope="module")
 def pythons() -> tuple[Path, Path]:
-    from patcher.demo.environment import build_demo_env
-
-    quiet = lambda message: None  # noqa: E731
-    return build_demo_env(progress=quiet), build_demo_env(progress=quiet, vllm="0.32.0")
+    return demo_env(), demo_env("0.32.0")
 
 
 def run(python: Path, *args: str) -> str:

@@ -12,16 +12,15 @@ import pytest
 
 from tests.support.cli import patcher, states
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
-from workbench.envs import overlay_env, site_file
+from workbench.envs import demo_env, overlay_env, site_file
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="session")
 def demo_python() -> Path:
-    from patcher.demo.environment import build_demo_env
 
-    return build_demo_env(progress=lambda message: None)
+    return demo_env()
 
 
 @pytest.fixture

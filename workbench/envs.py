@@ -100,6 +100,19 @@ def reinstall_speculators(python: Path, version: str = "0.3.0") -> None:
     pip_install_no_deps(python.parent.parent, download_wheel("speculators", version, cache_dir() / "wheels"))
 
 
+def demo_env(vllm: str | None = None) -> Path:
+    """The real vLLM environment of `vllm`'s recipe (default 0.16.0; patcher.demo.environment),
+    its python. Reused when built; a build (minutes) shows its progress on pytest's output."""
+    from patcher.demo.environment import build_demo_env, demo_env_dir, is_built
+
+    from .progress import shown
+
+    if is_built(demo_env_dir(vllm=vllm)):
+        return build_demo_env(progress=lambda message: None, vllm=vllm)
+    with shown(f"vLLM {vllm or '0.16.0'} environment") as progress:
+        return build_demo_env(progress=progress, vllm=vllm)
+
+
 def overlay_env(tmp_path: Path, base_python: Path, speculators: str = "0.3.0") -> Path:
     """A throwaway target on top of the real vLLM environment (see patcher.demo.overlay)."""
     from patcher.demo.overlay import make_overlay

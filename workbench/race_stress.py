@@ -24,7 +24,6 @@ tests/test_race.py runs a few tens.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -39,6 +38,7 @@ from patcher.plan.target_plan import plan_target
 from patcher.run import RunOptions, run_target
 from patcher.transport.local import LocalTransport
 
+from .cli import patcher_env
 from .envs import site_file
 
 PATCHES = load_patches()
@@ -87,7 +87,8 @@ class Stress:
         assert not self.state_dir().exists(), "the stress starts from a pristine environment"
         self.rng = random.Random(seed)
         self.max_offset = max_offset
-        self.env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "PATCHER_FAULT")}
+        # no ssh agent or cache of the user's (a failed ssh run writes a retry file into the cache)
+        self.env = {k: v for k, v in patcher_env(clean_ssh=True).items() if k != "PATCHER_FAULT"}
         self.pristine = {rel: site_file(python, rel).read_bytes() for rel in TARGETS}
         with LocalTransport(str(python)) as session:
             self.pristine_facts = session.call(

@@ -24,6 +24,9 @@ def run_and_exit(command) -> None:
         if not is_stdout_failure(exc):
             raise
         code = report_lost(exc, None)
+    from .ticker import close_all
+
+    close_all()  # a spinner still drawn (a command that exited mid-step)
     try:
         sys.stdout.flush()
     except OSError as exc:

@@ -163,22 +163,32 @@ class TerminalFleetView:
     stderr through the CLI's `note` and `error`, the JSON document and --diff on stdout."""
 
     def __init__(
-        self, note: Callable[[str], None], error: Callable[[str], None], json_mode: bool, quiet: bool, diff: bool
+        self,
+        note: Callable[[str], None],
+        error: Callable[[str], None],
+        json_mode: bool,
+        quiet: bool,
+        diff: bool,
+        settle: Callable[[], None] = lambda: None,
     ) -> None:
-        self.note, self.error = note, error
+        self.note, self.error, self.settle = note, error, settle
         self.json_mode, self.quiet, self.diff = json_mode, quiet, diff
 
     def progress(self, hosts: int) -> FleetProgress | None:
-        """None (--quiet), a live table (a terminal, several hosts), or plain lines on stderr."""
+        """None (--quiet), a live table (a terminal, several hosts), or plain lines on stderr
+        (`note`'s, which show the time a step has taken: cli/ticker.py)."""
         if self.quiet:
             return None
         if sys.stderr.isatty() and os.environ.get("TERM", "") != "dumb" and hosts > 1:
+            self.settle()  # the live table shows each host's time itself: one live display at a time
             return LiveProgress()
         return PlainProgress(self.note, announce_done=hosts > 1)
 
     def show(self, command: str, results: Sequence[HostResult], interrupted: bool, doc: dict) -> None:
         """The JSON document (--json); one host's report as a local run shows it, or the summary table."""
         import click
+
+        self.settle()
 
         reports = [r.report for r in results]
         if self.json_mode:

@@ -10,12 +10,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import click
 
 from .. import __version__
-from ..fleet.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FORKS, DEFAULT_RETRY_FILE, RemoteOptions
+from ..fleet.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FORKS, RemoteOptions
+
+if TYPE_CHECKING:
+    from .ticker import Ticker
 
 PYTHON_HELP = (
     "the target environment's interpreter, e.g. /root/ml-env/bin/python3 (default: the interpreter "
@@ -25,15 +28,35 @@ PYTHON_HELP = (
 
 
 class Output:
+    """Progress and errors on stderr. Progress lines go through a Ticker (cli/ticker.py): until
+    the next line, the time since shows (a spinner on a terminal, a line every 30 s in a pipe),
+    so a step that takes long (apply's verification) is not silent; settle() ends that before a
+    report is printed."""
+
     def __init__(self, json_mode: bool, quiet: bool) -> None:
         self.json_mode = json_mode
         self.quiet = quiet
+        self._ticker: Ticker | None = None
+
+    def _echo(self, message: str) -> None:
+        click.echo(message, err=True, color=_color())
 
     def progress(self, message: str) -> None:
-        if not self.quiet:
-            click.echo(message, err=True, color=_color())
+        if self.quiet:
+            return
+        if self._ticker is None:
+            from .ticker import Ticker
+
+            self._ticker = Ticker(self._echo)
+        self._ticker.say(message)
+
+    def settle(self) -> None:
+        """No more time shown: what follows (a report, a live fleet view) prints plainly."""
+        if self._ticker is not None:
+            self._ticker.close()
 
     def error(self, message: str) -> None:
+        self.settle()
         click.echo(click.style("error: ", fg="red", bold=True) + message, err=True, color=_color())
 
 
@@ -85,7 +108,7 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
         from ..fleet.fleet_run import run_fleet_command
         from .fleetview import TerminalFleetView
 
-        view = TerminalFleetView(out.progress, out.error, json_mode, quiet, diff=options.diff)
+        view = TerminalFleetView(out.progress, out.error, json_mode, quiet, diff=options.diff, settle=out.settle)
         sys.exit(run_fleet_command(command, python, remote, options, view, _transform_cache()))
     given = remote.remote_only_given()
     if given:
@@ -113,6 +136,7 @@ def _run_local(command: str, local, options, out: Output) -> None:
         report = TargetReport(
             target=local.label, status="interrupted", exit_code=EXIT_INTERRUPTED, message=local.interrupted_message()
         )
+    out.settle()
     reports = [report]
     code = overall_exit(reports)
     try:
@@ -268,10 +292,10 @@ REMOTE_OPTIONS = [
     ),
     click.option(
         "--retry-file",
-        default=DEFAULT_RETRY_FILE,
-        show_default=True,
         metavar="FILE",
-        help="where to list the hosts that did not succeed (an inventory for the next run)",
+        # never the current folder by default: it is often a git checkout
+        help="where to list the hosts that did not succeed (an inventory for the next run)  "
+        "[default: $PATCHER_CACHE/patcher.retry]",
     ),
     click.option("--no-retry-file", is_flag=True, help="write no retry file"),
 ]
@@ -313,7 +337,8 @@ def remote_options(f):
             ssh_options=tuple(ssh_options),
             ssh_config=ssh_config,
             connect_timeout=connect_timeout,
-            retry_file=None if no_retry_file else retry_file,
+            retry_file=retry_file,
+            no_retry_file=no_retry_file,
         )
         return f(*args, remote=remote, **kwargs)
 

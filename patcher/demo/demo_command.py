@@ -16,6 +16,8 @@ from pathlib import Path
 
 import click
 
+from ..cli.ticker import Ticker
+
 
 def _say(message: str) -> None:
     click.echo(message, err=True)
@@ -47,11 +49,13 @@ def _extract(python: Path, model: Path, calls: str, report_path: Path, env: dict
     )
     tail: list[str] = []
     assert proc.stderr is not None
-    for line in proc.stderr:  # vLLM's own log: keep the last lines for a failure, show liveness
-        tail = (tail + [line.rstrip()])[-20:]
-        if "generate" in line.lower() or "loading" in line.lower():
-            _say(f"    … {line.strip()[:110]}")
-    proc.wait()
+    with Ticker(_say) as ticker:  # the time since the last line shown (a model load says nothing for long)
+        ticker.say("    running the extraction in the target (vLLM's log: loading and generate lines)")
+        for line in proc.stderr:  # vLLM's own log: keep the last lines for a failure, show liveness
+            tail = (tail + [line.rstrip()])[-20:]
+            if "generate" in line.lower() or "loading" in line.lower():
+                ticker.say(f"    … {line.strip()[:110]}")
+        proc.wait()
     _say(f"    ({time.monotonic() - started:.0f}s)")
     try:
         return json.loads(report_path.read_text())
@@ -100,7 +104,8 @@ def demo(keep: bool, vllm: str | None) -> None:
     render_reports("plan", [planned], show_diff=False, quiet=False)
 
     _step(4, "apply, then verify in a fresh interpreter")
-    applied = run_target(transport, patches, RunOptions("apply", progress=lambda m: _say(f"    {m}")))
+    with Ticker(_say) as ticker:  # the verification takes tens of seconds
+        applied = run_target(transport, patches, RunOptions("apply", progress=lambda m: ticker.say(f"    {m}")))
     render_reports("apply", [applied], show_diff=False, quiet=True)
     if applied.exit_code != 0:
         _say("apply failed; nothing else to show")
@@ -146,18 +151,18 @@ def _environment(vllm: str | None, work: Path) -> tuple[Path, Path]:
     from .overlay import make_overlay
     from .tiny_model import ensure_tiny_model
 
-    def progress(message: str) -> None:
-        _say(f"    {message}")
-
-    try:
-        # the release asked for first: a release the index lacks is said before the default is built
-        base = build_demo_env(progress=progress, vllm=vllm)
-        # the tiny model is made once, with the default environment (every release reads the same files)
-        model = ensure_tiny_model(base if not vllm else build_demo_env(progress=progress), progress=progress)
-    except UnknownRelease as exc:
-        raise click.UsageError(str(exc)) from None
-    except DemoEnvError as exc:
-        raise click.ClickException(f"the demo environment: {exc}") from None
+    # a pip step says nothing for minutes: the time since its line shows (closed before any error line)
+    with Ticker(_say) as ticker:
+        try:
+            # the release asked for first: a release the index lacks is said before the default is built
+            base = build_demo_env(progress=lambda m: ticker.say(f"    {m}"), vllm=vllm)
+            # the tiny model is made once, with the default environment (every release reads the same files)
+            default = base if not vllm else build_demo_env(progress=lambda m: ticker.say(f"    {m}"))
+            model = ensure_tiny_model(default, progress=lambda m: ticker.say(f"    {m}"))
+        except UnknownRelease as exc:
+            raise click.UsageError(str(exc)) from None
+        except DemoEnvError as exc:
+            raise click.ClickException(f"the demo environment: {exc}") from None
     target = make_overlay(base, work / "target")
     _say(f"    target: {target} (its own pristine speculators 0.3.0 over the shared environment)")
     return target, model

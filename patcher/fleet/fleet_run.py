@@ -5,6 +5,7 @@ is touched, roll out, tell the result, write the retry file. How it looks is the
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from ..run import RunOptions
 from ..transform.transforms import shared_transforms
 from ..transport.ssh import Host, SshSettings, check_remote_python, check_settings, check_ssh_option
 from . import inventory
-from .options import RemoteOptions
+from .options import DEFAULT_RETRY_NAME, RemoteOptions
 from .rollout import (
     FleetInterrupted,
     FleetOptions,
@@ -51,12 +52,14 @@ class FleetView(Protocol):
 @dataclass(frozen=True)
 class FleetInputs:
     """Every input of a fleet run, checked: the hosts, the inventory readers that read them
-    (one per --inventory source), the ssh settings and the rollout's options."""
+    (one per --inventory source), the ssh settings, the rollout's options and where the retry
+    file goes (None: nowhere)."""
 
     hosts: list[Host]
     readers: list[str]
     settings: SshSettings
     rollout: FleetOptions
+    retry: Path | None
 
 
 def run_fleet_command(
@@ -85,8 +88,12 @@ def run_fleet_command(
     except OSError as exc:  # stdout is full or closed: the hosts' outcomes stand, the report is lost
         lost = exc
     code = EXIT_INTERRUPTED if interrupted else overall_exit([r.report for r in results])
-    if remote.retry_file:
-        code = write_retry_file(remote.retry_file, command, results, code, view)
+    if inputs.retry is not None:
+        code = write_retry_file(inputs.retry, command, results, code, view, in_cache=not remote.retry_file)
+    elif not remote.no_retry_file and any(not succeeded(r.report) for r in results):
+        view.note(
+            "no retry file written: the cache is not used (the warning above says why); name one with --retry-file"
+        )
     code = EXIT_INTERRUPTED if interrupted else code
     if lost is not None:
         from ..cli.fastexit import report_lost
@@ -114,9 +121,24 @@ def check_inputs(python: str | None, remote: RemoteOptions) -> FleetInputs:
     rollout = FleetOptions(forks=remote.forks, serial=remote.serial, max_fail=remote.max_fail)
     batch_size(rollout.serial, len(loaded.hosts))
     check_settings(settings)
-    if remote.retry_file:  # before any host is touched, not after the rollout
-        inventory.check_retry_file(remote.retry_file, remote.inventories, limited=bool(remote.limit))
-    return FleetInputs(list(loaded.hosts), list(loaded.readers), settings, rollout)
+    retry = retry_destination(remote)
+    if retry is not None:  # before any host is touched, not after the rollout
+        inventory.check_retry_file(retry, remote.inventories, limited=bool(remote.limit))
+    return FleetInputs(list(loaded.hosts), list(loaded.readers), settings, rollout, retry)
+
+
+def retry_destination(remote: RemoteOptions) -> Path | None:
+    """Where the retry file goes: --retry-file, else $PATCHER_CACHE/patcher.retry when the cache
+    may be used (cache.trusted: one warning when not), never the current folder; None with
+    --no-retry-file or an untrusted cache."""
+    if remote.no_retry_file:
+        return None
+    if remote.retry_file:
+        return Path(remote.retry_file)
+    from ..cache import cache_root, trusted
+
+    path = cache_root() / DEFAULT_RETRY_NAME
+    return path if trusted(path) else None
 
 
 def roll_out(
@@ -150,14 +172,25 @@ def fleet_json(
     return doc
 
 
-def write_retry_file(retry: str, command: str, results: Sequence[HostResult], code: int, view: FleetView) -> int:
-    """--retry-file: the hosts that did not succeed, or the old file removed when all did. The
-    exit code, raised to 2 when the file appeared during the run."""
+def write_retry_file(
+    retry: Path, command: str, results: Sequence[HostResult], code: int, view: FleetView, in_cache: bool = False
+) -> int:
+    """The retry file: the hosts that did not succeed, or the old file removed when all did. The
+    exit code, raised to 2 when the file appeared during the run. `in_cache`: the default file,
+    whose cache folder is made when missing."""
     failed = [(r.host, f"{r.report.status}: {r.report.message}") for r in results if not succeeded(r.report)]
     try:
         if failed:
+            if in_cache:
+                from ..cache import make_cache_folder
+
+                make_cache_folder(retry.parent)
             inventory.write_retry_file(retry, command, failed)
-            view.note(f"{len(failed)} host(s) did not succeed; listed in {retry} (use it with --inventory {retry})")
+            again = f"patcher {command} -i {shlex.quote(str(retry))}"
+            view.note(
+                f"{len(failed)} host(s) did not succeed; listed in {retry}: `{again}` "
+                "with this run's other options retries just them"
+            )
         elif inventory.is_retry_file(retry):
             os.unlink(retry)
             view.note(f"every host succeeded; removed the old {retry}")

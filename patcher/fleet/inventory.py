@@ -311,17 +311,19 @@ def inventory_line(host: Host) -> str:
 
 
 def check_retry_file(path: str | Path, inventories: Iterable[str] = (), limited: bool = False) -> None:
-    """Refuse (exit 2) a --retry-file patcher may not write: one that exists and is not a retry
+    """Refuse (exit 2) a retry file patcher may not write: one that exists and is not a retry
     file patcher wrote (its first line is RETRY_HEADER), a link, or (with --limit) an inventory
     of this run, which a rewrite would cut down to the hosts the limit kept."""
     import os
 
     path = Path(path)
     if path.is_symlink():
-        raise InventoryError(f"--retry-file {path} is a symbolic link; name the file itself, or pass --no-retry-file")
+        raise InventoryError(
+            f"the retry file {path} is a symbolic link; name the file itself with --retry-file, or pass --no-retry-file"
+        )
     if path.exists() and not is_retry_file(path):
         raise InventoryError(
-            f"--retry-file {path} exists and patcher did not write it (its first line is not patcher's "
+            f"the retry file {path} exists and patcher did not write it (its first line is not patcher's "
             "marker); name a new file with --retry-file, move it aside, or pass --no-retry-file"
         )
     if limited and path.exists():
@@ -332,7 +334,7 @@ def check_retry_file(path: str | Path, inventories: Iterable[str] = (), limited:
                 same = False
             if same:
                 raise InventoryError(
-                    f"--retry-file {path} is also this run's inventory and --limit runs only part of it: "
+                    f"the retry file {path} is also this run's inventory and --limit runs only part of it: "
                     "rewriting it would drop the hosts left out; name another --retry-file or pass --no-retry-file"
                 )
 

@@ -11,7 +11,9 @@ from typing import ClassVar
 
 DEFAULT_FORKS = 8  # rollout's default too (it imports it from here)
 DEFAULT_CONNECT_TIMEOUT = 10
-DEFAULT_RETRY_FILE = "patcher.retry"
+# The retry file's name in $PATCHER_CACHE when no --retry-file is given: never the current folder,
+# which is often a git checkout (Ansible too writes retry files only where asked).
+DEFAULT_RETRY_NAME = "patcher.retry"
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,10 @@ class RemoteOptions:
     ssh_config: str | None = None
     connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
 
-    # After the rollout: where the hosts that did not succeed are listed (None: --no-retry-file).
-    retry_file: str | None = DEFAULT_RETRY_FILE
+    # After the rollout: where the hosts that did not succeed are listed: --retry-file PATH, or
+    # (None) $PATCHER_CACHE/DEFAULT_RETRY_NAME; nowhere with --no-retry-file.
+    retry_file: str | None = None
+    no_retry_file: bool = False
 
     # The settings that mean nothing without a remote host, with the flag each comes from
     # (for the refusal's message), in the order the message names them.

@@ -140,14 +140,21 @@ class Selection:
 
 
 def failed_conditions(conditions: dict, versions: dict, holds: Holds) -> list:
-    out = []
-    for name, spec in conditions.items():
-        have = versions.get(name)
-        if have is None:
-            out.append(f"{name} is not installed (needs {spec})")
-        elif not holds(spec, have):
-            out.append(f"{name} {have} does not satisfy {spec}")
-    return out
+    return [unmet(name, conditions[name], versions.get(name)) for name in failed_names(conditions, versions, holds)]
+
+
+def failed_names(conditions: dict, versions: dict, holds: Holds) -> list:
+    """The distributions whose condition does not hold (not installed, or outside it), in order."""
+    return [name for name, spec in conditions.items() if versions.get(name) is None or not holds(spec, versions[name])]
+
+
+def unmet(name: str, spec: str, have: str | None, readable: str | None = None) -> str:
+    """e.g. "vllm is not installed (needs >=0.12.0)", "speculators 0.3.0 does not satisfy >=0.4.0, <0.5.0":
+    the condition as readable_conditions reads it."""
+    text = readable if readable is not None else readable_conditions({name: spec}, []).get(name, spec)
+    if have is None:
+        return f"{name} is not installed (needs {text})" if text else f"{name} is not installed"
+    return f"{name} {have} does not satisfy {text}"
 
 
 def describe(spec: PatchSpec, versions: dict) -> str:
@@ -294,10 +301,20 @@ def select_one(spec: PatchSpec, versions: dict, holds: Holds) -> Selection:
     failed = failed_conditions(spec.requires, versions, holds)
     if failed:
         return Selection(False, "; ".join(failed))
-    edits = [name for name, when in spec.edits if not failed_conditions(when, versions, holds)]
+    edits = [name for name, when in spec.edits if not failed_names(when, versions, holds)]
     if not edits:
-        reasons = {r for _, when in spec.edits for r in failed_conditions(when, versions, holds)}
-        return Selection(False, "no edit applies: " + "; ".join(sorted(reasons)))
+        # per distribution, once: what the edits that fail on it need, as one range (the edits
+        # are alternatives: v14's >=0.29.0 and >=0.33.0 read ">=0.29.0")
+        failing: dict = {}
+        for _, when in spec.edits:
+            for name in failed_names(when, versions, holds):
+                failing.setdefault(name, []).append({name: when[name]})
+        reasons = []
+        for name, alternatives in sorted(failing.items()):
+            # absent: together the alternatives allow any version ("")
+            readable = readable_conditions({}, alternatives).get(name, "")
+            reasons.append(unmet(name, alternatives[0][name], versions.get(name), readable))
+        return Selection(False, "no edit applies: " + "; ".join(reasons))
     return Selection(True, "selected: " + describe(spec, versions), edits)
 
 

@@ -5,6 +5,7 @@ read its report. TIMINGS collects each extraction's wall time for test_e2e_vllm'
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -79,10 +80,28 @@ def prompts(report: dict, call: int) -> list[dict]:
     return next(c for c in report["calls"] if c["call"] == call)["prompts"]
 
 
+# What a library adds to its messages that says nothing a reader of the run needs: pydantic's link
+# and its [type=..., input_value=...] detail, vLLM's pointer to a stack trace the driver does not print.
+_BOILERPLATE = re.compile(
+    r"\s*(For further information visit \S+|\[type=[^\]]*\]|,? please check the stack trace above[^.]*)"
+)
+
+
+def one_line(message: str, width: int = 160) -> str:
+    """A message on one line: its lines joined with "; ", boilerplate dropped, cut between words."""
+    parts = [" ".join(line.split()) for line in _BOILERPLATE.sub("", message).splitlines()]
+    text = "; ".join(part for part in parts if part)
+    if len(text) <= width:
+        return text
+    return text[:width].rsplit(" ", 1)[0] + " ..."
+
+
 def summary(report: dict) -> str:
+    """The run in one line: its error (type, phase, where, message), or each call's prompts."""
     if report["error"]:
         e = report["error"]
-        return f"{e['type']} in {e['phase']} at {e['where']}: {e['message'][:200]}"
+        said = one_line(e["message"])
+        return f"{e['type']} in {e['phase']} at {e['where']}" + (f": {said}" if said else "")
     return "; ".join(
         f"call {c['call']}: " + ", ".join(f"{p['prompt_tokens']}->{p['rows'][0]}:{p['status']}" for p in c["prompts"])
         for c in report["calls"]
