@@ -169,6 +169,23 @@ class ReleaseLine:
         }
 
 
+@dataclass(frozen=True)
+class ConnectorDrift:
+    """A known way a KV connector module of the speculators 0.5+ path (not patched: `vllm serve`
+    loads it) does not bind on some vLLM releases. check-upstream binds every module on every vLLM
+    release with the speculative method extract_hidden_states: each problem it meets must be
+    declared here for exactly the releases it is met on."""
+
+    distribution: str  # the distribution that ships the module, e.g. "hs-connectors"
+    path: str  # e.g. "hs_connectors/fp8_hidden_states_connector.py"
+    subject: (
+        str  # a part of the binder's line naming it, e.g. "FP8HiddenStatesConnector._write_tensors overrides nothing"
+    )
+    vllm: str  # PEP 440: the vLLM releases it is met on
+    why: str  # what it does there, in words
+    connector: str = ""  # PEP 440: the releases of `distribution` this speaks for ("": every one)
+
+
 # What a patch's codemods may say on the files of the speculators release that fixed it upstream.
 FIXED_IN_OUTCOMES = ("already-satisfied", "anchor-missing", "applies")
 

@@ -48,7 +48,7 @@ def cache():
 @pytest.fixture(scope="module")
 def index():
     try:
-        return load_index(["speculators", "vllm", "transformers", "torch"]).until(INDEX_AS_OF)
+        return load_index(["speculators", "vllm", "transformers", "torch", "hs-connectors"]).until(INDEX_AS_OF)
     except IndexUnreachable as error:
         pytest.skip(f"package index unreachable: {error}")
 

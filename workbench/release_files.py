@@ -21,7 +21,13 @@ __all__ = ["INDEX_AS_OF", "DownloadFailed", "cache_dir", "download_wheel", "rele
 # newest release then. Checks against the index read no newer one, so a release published later
 # (transformers 5.25.0 brought modeling_attn_mask_utils back) cannot turn the suite red; saying
 # so is `patcher check-upstream`'s job. Raise these when the patches are brought up to date.
-INDEX_AS_OF = {"speculators": "0.9.0", "vllm": "0.33.0", "transformers": "5.25.0", "torch": "2.15.0"}
+INDEX_AS_OF = {
+    "speculators": "0.9.0",
+    "vllm": "0.33.0",
+    "transformers": "5.25.0",
+    "torch": "2.15.0",
+    "hs-connectors": "0.9.0",
+}
 
 
 def cache_dir() -> Path:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ..model import Patch, TargetFile
+from ..model import ConnectorDrift, Patch, TargetFile
 from ..plan.selection import condition_holds
+from . import connectors
 from .binding import Binding, bind_cached
+from .connectors import ConnectorFile, ModuleVerdict
 from .deps import BOUND, Requirements, bind_dependencies, read_requirements
 from .gates import GateCheck, ReleaseRead, all_facts, check_gate, read_release
 from .index import Index, load_index, within
@@ -36,6 +38,8 @@ EXIT_DRIFT = 3  # a codemod's anchor is missing on a release its patch is select
 EXIT_UNREACHABLE = 4  # the package index cannot be reached
 # what patcher's commands exit with on a target outside every patched release line (patcher.core.errors)
 EXIT_UNSUPPORTED = 7
+EXIT_CONNECTOR = 5  # the speculators 0.5+ path: an hs-connectors module meets a problem on a vLLM release
+# that CONNECTOR_DRIFT does not declare there (upstream's drift, not a patch's)
 
 # Where the fact scan starts by default: the vLLM speculators 0.3.0 was released against, and the
 # transformers line vLLM 0.11.0 resolved to (4.57); transformers facts concern its 5.x releases.
@@ -57,6 +61,8 @@ class CheckOptions:
     targets: Sequence[TargetFile] | None = (
         None  # files bound even where no patch changes them (default: declared_targets)
     )
+    # what the 0.5+ path's connector modules are known to meet (default: patches/targets.py's CONNECTOR_DRIFT)
+    connector_drift: Sequence[ConnectorDrift] | None = None
     progress: Callable[[str], None] = lambda message: None
 
 
@@ -78,6 +84,11 @@ class CheckReport:
     # releases of a fact distribution no patched release line runs on (vLLM 0.34.0): distribution ->
     # version -> why. Not read, not drift: patcher refuses such a target (exit 7) and says so.
     not_covered: dict[str, dict[str, str]] = field(default_factory=dict)
+    # the speculators 0.5+ path: hs-connectors' modules bound per vLLM release (connectors.py)
+    connector_bindings: list[Binding] = field(default_factory=list)
+    connector_releases: list[str] = field(default_factory=list)  # the hs-connectors releases read
+    path_vllm: dict[str, bool] = field(default_factory=dict)  # vLLM release -> has extract_hidden_states
+    connectors: list[ModuleVerdict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -103,11 +114,23 @@ class CheckReport:
                 for d, releases in self.not_covered.items()
                 for v, why in releases.items()
             ],
+            "connectors": self.connectors_json(),
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
 
     def binding_releases(self) -> list[str]:
         return sorted({v for b in self.bindings for v in b.vllm_releases}, key=Version)
+
+    def connectors_json(self) -> dict:
+        with_path, without = connectors.path_summary(self.path_vllm)
+        return {
+            "distribution": connectors.DISTRIBUTION,
+            "releases": self.connector_releases,
+            "vllm_with_path": with_path,
+            "vllm_without_path": without,
+            "modules": [v.to_json() for v in self.connectors],
+            "bindings": [b.to_json() for b in self.connector_bindings],
+        }
 
     def runs_json(self) -> dict:
         """Per vLLM release bound: the last run-matrix result, or null (never run)."""
@@ -174,6 +197,7 @@ class _Check:
         from ..patchset.registry import release_lines
 
         self.lines = [x.as_json() for x in release_lines()]
+        self.connector_files: list[ConnectorFile] = []  # every hs-connectors release's modules importing vLLM
 
     @contextmanager
     def _timed(self, step: str) -> Iterator[None]:
@@ -190,6 +214,8 @@ class _Check:
             self._read_requirements(index)
         with self._timed("patched"):
             self._patch_files()
+        with self._timed("connectors"):
+            self._read_connectors(index)
         with self._timed("releases"):
             unreachable = self._read_releases(jobs)
         with self._timed("dependencies"):
@@ -204,7 +230,8 @@ class _Check:
         self._conclude()
 
     def _ask_index(self) -> Index:
-        options, bound = self.options, self.bound
+        options = self.options
+        bound = [*self.bound, *(["vllm", connectors.DISTRIBUTION] if options.bind else [])]
         wanted = [*self.targets, *self.fact_dists, *bound]
         try:
             self.say(f"asking the package index for the releases of {', '.join(sorted(set(wanted)))}")
@@ -226,9 +253,10 @@ class _Check:
         for patch in self.patches:
             dist = patch.target.distribution
             self.needed.update((dist, v) for v in window(patch, self.target_releases[dist], options.since.get(dist)))
+        # the connectors of the 0.5+ path are bound on vLLM's sources, with or without facts about vLLM
+        read = [*self.fact_dists, *(["vllm"] if options.bind and "vllm" not in self.fact_dists else [])]
         self.fact_releases = {
-            d: within(index.releases(d), options.since.get(d, DEFAULT_SINCE.get(d)), options.only.get(d))
-            for d in self.fact_dists
+            d: within(index.releases(d), options.since.get(d, DEFAULT_SINCE.get(d)), options.only.get(d)) for d in read
         }
         # a release no patched line runs on is refused by patcher before any patch is selected:
         # its facts and bindings would speak of patches no target there gets (v10, v19 on vLLM 0.34)
@@ -322,6 +350,25 @@ class _Check:
             for vllm, files_there in found.items():
                 self.patched.setdefault(vllm, []).extend(files_there)
 
+    def _read_connectors(self, index: Index) -> None:
+        """The modules importing vLLM of every hs-connectors release (the 0.5+ path's KV connectors)."""
+        if not (self.options.bind and self.fact_releases.get("vllm")):
+            return
+        dist, options = connectors.DISTRIBUTION, self.options
+        releases = within(index.releases(dist), options.since.get(dist), options.only.get(dist))
+        self.report.connector_releases = releases
+        for version in releases:
+            with ReleaseFiles(self.cache, dist, version) as files:
+                try:
+                    self.connector_files += connectors.read_connector(files)
+                except IndexUnreachable as error:
+                    raise _Unreachable(str(error)) from None
+                except (DownloadFailed, OSError, SyntaxError, UnicodeDecodeError) as error:
+                    self.report.problems.append(f"{dist} {version}: could not be read: {error}")
+                    continue
+                if files.downloaded:
+                    self.report.downloads.append(f"{dist}=={version}")
+
     def _read_one(self, job: _Job) -> tuple[_Job, list[Cell] | ReleaseRead, bool]:
         """One release: its matrix cells (a patched release) or its facts and bindings (vLLM, transformers...)."""
         dist, version, wheel = job
@@ -337,6 +384,12 @@ class _Check:
             read = read_release(files, dist, dist_facts, package=dist.replace("-", "_"))
             if dist == "vllm":
                 read.bindings = bind_cached(files, version, self.patched.get(version, []))
+                if self.connector_files:
+                    read.path_runs = files.exists(connectors.PATH_MODULE)
+                    if read.path_runs:
+                        read.connectors = bind_cached(files, version, self.connector_files)
+                        for binding in read.connectors:
+                            binding.versions["vllm"] = version
             return job, read, files.downloaded
         finally:
             files.close()
@@ -371,6 +424,9 @@ class _Check:
         if isinstance(result, ReleaseRead):
             self.report.reads.setdefault(dist, {})[version] = result
             self.report.bindings.extend(result.bindings)
+            self.report.connector_bindings.extend(result.connectors)
+            if result.path_runs is not None:
+                self.report.path_vllm[version] = result.path_runs
         else:
             self.report.cells.extend(result)
 
@@ -437,8 +493,17 @@ class _Check:
         for binding in unbound:
             report.problems.extend(_binding_problems(binding))
         report.runs = load_runs(self.options.runs)
+        declared = self.options.connector_drift
+        with_path, _ = connectors.path_summary(report.path_vllm)
+        report.connectors = connectors.verdicts(
+            report.connector_bindings, with_path, connectors.declared_drift() if declared is None else declared
+        )
+        for verdict in report.connectors:
+            report.problems.extend(connectors.verdict_problems(verdict))
         if drift or unbound:
             report.exit_code = EXIT_DRIFT
+        elif any(v.unexpected for v in report.connectors):
+            report.exit_code = EXIT_CONNECTOR
         elif report.problems:
             report.exit_code = EXIT_WRONG_GATE
         report.message = _summary(report, drift, unbound)
@@ -459,11 +524,24 @@ def _summary(report: CheckReport, drift: list[Cell], unbound: list[Binding]) -> 
         f"{len(report.bindings)} patched files bound on {len(report.binding_releases())} vLLM releases "
         f"and the {len({b.release for b in report.bindings if b.allowed_by})} transformers/torch releases they allow "
         f"({len({v for b in unbound for v in b.vllm_releases})} with calls that do not bind), "
+        f"{_connector_summary(report)}"
         f"{sum(len(r) for r in report.reads.values())} upstream releases read, {len(report.nightlies)} nightlies"
         + "".join(
             f", {len(versions)} {dist} release(s) not covered (refused, exit {EXIT_UNSUPPORTED}: not drift)"
             for dist, versions in report.not_covered.items()
         )
+    )
+
+
+def _connector_summary(report: CheckReport) -> str:
+    """e.g. '5 hs-connectors modules of 4 releases bound on 26 vLLM releases (0 not as declared), '."""
+    if not report.connectors:
+        return ""
+    with_path, _ = connectors.path_summary(report.path_vllm)
+    off = sum(1 for v in report.connectors if v.status not in ("binds", "as declared"))
+    return (
+        f"{len(report.connectors)} {connectors.DISTRIBUTION} modules of {len(report.connector_releases)} releases "
+        f"bound on {len(with_path)} vLLM releases ({off} not as declared), "
     )
 
 

