@@ -20,12 +20,12 @@ from patcher.patches.targets import CONNECTOR_DRIFT, HS_FP8, HS_MOONCAKE
 from patcher.upstream import connectors
 from patcher.upstream.binding import bind_file
 from patcher.upstream.check import EXIT_CONNECTOR, EXIT_OK, EXIT_UNREACHABLE, EXIT_WRONG_GATE, CheckOptions, run_check
+from patcher.upstream.check_upstream_render import render_markdown, render_terminal
 from patcher.upstream.facts import SourceTree
 from patcher.upstream.index import load_index
-from patcher.upstream.render import render_markdown, render_terminal
 from patcher.upstream.sources import ReleaseFiles
 from patcher.upstream.wheels import IndexUnreachable
-from tests.support.releases import INDEX_AS_OF, cache_dir
+from workbench.release_files import INDEX_AS_OF, cache_dir
 
 ONLY = {"vllm": ["0.21.0", "0.22.0"], "hs-connectors": ["0.9.0"]}
 WRITE_TENSORS = "FP8HiddenStatesConnector._write_tensors overrides nothing"
