@@ -329,14 +329,6 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str) -> str | None:
-    try:
-        with open(path, "rb") as fh:
-            return sha256_bytes(fh.read())
-    except FileNotFoundError:
-        return None
-
-
 def state_dir() -> str:
     return os.path.join(sys.prefix, *STATE_DIR_PARTS)
 
@@ -378,60 +370,19 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes, like: str | None = None) -> None:
-    """Write via a temporary file in the same folder, fsync, rename; keep mode and owner."""
-    import tempfile
-
-    # Temporary files exist only while their run holds the lock, and only a holder of the lock
-    # removes them: whatever one finds under the lock was left by an interrupted run.
-    HELD.require_exclusive("write " + path)
-    folder = os.path.dirname(path)
-    ref = like if like and os.path.exists(like) else None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".patcher-", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise write_failure(exc, path) from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if ref is not None:
-            st = os.stat(ref)
-            os.chmod(tmp, st.st_mode & 0o7777)
-            if hasattr(os, "chown") and (st.st_uid != os.getuid() or st.st_gid != os.getgid()):
-                try:
-                    os.chown(tmp, st.st_uid, st.st_gid)
-                except PermissionError:
-                    pass
-        else:
-            os.chmod(tmp, 0o644)
-        checkpoint("temp-written:" + os.path.basename(path))
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise write_failure(exc, path) from None
-        raise
-    fsync_dir(folder)
-
-
 # What a write that failed leaves, said with every failure: the transaction's guarantee.
 _LEFT_AS_IS = (
     "every file is its old or its new bytes (`patcher status` says which; the next apply completes a run cut short)"
 )
 
 
-def file_flags(path: str) -> str:
+def file_flags(path: str, dir_fd: int | None = None) -> str:
     """ "immutable" or "append-only" when the file carries that attribute (chattr +i / +a), else ""."""
     try:
         import fcntl
         import struct
 
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=dir_fd)
     except (ImportError, OSError):
         return ""
     try:
@@ -444,10 +395,14 @@ def file_flags(path: str) -> str:
     return "immutable" if flags & 0x10 else "append-only" if flags & 0x20 else ""
 
 
-def write_failure(exc: OSError, path: str) -> Exception:
+def write_failure(exc: OSError, path: str, dir_fd: int | None = None, attribute: str | None = None) -> Exception:
     """A failed write of `path` as one line that names it, the cause and what to do (the system
-    names the temporary file, or nothing at all, as its filename)."""
-    attribute = file_flags(path) if exc.errno in (errno.EPERM, errno.EACCES) else ""
+    names the temporary file, or nothing at all, as its filename). `dir_fd`: its folder, open
+    (then its attributes are read through it, by its name); `attribute`: file_flags(), read already."""
+    if attribute is None:
+        attribute = ""
+    if not attribute and exc.errno in (errno.EPERM, errno.EACCES):
+        attribute = file_flags(os.path.basename(path), dir_fd) if dir_fd is not None else file_flags(path)
     if attribute:
         return AgentError(
             "not-writable",
@@ -473,32 +428,6 @@ def write_failure(exc: OSError, path: str) -> Exception:
             f"owner, or --sudo on a remote host); {_LEFT_AS_IS}",
         )
     return AgentError("os-error", f"cannot write {path}: {exc.strerror}; {_LEFT_AS_IS}")
-
-
-def remove_stale_temporaries(folder: str) -> None:
-    """Temporary files an interrupted run left (we hold the lock: no live run owns them)."""
-    HELD.require_exclusive("clear temporary files in " + folder)
-    try:
-        entries = os.listdir(folder)
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        if entry.startswith(".patcher-") and entry.endswith(".tmp"):
-            try:
-                os.unlink(os.path.join(folder, entry))
-            except FileNotFoundError:
-                pass
-
-
-def inside(root: str, rel: str) -> str:
-    """The absolute path of `rel` under `root`, refusing anything that leaves it."""
-    if os.path.isabs(rel) or rel.startswith("~"):
-        raise AgentError("hostile-path", f"refusing absolute path {rel!r}")
-    real_root = os.path.realpath(root)
-    full = os.path.realpath(os.path.join(real_root, rel))
-    if os.path.commonpath([real_root, full]) != real_root:
-        raise AgentError("hostile-path", f"refusing path {rel!r}: it leaves {root}")
-    return full
 
 
 # ---------------------------------------------------------------- patcher's own folder
@@ -781,33 +710,246 @@ class Declared:
             self._roots[name] = found[name]["location"] if name in found else None
         return self._roots[name]
 
-    def path(self, rel: str) -> str | None:
+    def target(self, rel: str) -> TargetPath | None:
         root = self.root(rel)
-        return None if root is None else inside(root, rel)
+        return None if root is None else TargetPath(root, rel)
 
 
-def remove_bytecode(path: str) -> list[str]:
-    """Delete every cached .pyc of the module at `path`, whatever its invalidation mode."""
-    folder, name = os.path.split(path)
-    stem = name.removesuffix(".py")
-    cache = os.path.join(folder, "__pycache__")
-    removed = []
-    try:
-        entries = os.listdir(cache)
-    except FileNotFoundError:
-        entries = []
-    for entry in entries:
-        if entry.startswith(stem + ".") and entry.endswith((".pyc", ".pyo")):
+_FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
+
+
+class TargetPath:
+    """A declared file, reached from the sys.path entry that holds it without following a link.
+
+    The entry (site-packages) and the folders above it may be links (a conda prefix, lib64); the
+    folders below it, the file and its __pycache__ may not. Every operation opens the folders one
+    by one from the entry, each through the last one's descriptor with O_NOFOLLOW, and works in the
+    file's folder through its descriptor (the temporary, the rename, the .pyc it deletes): a
+    folder swapped for a link before or during a run is refused, never followed, and no check
+    can be raced between the walk and the write it guards."""
+
+    def __init__(self, root: str, rel: str) -> None:
+        self.root = os.path.realpath(root)
+        self.parts = rel.split("/")
+        self.name = self.parts[-1]
+        self.path = os.path.join(self.root, *self.parts)  # what messages show
+
+    def refusal(self, name: str, dir_fd: int, shown: str, exc: OSError) -> Exception:
+        """Why `name` (in `dir_fd`) could not be opened: a link (refused, with where it points),
+        else `exc` with the full path as its file name."""
+        import stat
+
+        try:
+            is_link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        except OSError:
+            is_link = False
+        if is_link:
+            pointed = os.readlink(name, dir_fd=dir_fd)
+            real = os.path.realpath(os.path.join(os.path.dirname(shown), pointed))
+            leaves = f", which leaves {self.root}" if os.path.commonpath([self.root, real]) != self.root else ""
+            return AgentError(
+                "hostile-path",
+                f"refusing {shown}: it is a symbolic link (to {pointed}{leaves}); patcher "
+                f"never follows a link below {self.root} on the way to a file it writes or the bytecode it "
+                "deletes (whoever can write the environment could point one anywhere while root runs "
+                f"patcher); put the real folder or file back in its place and run patcher again; {_LEFT_AS_IS}",
+            )
+        return type(exc)(exc.errno, exc.strerror, shown)
+
+    def open_folder(self) -> int:
+        """The file's folder, opened from the entry one folder at a time (the caller closes it).
+        FileNotFoundError when a folder is missing."""
+        fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+        shown = self.root
+        try:
+            for part in self.parts[:-1]:
+                shown = os.path.join(shown, part)
+                try:
+                    child = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    raise self.refusal(part, fd, shown, exc) from None
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def read(self) -> bytes | None:
+        """The file's bytes, or None when it (or a folder on its way) does not exist."""
+        try:
+            folder = self.open_folder()
+        except FileNotFoundError:
+            return None
+        try:
             try:
-                os.unlink(os.path.join(cache, entry))
-                removed.append(entry)
+                fd = os.open(self.name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, dir_fd=folder)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise self.refusal(self.name, folder, self.path, exc) from None
+            with os.fdopen(fd, "rb") as fh:
+                return fh.read()
+        finally:
+            os.close(folder)
+
+    def sha256(self) -> str | None:
+        data = self.read()
+        return None if data is None else sha256_bytes(data)
+
+    def temporaries(self) -> list[str]:
+        """Temporary files an interrupted run left beside the file."""
+        try:
+            folder = self.open_folder()
+        except FileNotFoundError:
+            return []
+        try:
+            return sorted(e for e in os.listdir(folder) if e.startswith(".patcher-") and e.endswith(".tmp"))
+        finally:
+            os.close(folder)
+
+    def writable(self) -> bool:
+        """Whether this user may replace the file (write it and its folder)."""
+        folder = self.open_folder()
+        try:
+            return os.access(self.name, os.W_OK, dir_fd=folder) and os.access(".", os.W_OK, dir_fd=folder)
+        finally:
+            os.close(folder)
+
+    def flags(self) -> str:
+        """file_flags() of the file, read through its folder."""
+        folder = self.open_folder()
+        try:
+            return file_flags(self.name, folder)
+        finally:
+            os.close(folder)
+
+    def write(self, data: bytes) -> None:
+        """Atomically, in the folder's descriptor: a new temporary (O_EXCL), fsync, the file's mode
+        and owner, rename over the file, fsync the folder."""
+        # Temporary files exist only while their run holds the lock, and only a holder of the lock
+        # removes them: whatever one finds under the lock was left by an interrupted run.
+        HELD.require_exclusive("write " + self.path)
+        try:
+            folder = self.open_folder()
+        except OSError as exc:
+            raise write_failure(exc, self.path) from None
+        try:
+            self._write_in(folder, data)
+        finally:
+            os.close(folder)
+
+    def _write_in(self, folder: int, data: bytes) -> None:
+        import stat
+
+        try:
+            ref = os.stat(self.name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            ref = None
+        if ref is not None and stat.S_ISLNK(ref.st_mode):
+            raise self.refusal(self.name, folder, self.path, OSError(errno.ELOOP, "a symbolic link"))
+        while True:
+            tmp = ".patcher-" + os.urandom(8).hex() + ".tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600, dir_fd=folder)
+                break
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise write_failure(exc, self.path, folder) from None
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+                if ref is not None:
+                    os.fchmod(fh.fileno(), ref.st_mode & 0o7777)
+                    if hasattr(os, "fchown") and (ref.st_uid != os.getuid() or ref.st_gid != os.getgid()):
+                        try:
+                            os.fchown(fh.fileno(), ref.st_uid, ref.st_gid)
+                        except PermissionError:
+                            pass
+                else:
+                    os.fchmod(fh.fileno(), 0o644)
+            checkpoint("temp-written:" + self.name)
+            os.replace(tmp, self.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException as exc:
+            try:
+                os.unlink(tmp, dir_fd=folder)
+            except OSError:
+                pass
+            if isinstance(exc, OSError):
+                raise write_failure(exc, self.path, folder) from None
+            raise
+        try:
+            os.fsync(folder)
+        except OSError:
+            pass
+
+    def _open_bytecode_folder(self, folder: int) -> int:
+        """The file's __pycache__ (-1: there is none); a link there is refused."""
+        try:
+            return os.open("__pycache__", _FOLDER_FLAGS, dir_fd=folder)
+        except FileNotFoundError:
+            return -1
+        except OSError as exc:
+            raise self.refusal(
+                "__pycache__", folder, os.path.join(os.path.dirname(self.path), "__pycache__"), exc
+            ) from None
+
+    def check_bytecode_folder(self) -> None:
+        """Refuse now, before anything is written, what remove_bytecode() would refuse after."""
+        folder = self.open_folder()
+        try:
+            cache = self._open_bytecode_folder(folder)
+            if cache >= 0:
+                os.close(cache)
+        finally:
+            os.close(folder)
+
+    def remove_bytecode(self) -> list[str]:
+        """Delete every cached .pyc of the module, whatever its invalidation mode."""
+        stem = self.name.removesuffix(".py")
+        removed = []
+        folder = self.open_folder()
+        try:
+            cache = self._open_bytecode_folder(folder)
+            if cache >= 0:
+                try:
+                    for entry in os.listdir(cache):
+                        if entry.startswith(stem + ".") and entry.endswith((".pyc", ".pyo")):
+                            try:
+                                os.unlink(entry, dir_fd=cache)  # a link there: the link goes, not its target
+                                removed.append(entry)
+                            except FileNotFoundError:
+                                pass
+                finally:
+                    os.close(cache)
+            try:
+                os.unlink(stem + ".pyc", dir_fd=folder)  # Python 2-style layout some installers leave
+                removed.append(stem + ".pyc")
             except FileNotFoundError:
                 pass
-    legacy = os.path.join(folder, stem + ".pyc")  # Python 2-style layout some installers leave
-    if os.path.exists(legacy):
-        os.unlink(legacy)
-        removed.append(stem + ".pyc")
-    return removed
+        finally:
+            os.close(folder)
+        return removed
+
+    def remove_temporaries(self) -> None:
+        """Temporary files an interrupted run left beside the file (we hold the lock: no live run owns them)."""
+        HELD.require_exclusive("clear temporary files beside " + self.path)
+        try:
+            folder = self.open_folder()
+        except FileNotFoundError:
+            return
+        try:
+            for entry in os.listdir(folder):
+                if entry.startswith(".patcher-") and entry.endswith(".tmp"):
+                    try:
+                        os.unlink(entry, dir_fd=folder)
+                    except FileNotFoundError:
+                        pass
+        finally:
+            os.close(folder)
 
 
 # ---------------------------------------------------------------- detection
@@ -1220,24 +1362,21 @@ def _file_facts(
             snapshot["files"][rel] = {"root": None, "sha256": None}
             continue
         root = dist["location"]
-        full = inside(root, rel)
-        try:
-            with open(full, "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError:
+        path = TargetPath(root, rel)
+        data = path.read()
+        if data is None:
             files[rel] = {"exists": False, "root": root}
             snapshot["files"][rel] = {"root": root, "sha256": None}
             continue
         snapshot["files"][rel] = {"root": root, "sha256": sha256_bytes(data)}
-        folder = os.path.dirname(full)
         entry: FileFacts = {
             "exists": True,
             "root": root,
-            "temporaries": sorted(e for e in os.listdir(folder) if e.startswith(".patcher-") and e.endswith(".tmp")),
+            "temporaries": path.temporaries(),
             "sha256": sha256_bytes(data),
             "record_sha256": dist["record"].get(rel),
             "content": data.decode("utf-8"),
-            "writable": os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK),
+            "writable": path.writable(),
         }
         recorded = state["files"].get(rel)
         if recorded:
@@ -1259,12 +1398,12 @@ def check_snapshot(expect: Snapshot, declared: Declared, own: StateFolder) -> No
     """Refuse (stale-plan) if the record or any target file is not what the plan was made on.
     Paths come from the declared files, never from the request's copy of the facts."""
     for rel, seen in sorted(expect.get("files", {}).items()):
-        full = declared.path(rel)
-        current = sha256_file(full) if full is not None else None
+        path = declared.target(rel)
+        current = path.sha256() if path is not None else None
         if current != seen.get("sha256"):
             raise AgentError(
                 "stale-plan",
-                f"{full or rel} changed since the plan was made (sha256 {current}, expected "
+                f"{path.path if path is not None else rel} changed since the plan was made (sha256 {current}, expected "
                 f"{seen.get('sha256')}); run the command again",
             )
     raw = read_state_bytes(own)
@@ -1311,34 +1450,36 @@ def op_apply(req: ApplyRequest) -> ApplyResult:
 def _remove_temporaries(own: StateFolder, declared: Declared, items: list) -> None:
     """The temporary files an interrupted run left beside the target files and among patcher's own."""
     for item in items:
-        remove_stale_temporaries(os.path.dirname(_installed(declared, item["path"])))
+        _installed(declared, item["path"]).remove_temporaries()
     own.remove_temporaries()
     own.remove_temporaries("backups")
 
 
 def _check_items(items: list[ApplyItem], declared: Declared, state: StateRecord) -> dict:
     """Check everything before touching anything: a plan made on other bytes is refused.
-    rel -> (full path, bytes before, record entry before): what a failed verification restores."""
+    rel -> (TargetPath, bytes before, record entry before): what a failed verification restores.
+    A link on the way to a file or its __pycache__ is refused here, before anything is written."""
     previous = {}
     for item in items:
-        full = _installed(declared, item["path"])
-        current = sha256_file(full)
+        path = _installed(declared, item["path"])
+        before = path.read()
+        current = None if before is None else sha256_bytes(before)
         if current != item["expected_sha256"]:
             raise AgentError(
                 "stale-plan",
-                f"{full} changed since the plan was made (sha256 {current}, expected "
+                f"{path.path} changed since the plan was made (sha256 {current}, expected "
                 f"{item['expected_sha256']}); run the command again",
             )
-        attribute = file_flags(full)
+        path.check_bytecode_folder()
+        attribute = path.flags()
         if attribute:
-            raise write_failure(PermissionError(errno.EPERM, "Operation not permitted"), full)
-        if not (os.access(full, os.W_OK) and os.access(os.path.dirname(full), os.W_OK)):
+            raise write_failure(PermissionError(errno.EPERM, "Operation not permitted"), path.path, attribute=attribute)
+        if not path.writable():
             raise AgentError(
                 "not-writable",
-                f"{full} is not writable by this user; run as the environment's owner (or --sudo on a remote host)",
+                f"{path.path} is not writable by this user; run as the environment's owner (or --sudo on a remote host)",
             )
-        with open(full, "rb") as fh:
-            previous[item["path"]] = (full, fh.read(), state["files"].get(item["path"]))
+        previous[item["path"]] = (path, before, state["files"].get(item["path"]))
     return previous
 
 
@@ -1369,7 +1510,7 @@ def _check_restores(
         if actual != expected:
             raise AgentError(
                 "backup-missing",
-                f"refusing to restore {_installed(declared, item['path'])} from "
+                f"refusing to restore {_installed(declared, item['path']).path} from "
                 f"{own.shown(backup_name(item['original_sha256']), 'backups')}: its sha256 {actual} is not the "
                 f"{expected} pip's RECORD gives, and the record does not say it was adopted with --force; "
                 "reinstall the package (pip install --force-reinstall) and run `patcher forget`, or, if you "
@@ -1380,7 +1521,7 @@ def _check_restores(
 def _take_backups(own: StateFolder, items: list[ApplyItem], previous: dict) -> None:
     """Pristine backups, taken once and checked."""
     for item in items:
-        full, before, _ = previous[item["path"]]
+        path, before, _ = previous[item["path"]]
         original_sha = item["original_sha256"]
         backup = backup_name(original_sha)
         kept = own.read(backup, "backups")
@@ -1389,7 +1530,7 @@ def _take_backups(own: StateFolder, items: list[ApplyItem], previous: dict) -> N
         if sha256_bytes(before) != original_sha:
             raise AgentError(
                 "backup-missing",
-                f"the pristine copy of {full} ({own.shown(backup, 'backups')}) is missing or damaged; "
+                f"the pristine copy of {path.path} ({own.shown(backup, 'backups')}) is missing or damaged; "
                 "reinstall the package (pip install --force-reinstall) and run `patcher forget`",
             )
         own.write(backup, before, "backups")
@@ -1456,20 +1597,20 @@ def _pending_entry(declared: Declared, state: StateRecord, item: ApplyItem, data
 def _write_files(items: list[ApplyItem], previous: dict, new_bytes: dict) -> None:
     """Each file atomically, then its stale bytecode removed."""
     for item in items:
-        full = previous[item["path"]][0]
-        atomic_write(full, new_bytes[item["path"]], like=full)
+        path = previous[item["path"]][0]
+        path.write(new_bytes[item["path"]])
         checkpoint("file-written:" + item["path"])
-        remove_bytecode(full)
+        path.remove_bytecode()
         checkpoint("bytecode-removed:" + item["path"])
 
 
 def _restore(own: StateFolder, state: StateRecord, items: list[ApplyItem], previous: dict) -> None:
     """The verification failed: every file gets its bytes back, then the record its entries."""
     for item in items:
-        full, before, _ = previous[item["path"]]
-        atomic_write(full, before, like=full)
+        path, before, _ = previous[item["path"]]
+        path.write(before)
         checkpoint("file-restored:" + item["path"])
-        remove_bytecode(full)
+        path.remove_bytecode()
     for item in items:
         old_entry = previous[item["path"]][2]
         if old_entry is None:
@@ -1501,12 +1642,12 @@ def _record_result(own: StateFolder, state: StateRecord, items: list[ApplyItem],
         checkpoint("result-recorded")
 
 
-def _installed(declared: Declared, rel: str) -> str:
-    """The full path of a declared file that is installed (a plan for it was made on facts)."""
-    full = declared.path(rel)
-    if full is None:
+def _installed(declared: Declared, rel: str) -> TargetPath:
+    """A declared file that is installed (a plan for it was made on facts)."""
+    path = declared.target(rel)
+    if path is None:
         raise AgentError("stale-plan", f"{rel} is no longer installed; run the command again")
-    return full
+    return path
 
 
 def _drop_backup_if_unused(own: StateFolder, state: StateRecord, sha: str) -> None:
@@ -1524,8 +1665,8 @@ def op_forget(req: ForgetRequest) -> ForgetResult:
         state = load_state(own, declared)  # every entry declared, every digest checked
         forgotten = []
         for rel, entry in list(state["files"].items()):
-            full = declared.path(rel)  # None: its distribution is no longer installed
-            current = sha256_file(full) if full is not None else None
+            path = declared.target(rel)  # None: its distribution is no longer installed
+            current = path.sha256() if path is not None and not req.get("all") else None
             known = {entry.get("original_sha256"), entry.get("patched_sha256")}
             if entry.get("pending"):
                 known.add(entry["pending"]["sha256"])

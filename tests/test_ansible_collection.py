@@ -26,6 +26,7 @@ import pytest
 
 from patcher.patchset.registry import load_patches
 from patcher.transport.ansible_task import COMMANDS, OPTIONS
+from tests.support.files import GENERATOR
 from workbench.ansible_test_sanity import SHORT_FORM, run_sanity
 from workbench.envs import light_env, site_file
 from workbench.release_files import cache_dir
@@ -383,6 +384,37 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
         "(or ansible_python_interpreter)"
     ), messages["no-target"]
     assert all("\n" not in m for m in messages.values()), messages
+
+
+def test_rollback_with_force_restores_an_original_pips_record_does_not_vouch_for(collections, tmp_path: Path):
+    """`force: true` with `command: rollback` is `patcher rollback --force`: a kept original that is
+    not pip's bytes is refused without it (the message names the task's options), restored with it."""
+    from tests.support.state import PLANTED, plant_original
+
+    python = light_env(tmp_path / "host")
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(f"[gpus]\nhost ansible_connection=local ansible_python_interpreter={python}\n")
+    env = ansible_env(tmp_path, collections)
+    code, results, output = play(tmp_path, inventory, env, "apply")
+    assert code == 0 and results["host"]["status"] == "changed", output
+    plant_original(python, as_nobody=False)
+    patched = files(python)
+    code, results, output = play(tmp_path, inventory, env, "rollback")
+    assert code != 0 and results["host"]["status"] == "fatal", output
+    assert results["host"]["patcher"]["exit_code"] == 3
+    assert "run the task with command: rollback and force: true" in results["host"]["msg"], results["host"]["msg"]
+    assert files(python) == patched
+    book = tmp_path / "forced.yml"
+    book.write_text(
+        "- hosts: gpus\n  gather_facts: false\n  tasks:\n    - patcher.fleet.patch: {command: rollback, force: true}\n"
+    )
+    done = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-v", "-i", str(inventory), str(book)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "changed: [host]" in done.stdout, done.stdout
+    assert site_file(python, GENERATOR).read_bytes() == PLANTED
 
 
 def test_delegate_to_and_a_templated_interpreter(collections, patched, tmp_path: Path):

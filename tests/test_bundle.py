@@ -96,6 +96,31 @@ def test_apply_writes_what_patcher_writes_and_patcher_agrees(bundle: Path, tmp_p
     assert files(target) == pristine
 
 
+def test_rollback_force_restores_an_original_pips_record_does_not_vouch_for(bundle: Path, tmp_path: Path):
+    """As `patcher rollback --force`: a kept original that is not pip's bytes (planted where the
+    state folder's checks pass) is refused without --force, restored with it."""
+    from tests.support.state import PLANTED, plant_original
+
+    target = light_env(tmp_path)
+    pristine = files(target)
+    assert run_bundle(bundle, target, "apply", "--no-verify")[0] == 0
+    plant_original(target, as_nobody=False)
+    patched = files(target)
+    code, doc, err = run_bundle(bundle, target, "rollback", "--json")
+    assert code == 3, err
+    text = doc["targets"][0]["message"]
+    assert "pip's RECORD gives" in text and "run this bundle with `rollback --force`" in text, text
+    assert files(target) == patched
+    code, _, err = run_bundle(bundle, target, "status", "--force")
+    assert code == 2 and "--force goes with rollback only" in err, err
+    code, doc, err = run_bundle(bundle, target, "rollback", "--force", "--json")
+    assert code == 0, err
+    assert site_file(target, GENERATOR).read_bytes() == PLANTED
+    assert {k: v for k, v in files(target).items() if k != GENERATOR} == {
+        k: v for k, v in pristine.items() if k != GENERATOR
+    }
+
+
 def _embedded(bundle: Path, name: str) -> dict:
     """A blob the bundle carries (DATA, AGENT or CORE), decoded as the bundle decodes it."""
     import base64

@@ -496,3 +496,152 @@ def test_retry_file_that_is_the_limited_inventory_is_not_cut_down(tmp_path: Path
     code, _out, err = run("status", "-i", str(retry), "--limit", "root@127.0.0.1:1,", *ssh, cwd=tmp_path, env=env)
     assert retry.read_text() == listed
     assert code == 2 and "--limit" in err and "--no-retry-file" in err, err
+
+
+# ------------------------------------------------------------------ 4. links on the way to a target file
+
+PYC = Path(GENERATOR).stem + ".cpython-311.pyc"
+
+
+def swap_for_link(folder: Path, to: Path) -> Path:
+    """`folder` moved aside (what it held is kept, inside site-packages) and a link put in its
+    place: what whoever can write the environment can do at any moment. Returns the moved folder."""
+    moved = folder.with_name(folder.name + ".moved")
+    folder.rename(moved)
+    folder.symlink_to(to, target_is_directory=True)
+    return moved
+
+
+def undo_swap(folder: Path, moved: Path) -> None:
+    folder.unlink()
+    moved.rename(folder)
+
+
+def decoy_package(env: Path, where: Path) -> Path:
+    """A folder holding copies of speculators' data_generation files, where a link will point."""
+    shutil.copytree(site_file(env, GENERATOR).parent, where)
+    return where
+
+
+def paused(env: Path, point: str, release: Path) -> subprocess.Popen:
+    from tests.support.cli import patcher_argv, patcher_env
+
+    fault = {"at": point, "action": "pause", "until": str(release), "seconds": 120}
+    return subprocess.Popen(
+        patcher_argv("apply", "--no-verify", "--python", str(env), "--json"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=patcher_env({"PATCHER_FAULT": json.dumps(fault)}),
+    )  # fmt: skip
+
+
+def wait_for(proc: subprocess.Popen, done, what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + 120
+    while not done():
+        assert proc.poll() is None, (what, proc.communicate())
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("points", ["inside-site-packages", "outside"])
+def test_a_folder_on_the_way_to_a_target_that_is_a_link_is_refused_by_every_command(
+    env: Path, tmp_path: Path, points: str
+):
+    """speculators/data_generation made a link before the run, to another folder holding the same
+    files: inside site-packages (what the old check on the resolved path let through: the patched
+    generator went into the other folder) or outside it."""
+    folder = site_file(env, GENERATOR).parent
+    where = site_file(env, "elsewhere") if points == "inside-site-packages" else tmp_path / "elsewhere"
+    decoy = decoy_package(env, where)
+    moved = swap_for_link(folder, decoy)
+    before, kept = snapshot(decoy), snapshot(moved)
+    for command in COMMANDS:
+        code, out, err = run(*command, "--python", str(env), "--json")
+        assert snapshot(decoy) == before and snapshot(moved) == kept, command
+        if command[0] == "forget":
+            continue  # no record yet: nothing to read or forget, through the link or not
+        assert code == 3, (command, err)
+        text = message(out)
+        assert f"refusing {folder}: it is a symbolic link (to {decoy}" in text and "\n" not in text, (command, text)
+    undo_swap(folder, moved)
+    code, out, err = run("apply", "--python", str(env), "--no-verify", "--json")
+    assert code == 0, err
+
+
+def test_a_folder_swapped_for_a_link_in_the_middle_of_an_apply_is_refused(env: Path, tmp_path: Path):
+    """The swap after every check and backup, before the first write (the agent paused there)."""
+    folder = site_file(env, GENERATOR).parent
+    decoy = decoy_package(env, tmp_path / "elsewhere")
+    before = snapshot(decoy)
+    pristine = files(env)
+    release = tmp_path / "release"
+    proc = paused(env, "intent-recorded", release)
+    record = state_dir(env) / "state.json"
+    wait_for(proc, lambda: record.exists() and "pending" in record.read_text(), "the intent recorded")
+    moved = swap_for_link(folder, decoy)
+    release.touch()
+    out, err = proc.communicate(timeout=120)
+    assert snapshot(decoy) == before  # nothing written through the link
+    assert proc.returncode == 3, err
+    assert f"refusing {folder}: it is a symbolic link (to {decoy}, which leaves" in message(out), message(out)
+    undo_swap(folder, moved)
+    assert files(env) == pristine  # the real folder: its old bytes
+    code, _, err = run("apply", "--python", str(env), "--no-verify")
+    assert code == 0, err
+    code, _, err = run("rollback", "--python", str(env))
+    assert code == 0, err
+    assert files(env) == pristine
+
+
+def bytecode_decoy(tmp_path: Path) -> Path:
+    """A folder of someone's bytecode, named as the generator's would be."""
+    decoy = tmp_path / "their-pycache"
+    decoy.mkdir()
+    (decoy / PYC).write_bytes(b"not patcher's to delete")
+    (decoy / (Path(GENERATOR).stem + ".cpython-39.opt-1.pyc")).write_bytes(b"nor this")
+    return decoy
+
+
+def test_a_pycache_that_is_a_link_is_refused_before_anything_is_written(env: Path, tmp_path: Path):
+    decoy = bytecode_decoy(tmp_path)
+    before = snapshot(decoy)
+    cache = site_file(env, GENERATOR).parent / "__pycache__"
+    cache.symlink_to(decoy, target_is_directory=True)
+    pristine = files(env)
+    for command in (("apply", "--no-verify"), ("apply", "--no-verify")):
+        code, out, err = run(*command, "--python", str(env), "--json")
+        assert snapshot(decoy) == before  # no .pyc deleted through the link
+        assert files(env) == pristine  # refused before the first write
+        assert code == 3, err
+        assert f"refusing {cache}: it is a symbolic link (to {decoy}" in message(out), message(out)
+    cache.unlink()
+    code, _, err = run("apply", "--python", str(env), "--no-verify")
+    assert code == 0, err
+
+
+def test_a_pycache_swapped_for_a_link_after_the_write_is_refused_and_the_next_apply_completes(
+    env: Path, tmp_path: Path
+):
+    decoy = bytecode_decoy(tmp_path)
+    before = snapshot(decoy)
+    target = site_file(env, GENERATOR)
+    pristine = target.read_bytes()
+    release = tmp_path / "release"
+    proc = paused(env, f"file-written:{GENERATOR}", release)
+    wait_for(proc, lambda: target.read_bytes() != pristine, "the generator written")
+    cache = target.parent / "__pycache__"
+    cache.symlink_to(decoy, target_is_directory=True)
+    release.touch()
+    out, err = proc.communicate(timeout=120)
+    assert snapshot(decoy) == before  # nothing deleted through the link
+    assert proc.returncode == 3, err
+    text = message(out)
+    assert f"refusing {cache}: it is a symbolic link (to {decoy}, which leaves" in text, text
+    assert "every file is its old or its new bytes" in text, text
+    cache.unlink()
+    code, out, err = run("apply", "--python", str(env), "--no-verify", "--json")
+    assert code == 0, err
+    code, out, err = run("status", "--python", str(env), "--json")
+    assert code == 0, err
+    assert {p["state"] for p in json.loads(out)["targets"][0]["patches"]} <= {"applied", "not-selected"}

@@ -5,7 +5,6 @@ it is the bytes pip's RECORD gives, or the record says it was adopted with `appl
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -17,42 +16,19 @@ import pytest
 from patcher.patchset.registry import load_patches
 from tests.support.cli import patcher
 from tests.support.files import GENERATOR
+from tests.support.state import NOBODY, PLANTED, plant_original, state_dir
 from workbench.envs import site_file
 
 TARGETS = sorted({p.target.path for p in load_patches()})
-PLANTED = b"import os\nos.system('id > /tmp/owned-by-the-state-folder')  # planted\n"
-NOBODY = 65534
 
 
 def files(python: Path) -> dict[str, bytes]:
     return {rel: site_file(python, rel).read_bytes() for rel in TARGETS}
 
 
-def state_dir(python: Path) -> Path:
-    return python.parent.parent / "share" / "patcher"
-
-
 def message(doc: dict | None) -> str:
     assert doc is not None
     return doc["targets"][0]["message"]
-
-
-def plant_original(python: Path, as_nobody: bool) -> None:
-    """What a user who can write the state folder (not site-packages) does: a backup of their own
-    and the record's original_sha256 pointing at it."""
-    folder = state_dir(python)
-    sha = hashlib.sha256(PLANTED).hexdigest()
-    record = json.loads((folder / "state.json").read_text())
-    record["files"][GENERATOR]["original_sha256"] = sha
-    script = (
-        "import sys, pathlib; f = pathlib.Path(sys.argv[1]); "
-        "(f / 'backups' / (sys.argv[2] + '.py')).write_bytes(sys.argv[3].encode()); "
-        "t = f / 'state.new'; t.write_text(sys.argv[4]); t.replace(f / 'state.json')"
-    )
-    argv = [str(python), "-I", "-c", script, str(folder), sha, PLANTED.decode(), json.dumps(record)]
-    if as_nobody:
-        argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
-    subprocess.run(argv, check=True, cwd="/", timeout=60)
 
 
 def rollback_refused(python: Path, *, expect_in_message: str) -> None:

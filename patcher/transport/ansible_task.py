@@ -37,6 +37,7 @@ CLI_TO_TASK = (
     ("with --python PATH", "with python: (or ansible_python_interpreter)"),
     ("rerun with --force", "rerun with force: true"),
     ("--lock-timeout raises the wait", "lock_timeout: raises the wait"),
+    ("run `patcher rollback --force`", "run the task with command: rollback and force: true"),
 )
 
 
@@ -177,11 +178,15 @@ def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) 
         skip = resolve_ids(patches, list(args.get("skip") or []))
     except UnknownPatch as exc:
         return {"failed": True, "msg": f"{exc}; see `patcher list`"}
+    force = bool(args.get("force", False))
     options = RunOptions(
         command=command,
         only=only,
         skip=skip,
-        force=bool(args.get("force", False)),
+        # as the command line: apply --force adopts a file changed by hand, rollback --force restores
+        # an original pip's RECORD does not vouch for (and never writes over a hand edit)
+        force=force and command != "rollback",
+        force_restore=force and command == "rollback",
         verify=bool(args.get("verify", True)),
         diff=diff,
         lock_timeout=float(args.get("lock_timeout", 10)),

@@ -387,9 +387,16 @@ def _say_path(report: dict, data: dict, facts: "Facts") -> None:
 
 
 def _write(
-    ns: dict, data: dict, report: dict, the_plan, mode: str, verify: bool, lock_timeout: float, facts: "Facts"
+    ns: dict,
+    data: dict,
+    report: dict,
+    the_plan,
+    mode: str,
+    options: dict,
+    facts: "Facts",
 ) -> None:
     """The agent carries the plan out (and verifies it); the report says how it went."""
+    verify, lock_timeout = options["verify"], options["lock_timeout"]
     checked = verify and mode == "apply" and the_plan.verify_files
     request = {
         "files": [c.as_request() for c in the_plan.changes],
@@ -400,6 +407,8 @@ def _write(
         "written_by": f"patcher bundle {data['patcher_version']}",
         "declared": _declared(data),
     }
+    if options.get("force") and mode == "rollback":
+        request["force_restore"] = True  # rollback --force, as patcher's: originals pip's RECORD does not vouch for
     result = ns["op_apply"](request)
     if result["status"] == "rolled-back":
         report["status"], report["exit_code"] = "rolled-back", EXIT_FAILED
@@ -413,10 +422,16 @@ def _write(
     report["message"] = f"{len(the_plan.changes)} file(s) written" + (", verified" if verified else ", not verified")
 
 
-def run(command: str, verify: bool, lock_timeout: float) -> dict:
+# The agent's messages name patcher's command line; a bundle's user runs the bundle.
+_CLI_TO_BUNDLE = (("run `patcher rollback --force`", "run this bundle with `rollback --force`"),)
+
+
+def run(command: str, verify: bool, lock_timeout: float, force: bool = False) -> dict:
+    """`force`: rollback --force (restore a kept original pip's RECORD does not vouch for)."""
     data = _bundle_data()
     ns = _agent()
     report = _empty_report()
+    options = {"verify": verify, "lock_timeout": lock_timeout, "force": force}
     try:
         mode = "rollback" if command == "rollback" else "apply"
         facts = _read_facts(ns, data, report, command, lock_timeout)
@@ -425,13 +440,15 @@ def run(command: str, verify: bool, lock_timeout: float) -> dict:
         if done and mode == "apply":
             _say_path(report, data, facts)
         if not done:
-            _write(ns, data, report, the_plan, mode, verify, lock_timeout, facts)
+            _write(ns, data, report, the_plan, mode, options, facts)
     except Refusal as exc:
         report["status"], report["exit_code"] = ERRORS.outcome(exc.kind)
         report["message"] = exc.message
     except ns["AgentError"] as exc:
         report["status"], report["exit_code"] = ERRORS.outcome(exc.kind)
         report["message"] = exc.message
+        for cli, bundle in _CLI_TO_BUNDLE:
+            report["message"] = report["message"].replace(cli, bundle)
     except OSError as exc:
         report["status"], report["exit_code"] = "failed", EXIT_FAILED
         report["message"] = f"{exc.strerror}: {exc.filename}; run as a user who can write there"
@@ -468,13 +485,21 @@ def main(argv: "list | None" = None) -> int:
     parser.add_argument("command", choices=["status", "plan", "apply", "rollback", "info"])
     parser.add_argument("--no-verify", action="store_true", help="apply: skip verification in a fresh interpreter")
     parser.add_argument("--json", action="store_true", help="print the JSON report (schema_version 1) on stdout")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="rollback: restore a kept original even where pip's RECORD gives other bytes and the record does not "
+        "say it was adopted with apply --force (as patcher rollback --force)",
+    )
     parser.add_argument("--lock-timeout", type=float, default=10.0, metavar="SECONDS")
     parser.add_argument("--quiet", "-q", action="store_true")
     args = parser.parse_args(argv)
+    if args.force and args.command != "rollback":
+        parser.error("--force goes with rollback only")  # exit 2
     if args.command == "info":
         info()
         return 0
-    report = run(args.command, not args.no_verify, args.lock_timeout)
+    report = run(args.command, not args.no_verify, args.lock_timeout, args.force)
     if args.json:
         doc = {"schema_version": 1, "command": args.command, "exit_code": report["exit_code"], "targets": [report]}
         print(json.dumps(doc, indent=2))

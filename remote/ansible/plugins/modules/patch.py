@@ -59,7 +59,11 @@ options:
     type: bool
     default: true
   force:
-    description: Adopt a file changed by hand as the new original (O(command=apply)).
+    description:
+      - With O(command=apply), adopt a file changed by hand as the new original (C(patcher apply --force)).
+      - With O(command=rollback), restore a kept original even where pip's RECORD gives other bytes and
+        patcher's record does not say it was adopted with O(force) (C(patcher rollback --force)); a file
+        changed by hand is still refused.
     type: bool
     default: false
   lock_timeout:
