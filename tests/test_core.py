@@ -159,7 +159,9 @@ def test_specs_carry_every_declaration_and_round_trip_as_json():
 
 
 def test_core_is_standard_library_only_and_imports_nothing_of_patcher():
-    for module in (core, errors, protocol):
+    from patcher.core import versions
+
+    for module in (core, errors, protocol, versions):
         tree = ast.parse(Path(module.__file__).read_text())
         # What runs: an `if TYPE_CHECKING:` block is the type checker's only (TYPE_CHECKING is False there).
         for block in [
@@ -169,7 +171,7 @@ def test_core_is_standard_library_only_and_imports_nothing_of_patcher():
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
         assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), module.__name__
-        assert imported <= {"__future__", "dataclasses", "json", "difflib", "shlex"}, (module.__name__, imported)
+        assert imported <= {"__future__", "dataclasses", "json", "difflib", "shlex", "re"}, (module.__name__, imported)
         flags = [
             n.value
             for n in ast.walk(tree)
@@ -178,22 +180,48 @@ def test_core_is_standard_library_only_and_imports_nothing_of_patcher():
         assert all(isinstance(v, ast.Constant) and v.value is False for v in flags), module.__name__
 
 
-def test_agent_error_kinds_agree_with_the_table():
-    source = (ROOT / "remote" / "agent.py").read_text()
-    tree = ast.parse(source)
-    mirror = next(
-        ast.literal_eval(n.value)
-        for n in tree.body
-        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "AGENT_KINDS"
-    )
-    assert mirror == errors.AGENT_KINDS
+def test_the_agent_imports_only_the_standard_library_and_the_texts_it_is_sent():
+    """What runs in a target: each agent module's imports (lazy ones too, the type checker's
+    aside) are standard library or modules of the texts the controller sends with it (and vLLM's
+    own platform detection, which verification asks the target's vLLM for)."""
+    import sys
+
+    from patcher.agent.bootstrap import read_texts
+
+    sent = set(read_texts())
+    for path in sorted((ROOT / "patcher" / "agent").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for block in [
+            n for n in ast.walk(tree) if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"
+        ]:
+            block.body = []
+        package = "patcher.agent"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+                module = ".".join(p for p in (base, node.module or "") if p)
+                names = [module] if node.module else [f"{module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                own = name in sent or name == "vllm.platforms"
+                assert own or (top != "patcher" and top in sys.stdlib_module_names), (path.name, name)
+
+
+def test_every_kind_the_agent_raises_or_answers_is_in_the_table():
+    trees = [ast.parse(p.read_text()) for p in sorted((ROOT / "patcher" / "agent").glob("*.py"))]
     raised = {
         n.args[0].value
+        for tree in trees
         for n in ast.walk(tree)
         if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "AgentError" and isinstance(n.args[0], ast.Constant)
     }
     answered = {
         n.values[0].value
+        for tree in trees
         for n in ast.walk(tree)
         if isinstance(n, ast.Dict)
         and n.keys
@@ -201,6 +229,7 @@ def test_agent_error_kinds_agree_with_the_table():
         and n.keys[0].value == "kind"
         and isinstance(n.values[0], ast.Constant)
     }
-    assert raised | answered <= set(mirror), (raised | answered) - set(mirror)
+    assert {"hostile-path", "timeout", "internal", "not-writable"} <= raised | answered  # the scan sees them
+    assert raised | answered <= set(errors.AGENT_KINDS), (raised | answered) - set(errors.AGENT_KINDS)
     assert set(errors.AGENT_KINDS) <= set(errors.ERROR_KINDS)
     assert errors.outcome("stale-plan") == ("failed", errors.EXIT_CONFLICT)

@@ -1,7 +1,7 @@
 """No interpreter patcher starts imports from the current, script or temp folder.
 
 A local user who can write /tmp, the folder patcher is started from, or a login home plants
-`json.py`, `__future__.py`, `pydantic.py` and a `speculators/` package there; each records that
+`json.py`, `__future__.py`, `pydantic.py` and `speculators/` and `patcher/` packages there; each records that
 it ran. The agent (locally and over a real sshd), its verification and a bundle must run none of
 them, and still answer as usual.
 """
@@ -21,7 +21,7 @@ import pytest
 from tests.support.cli import patcher_env
 from workbench.sshd import ensure_user, spec, why_no_sshd
 
-PLANTED = ("json", "__future__", "pydantic", "speculators")
+PLANTED = ("json", "__future__", "pydantic", "speculators", "patcher")
 # The console script, as users start patcher: `python -m patcher` would itself put the current
 # folder first on the controller's sys.path (Python's rule for -m, not patcher's).
 PATCHER = str(Path(sys.executable).parent / "patcher")
@@ -31,7 +31,7 @@ def plant(folder: Path, marks: Path) -> None:
     """The four planted modules in `folder`; each one that runs leaves a file in `marks`."""
     for name in PLANTED:
         code = f"open({str(marks / f'{folder.name}-{name}')!r}, 'w').close()\n"
-        if name == "speculators":
+        if name in ("speculators", "patcher"):  # packages (the agent's modules are named patcher.agent.*)
             (folder / name).mkdir()
             (folder / name / "__init__.py").write_text(code)
         else:

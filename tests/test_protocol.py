@@ -1,7 +1,6 @@
-"""The agent protocol's shapes exist twice: patcher/core/protocol.py, which the controller's
-signatures use, and the type-check-only block at the top of remote/agent.py (the agent is one
-standard-library text sent to the target and imports nothing of patcher's). Both are read here as
-source: neither defines anything at run time."""
+"""The agent protocol's shapes, patcher/core/protocol.py: the one definition the controller's and
+the agent's (patcher/agent/) signatures both use, for the type checker only. Read here as source:
+it defines nothing at run time, and every operation the agent serves has its request there."""
 
 import ast
 from pathlib import Path
@@ -29,23 +28,6 @@ def shapes(path: Path) -> dict:
 CORE = shapes(ROOT / "patcher" / "core" / "protocol.py")
 
 
-def test_the_agent_mirrors_the_protocol_class_by_class_and_key_by_key():
-    agent = shapes(ROOT / "remote" / "agent.py")
-    assert {"Facts", "FileFacts", "ApplyRequest", "ApplyItem", "StateRecord", "RecordEntry", "Answer"} <= set(CORE)
-    assert sorted(agent) == sorted(CORE), "the same classes in remote/agent.py as in patcher/core/protocol.py"
-    for name, shape in CORE.items():
-        if isinstance(shape, str):
-            assert agent[name] == shape, f"{name}: {agent[name]} in remote/agent.py, {shape} in the core"
-            continue
-        bases, keywords, fields = agent[name]
-        assert (bases, keywords) == shape[:2], f"{name}: bases or totality differ"
-        assert dict(fields) == dict(shape[2]), (
-            f"{name}: remote/agent.py has {sorted(set(fields) - set(shape[2]))}, "
-            f"the core {sorted(set(shape[2]) - set(fields))}"
-        )
-        assert [k for k, _ in fields] == [k for k, _ in shape[2]], f"{name}: keys in another order"
-
-
 def test_every_class_is_a_typed_dict_and_every_agent_operation_has_a_request():
     for name, shape in CORE.items():
         if not isinstance(shape, str):
@@ -56,12 +38,18 @@ def test_every_class_is_a_typed_dict_and_every_agent_operation_has_a_request():
             for key, annotation in shape[2]:
                 if key == "op":
                     ops |= {e.value for e in ast.walk(ast.parse(annotation)) if isinstance(e, ast.Constant)}
-    tree = ast.parse((ROOT / "remote" / "agent.py").read_text(encoding="utf-8"))
-    table = next(
-        n.value for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "OPERATIONS"
-    )
-    assert isinstance(table, ast.Dict)
-    assert ops == {k.value for k in table.keys if isinstance(k, ast.Constant)}
+    from patcher.agent import session
+
+    assert ops == set(session.OPERATIONS)
+    assert all(callable(session.operation(op)) for op in ops)
+
+
+def test_no_agent_module_defines_a_protocol_shape_of_its_own():
+    names = set(CORE)
+    for path in sorted((ROOT / "patcher" / "agent").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+        assert not defined & names, f"{path.name} defines {sorted(defined & names)}: use patcher.core.protocol's"
 
 
 def test_the_core_module_defines_nothing_at_run_time():

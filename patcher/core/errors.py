@@ -1,7 +1,7 @@
 """Exit codes (README's and the docs' tables are written from EXIT_MEANINGS) and every error kind a
 run can end with, in one table shared by the controller (report.py, run.py), the agent
-(remote/agent.py mirrors AGENT_KINDS: a test checks they agree) and a bundle (which embeds this
-module's text).
+(patcher/agent/ imports AgentError from here, and the target gets this module's text with the
+agent's) and a bundle (which carries it too).
 
 Standard library only, Python 3.9+, no imports from patcher: a bundle runs this text as is.
 """
@@ -75,7 +75,7 @@ EXIT_MEANINGS = (
 
 # kind -> (the target's status, its exit code). An unknown kind is a failure (exit 1).
 ERROR_KINDS = {
-    # raised by the agent (remote/agent.py AGENT_KINDS)
+    # raised by the agent (AGENT_KINDS below)
     "locked": ("failed", EXIT_LOCKED),
     "conflict": ("failed", EXIT_CONFLICT),
     "stale-plan": ("failed", EXIT_CONFLICT),
@@ -101,7 +101,8 @@ ERROR_KINDS = {
     "no-variant": ("failed", EXIT_USAGE),
 }
 
-# The kinds remote/agent.py may answer with (it keeps the same tuple: tests/test_core.py).
+# The kinds the agent (patcher/agent/) may answer with: AgentError's, and those its session says
+# for an OSError, a bug or a time limit (tests/test_core.py checks every kind it names is here).
 AGENT_KINDS = (
     "locked",
     "stale-plan",
@@ -115,6 +116,16 @@ AGENT_KINDS = (
     "internal",
     "timeout",
 )
+
+
+class AgentError(Exception):
+    """What the agent refuses or fails with: a kind of AGENT_KINDS and one line for the user (the
+    agent answers it as {"ok": false, "error": {"kind", "message"}}; a bundle catches it)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
 
 
 def meaning(code: int) -> str:

@@ -1,30 +1,15 @@
-"""Which patches, and which of their edits, hold for the versions a target has installed:
-packaging's PEP 440 for planning's selection (patcher/plan/planning.py)."""
+"""Which patches, and which of their edits, hold for the versions a target has installed: planning's
+selection (patcher/plan/planning.py) with patcher's one PEP 440 (patcher/core/versions.py, the very
+code a bundle selects with)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
-
+from ..core.versions import condition_holds  # patcher's one PEP 440, used by every caller from here
 from ..model import Edit, Patch
 from . import planning
-
-
-def condition_holds(spec: str, version: str | None) -> bool:
-    """PEP 440 containment with pre-releases allowed explicitly.
-
-    A vLLM nightly such as 0.16.0rc2.dev45+g1a2b3c4 is what it is: a pre-release of 0.16.0,
-    so it satisfies ">=0.12.0" and not ">=0.16.0". Local labels (+cpu) do not matter.
-    """
-    if version is None:
-        return False
-    try:
-        return SpecifierSet(spec, prereleases=True).contains(Version(version), prereleases=True)
-    except (InvalidSpecifier, InvalidVersion):
-        return False
 
 
 def failed_conditions(conditions: Mapping[str, str], versions: Mapping[str, str | None]) -> list[str]:

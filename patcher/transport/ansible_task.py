@@ -25,7 +25,7 @@ from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
 from ..report import EXIT_OK, EXIT_PENDING
 from ..run import RunOptions, run_target
 from ..transform.transforms import code_fingerprint, shared_transforms
-from .local import AgentFailure, TransportError, agent_source, bootstrap
+from .local import AgentFailure, TransportError, agent_texts, bootstrap
 
 COMMANDS = ("status", "apply", "rollback")
 # the task's options: remote/ansible/plugins/action/patch.py (_VALID_ARGS) and the module's
@@ -76,7 +76,7 @@ class AnsibleTransport:
         # answer is the line that starts with the mark, so nothing a login shell prints is
         # taken for it. A writing request's plan is checked under the lock (its "expect").
         mark = "patcher-answer:" + secrets.token_hex(12)
-        payload = (json.dumps({**request, "agent": agent_source(), "mark": mark}) + "\n").encode("utf-8")
+        payload = (json.dumps({**request, "agent": agent_texts(), "mark": mark}) + "\n").encode("utf-8")
         command = f"{shlex.quote(self.python)} -c {shlex.quote(bootstrap())}"
         # an unreachable host raises Ansible's own connection error here: Ansible reports it
         connection = self.action._connection
@@ -128,7 +128,7 @@ def prepare() -> None:
     instead of paying for them once per host (tests/test_ansible_collection.py checks that the
     import happens in ansible-playbook's process; bench/ansible.py measures the difference)."""
     load_patches()
-    agent_source()
+    agent_texts()
     bootstrap()
     code_fingerprint()
 

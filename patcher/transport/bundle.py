@@ -3,7 +3,10 @@ controller cannot reach. Copy it there (scp, a container image) and run it with 
 environment's Python: `/root/ml-env/bin/python3 patcher-bundle.py status|plan|apply|rollback`.
 
 What goes in:
-- the agent (remote/agent.py), unchanged: it does every write, as when patcher drives it;
+- the agent (patcher/agent/) and the shared modules (patcher/core/errors.py and versions.py,
+  patcher/plan/planning.py), as
+  module texts imported from memory as an agent imports them: it does every write, as when
+  patcher drives it, and plans and selects with patcher's own code;
 - the patches' declarations (ids, conditions, edits' conditions, needs, verification calls);
 - for every pristine file patcher knows — the target files of the releases the patches are
   written for, taken from the release wheels (the package index, or a cache, or --wheel) and
@@ -13,9 +16,9 @@ What goes in:
   next patch and minor release), selecting with patcher's own selection, and transforming
   with patcher's own codemods: the same bytes patcher would write.
 
-The bundle selects with a small PEP 440 implementation of its own (bundle_runtime.py); it is
-checked here against `packaging` on every condition and every probe, and the bundle is not
-written if they disagree anywhere. A version whose selection the bundle holds no bytes for,
+Versions are matched by patcher/core/versions.py, patcher's own PEP 440 (the controller's too); it
+is checked here against `packaging`, the reference, on every condition and every probe, and the
+bundle is not written if they disagree anywhere. A version whose selection the bundle holds no bytes for,
 and a file whose bytes it does not know, are refused on the host with a clear message.
 """
 
@@ -178,18 +181,26 @@ def probe_versions(specs: set[str], extra: Sequence[str] = ()) -> list[str]:
 
 
 def check_runtime_versions(specs: dict[str, set[str]], probes: dict[str, list[str]]) -> int:
-    """The bundle's PEP 440 against packaging's, everywhere it matters. Returns checks made."""
-    from . import bundle_runtime as rt
+    """patcher's PEP 440 (patcher/core/versions.py) against packaging's, everywhere the bundle's
+    selection depends on it. Returns checks made."""
+    from packaging.specifiers import InvalidSpecifier
+    from packaging.version import InvalidVersion, Version
+
+    def packaging_holds(spec: str, version: str) -> bool:
+        try:
+            return SpecifierSet(spec, prereleases=True).contains(Version(version), prereleases=True)
+        except (InvalidSpecifier, InvalidVersion):
+            return False
 
     checks = 0
     for name, spec_set in specs.items():
         for spec in spec_set:
             for version in probes[name]:
-                ours, theirs = rt.condition_holds(spec, version), condition_holds(spec, version)
+                ours, theirs = condition_holds(spec, version), packaging_holds(spec, version)
                 checks += 1
                 if ours != theirs:
                     raise BundleError(
-                        f"the bundle's version logic says {version} {'satisfies' if ours else 'does not satisfy'} "
+                        f"patcher's version logic says {version} {'satisfies' if ours else 'does not satisfy'} "
                         f"{spec!r}, packaging says the opposite; not writing a bundle that would select wrongly"
                     )
     return checks
@@ -367,20 +378,20 @@ def _ranges(patches: Sequence[Patch], names: list[str], probes: dict[str, list[s
     return lines
 
 
+# The modules of patcher's a bundle runs besides the agent's, named from `patcher`.
+BUNDLE_SHARED_MODULES = ("core.errors", "plan.planning", "core.versions")
+
+
 def _render(data: dict) -> str:
-    from ..core import errors as core_errors
+    from ..agent.bootstrap import read_texts
     from . import bundle_runtime
-    from .local import agent_source
 
     runtime = Path(bundle_runtime.__file__).read_text(encoding="utf-8")
-    # The shared core, as text: the bundle runs patcher's own planning, not a copy of it.
-    core_text = {
-        m.__name__.rsplit(".", 1)[-1]: Path(str(m.__file__)).read_text(encoding="utf-8") for m in (core_errors, core)
-    }
+    # The agent and the shared core, as module texts: the bundle runs patcher's own code, not a copy.
+    modules = read_texts(BUNDLE_SHARED_MODULES)
     contents = {
         "DATA": json.dumps(data, sort_keys=True).encode("utf-8"),
-        "AGENT": agent_source().encode("utf-8"),
-        "CORE": json.dumps(core_text, sort_keys=True).encode("utf-8"),
+        "MODULES": json.dumps(modules, sort_keys=True).encode("utf-8"),
     }
     digests = {name: _sha(value) for name, value in contents.items()}
     marker = "\nDIGESTS = None"

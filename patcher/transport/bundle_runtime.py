@@ -1,14 +1,17 @@
 """The program inside a `patcher bundle` file: status, plan, apply and rollback on the Python
 that runs it, with no controller and nothing installed (standard library only, Python 3.9+).
 
-`patcher bundle` writes this source with three blobs filled in: DATA (the declarations as the
+`patcher bundle` writes this source with two blobs filled in: DATA (the declarations as the
 planning core reads them, the pristine files it knows by sha256, and the codemods' result for
-every transform the core can ask for on them, keyed by TransformRequest.key()), AGENT (the agent)
-and CORE (the texts of patcher/core/errors.py and patcher/plan/planning.py). It plans with
-patcher's own planning core, not a copy: only PEP 440 matching is its own (below, checked against packaging
-when the bundle is made) and the transform results come from DATA instead of libcst. The agent
-does every write, exactly as when patcher drives it: same lock, backups, atomic writes, state
-record and verification, so patcher and a bundle can take turns on the same environment.
+every transform the core can ask for on them, keyed by TransformRequest.key()) and MODULES (the
+texts of the agent, patcher/agent/, and of the modules it shares with the controller:
+patcher/core/errors.py and versions.py, patcher/plan/planning.py). The modules are imported
+from memory under their own names, as an agent imports them in a target
+(patcher/agent/bootstrap.py): the bundle plans with patcher's own planning core and
+PEP 440 conditions, not copies, and only the transform results come from DATA instead of libcst.
+The agent does every write, exactly as when patcher drives it: same lock, backups, atomic
+writes, state record and verification, so patcher and a bundle can take turns on the same
+environment.
 
 A bundle applies the whole selected set or rolls all of it back; a file whose bytes it does not
 know (another release, a hand edit) is refused, never guessed at.
@@ -21,7 +24,6 @@ import argparse
 import base64
 import hashlib
 import json
-import re
 import sys
 import zlib
 
@@ -32,131 +34,8 @@ if TYPE_CHECKING:  # the type checker's view only: a bundle runs this text witho
     from ..core.protocol import Facts, TargetFile
 
 DATA = None  # replaced in a bundle file
-AGENT = None
-DIGESTS = None  # in a bundle: the sha256 of DATA's, AGENT's and CORE's bytes
-
-CORE = None  # the texts of core/errors.py and plan/planning.py, in a bundle
-
-
-# ------------------------------------------------------------------ PEP 440, the part patches use
-# (checked against `packaging` for every condition and many versions around each boundary when
-# the bundle is made: see patcher/transport/bundle.py, check_runtime_versions)
-
-_PEP440 = re.compile(
-    r"""^\s*v?
-    (?:(?P<epoch>[0-9]+)!)?
-    (?P<release>[0-9]+(?:\.[0-9]+)*)
-    (?P<pre>[-_.]?(?P<pre_l>alpha|a|beta|b|preview|pre|c|rc)[-_.]?(?P<pre_n>[0-9]+)?)?
-    (?P<post>(?:-(?P<post_n1>[0-9]+))|(?:[-_.]?(?P<post_l>post|rev|r)[-_.]?(?P<post_n2>[0-9]+)?))?
-    (?P<dev>[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>[0-9]+)?)?
-    (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?
-    \s*$""",
-    re.VERBOSE | re.IGNORECASE,
-)
-_PRE_ORDER = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
-
-
-def _key(epoch: int, release: tuple, pre, post, dev, local=None) -> tuple:
-    """PEP 440 order: as packaging's Version._key (trailing zeros do not count; a dev release
-    of a final sorts before its pre-releases; a local label sorts after the same public version)."""
-    trimmed = list(release)
-    while len(trimmed) > 1 and trimmed[-1] == 0:
-        trimmed.pop()
-    pre_key: tuple
-    if pre is None and post is None and dev is not None:
-        pre_key = (0,)
-    elif pre is None:
-        pre_key = (2,)
-    else:
-        pre_key = (1,) + tuple(pre)
-    post_key = (0,) if post is None else (1, post)
-    dev_key = (1,) if dev is None else (0, dev)
-    local_key: tuple
-    if local is None:
-        local_key = (0,)
-    else:
-        local_key = (1,) + tuple((1, int(p), "") if p.isdigit() else (0, 0, p) for p in local.split("."))
-    return (epoch, tuple(trimmed), pre_key, post_key, dev_key, local_key)
-
-
-class Version:
-    def __init__(self, text: str) -> None:
-        m = _PEP440.match(text)
-        if not m:
-            raise ValueError(f"not a PEP 440 version: {text!r}")
-        self.text = text
-        self.epoch = int(m.group("epoch") or 0)
-        self.release = tuple(int(p) for p in m.group("release").split("."))
-        self.pre = (_PRE_ORDER[m.group("pre_l").lower()], int(m.group("pre_n") or 0)) if m.group("pre") else None
-        if m.group("post"):
-            self.post: int | None = int(m.group("post_n1") or m.group("post_n2") or 0)
-        else:
-            self.post = None
-        self.dev = int(m.group("dev_n") or 0) if m.group("dev") else None
-        self.local = m.group("local").lower().replace("-", ".").replace("_", ".") if m.group("local") else None
-        self.key = _key(self.epoch, self.release, self.pre, self.post, self.dev, self.local)
-        self.public = self.key[:5]
-
-    @property
-    def is_prerelease(self) -> bool:
-        return self.pre is not None or self.dev is not None
-
-
-_SPEC = re.compile(r"^\s*(===|~=|==|!=|<=|>=|<|>)\s*(\S+)\s*$")
-
-
-def _next_prefix_dev0(epoch: int, release: tuple) -> tuple:
-    """1.2 -> the key of 1.3.dev0, the smallest version past the 1.2 prefix."""
-    return _key(epoch, release[:-1] + (release[-1] + 1,), None, None, 0)
-
-
-def specifier_holds(item: str, version: Version) -> bool:
-    """One specifier, pre-releases allowed, with the ranges packaging (26) gives each operator."""
-    m = _SPEC.match(item)
-    if not m:
-        raise ValueError(f"unsupported version condition {item!r}")
-    op, text = m.groups()
-    v = version
-    if op == "===":
-        return v.text.strip().lower() == text.lower()
-    if op in ("==", "!=") and text.endswith(".*"):
-        base = Version(text[:-2])
-        inside = _key(base.epoch, base.release, None, None, 0) <= v.key < _next_prefix_dev0(base.epoch, base.release)
-        return inside if op == "==" else not inside
-    s = Version(text)
-    if op == "~=":
-        if len(s.release) < 2:
-            raise ValueError(f"~= needs two release numbers: {item!r}")
-        return s.key <= v.key < _next_prefix_dev0(s.epoch, s.release[:-1])
-    if op in ("==", "!="):
-        equal = v.key == s.key if s.local is not None else v.public == s.public  # ==1.4 takes 1.4+anything
-        return equal if op == "==" else not equal
-    if op == ">=":
-        return v.key >= s.key
-    if op == "<=":
-        return v.public <= s.public  # and every local label of it
-    if op == "<":
-        if s.is_prerelease:
-            return v.key < s.key
-        return v.key < _key(s.epoch, s.release, s.pre, s.post, 0)  # not V's own dev/pre-releases
-    if op == ">":
-        if s.dev is not None:
-            return v.key >= _key(s.epoch, s.release, s.pre, s.post, s.dev + 1)
-        if s.post is not None:
-            return v.key >= _key(s.epoch, s.release, s.pre, s.post + 1, 0)
-        return v.key[:3] > s.key[:3]  # above V, V+local and every V.postN
-    raise ValueError(f"unsupported operator in {item!r}")
-
-
-def condition_holds(spec: str, version: "str | None") -> bool:
-    """As patcher.plan.selection.condition_holds: PEP 440, pre-releases allowed."""
-    if version is None:
-        return False
-    try:
-        parsed = Version(version)
-        return all(specifier_holds(item, parsed) for item in spec.split(",") if item.strip())
-    except ValueError:
-        return False
+MODULES = None  # in a bundle: {module name: [is a package, text]} of the agent and the shared modules
+DIGESTS = None  # in a bundle: the sha256 of DATA's and MODULES's bytes
 
 
 # ------------------------------------------------------------------ the shared core
@@ -194,38 +73,30 @@ def _bundle_data() -> dict:
     return data
 
 
-def _core() -> tuple:
-    """(errors, planning): patcher/core/errors.py and patcher/plan/planning.py. In a bundle their
-    text is in CORE and runs here as their own modules; imported inside patcher (tests, `patcher bundle`), they are
-    patcher's own: either way the very code patcher plans with."""
-    if CORE is None:
-        from patcher.core import errors
-        from patcher.plan import planning
+def _modules() -> tuple:
+    """(errors, planning, versions, facts, transaction): patcher's own modules. In a bundle their
+    texts (MODULES) are made importable from memory first, with the agent's own loader; imported
+    inside patcher (tests, `patcher bundle`), they are read from its package: either way the very
+    code patcher plans and writes with."""
+    if MODULES is not None:
+        texts = json.loads(_load("MODULES"))
+        loader: dict = {"__name__": "patcher_agent_bootstrap"}
+        exec(compile(texts["patcher.agent.bootstrap"][1], "<patcher.agent.bootstrap>", "exec"), loader)  # noqa: S102 - the embedded agent
+        loader["install"](texts)
+    from patcher.agent import facts, transaction
+    from patcher.core import errors, versions
+    from patcher.plan import planning
 
-        return errors, planning
-    sources = json.loads(_load("CORE"))
-    loaded = []
-    for name in ("errors", "planning"):
-        module = type(sys)(f"patcher_core_{name}")
-        sys.modules[module.__name__] = module  # dataclasses look their module up there
-        exec(compile(sources[name], f"<patcher-core-{name}>", "exec"), module.__dict__)  # noqa: S102 - the embedded core
-        loaded.append(module)
-    return tuple(loaded)
+    return errors, planning, versions, facts, transaction
 
 
-ERRORS, CORE_PLANNING = _core()
+ERRORS, CORE_PLANNING, VERSIONS, FACTS, TRANSACTION = _modules()
+condition_holds = VERSIONS.condition_holds
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = ERRORS.EXIT_OK, ERRORS.EXIT_FAILED, ERRORS.EXIT_USAGE
 EXIT_CONFLICT, EXIT_PENDING = ERRORS.EXIT_CONFLICT, ERRORS.EXIT_PENDING
 
 
 # ------------------------------------------------------------------ the run
-
-
-def _agent() -> dict:
-    source = _load("AGENT").decode("utf-8")
-    ns = {"__name__": "patcher_agent", "AGENT_SOURCE": source}
-    exec(compile(source, "<patcher-agent>", "exec"), ns)  # noqa: S102 - the embedded agent
-    return ns
 
 
 def _sha(data: bytes) -> str:
@@ -324,12 +195,12 @@ def _declared(data: dict) -> "list[TargetFile]":
     return [{"distribution": f["distribution"], "path": f["path"]} for f in data["files"]]
 
 
-def _read_facts(ns: dict, data: dict, report: dict, command: str, lock_timeout: float) -> "Facts":
+def _read_facts(data: dict, report: dict, command: str, lock_timeout: float) -> "Facts":
     # The agent reads, writes and records the declared files only, as when patcher drives it;
     # as patcher does, a run that writes holds the lock from its facts to its last write.
     declared = _declared(data)
     lock = "exclusive" if command in ("apply", "rollback") else "shared"
-    facts: Facts = ns["op_facts"](
+    facts: Facts = FACTS.op_facts(
         {"names": data["names"], "files": declared, "declared": declared, "lock": lock, "lock_timeout": lock_timeout}
     )
     report["state_dir"] = facts["state_dir"]
@@ -387,7 +258,6 @@ def _say_path(report: dict, data: dict, facts: "Facts") -> None:
 
 
 def _write(
-    ns: dict,
     data: dict,
     report: dict,
     the_plan,
@@ -409,7 +279,7 @@ def _write(
     }
     if options.get("force") and mode == "rollback":
         request["force_restore"] = True  # rollback --force, as patcher's: originals pip's RECORD does not vouch for
-    result = ns["op_apply"](request)
+    result = TRANSACTION.op_apply(request)
     if result["status"] == "rolled-back":
         report["status"], report["exit_code"] = "rolled-back", EXIT_FAILED
         report["problems"] = result["verification"]["problems"]
@@ -429,22 +299,21 @@ _CLI_TO_BUNDLE = (("run `patcher rollback --force`", "run this bundle with `roll
 def run(command: str, verify: bool, lock_timeout: float, force: bool = False) -> dict:
     """`force`: rollback --force (restore a kept original pip's RECORD does not vouch for)."""
     data = _bundle_data()
-    ns = _agent()
     report = _empty_report()
     options = {"verify": verify, "lock_timeout": lock_timeout, "force": force}
     try:
         mode = "rollback" if command == "rollback" else "apply"
-        facts = _read_facts(ns, data, report, command, lock_timeout)
+        facts = _read_facts(data, report, command, lock_timeout)
         the_plan = plan(data, facts, mode)
         done = _report_plan(report, the_plan, command)
         if done and mode == "apply":
             _say_path(report, data, facts)
         if not done:
-            _write(ns, data, report, the_plan, mode, options, facts)
+            _write(data, report, the_plan, mode, options, facts)
     except Refusal as exc:
         report["status"], report["exit_code"] = ERRORS.outcome(exc.kind)
         report["message"] = exc.message
-    except ns["AgentError"] as exc:
+    except ERRORS.AgentError as exc:
         report["status"], report["exit_code"] = ERRORS.outcome(exc.kind)
         report["message"] = exc.message
         for cli, bundle in _CLI_TO_BUNDLE:

@@ -17,9 +17,9 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
+
+from ..agent.bootstrap import BOOTSTRAP, module_texts
 
 
 class TransportError(Exception):
@@ -40,39 +40,18 @@ class AgentFailure(Exception):
         self.message = message
 
 
-@lru_cache(maxsize=1)
-def agent_source() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("patcher.remote.agent")  # its text, not an import of it
-    assert spec is not None and spec.origin is not None
-    return Path(spec.origin).read_text(encoding="utf-8")
+def agent_texts() -> dict:
+    """The agent's module texts as the first line of its input carries them (patcher.agent.bootstrap)."""
+    return module_texts()
 
 
-_PARSE_LOCK = threading.Lock()
-
-
-@lru_cache(maxsize=1)
 def bootstrap() -> str:
-    """The agent's BOOTSTRAP, read from its source (importing the agent module would cost
-    more than a no-op run's own work). Fleet hosts and check-upstream's nightlies start agents
-    from several threads, and CPython 3.11's `ast` must not parse in two threads at once
-    (see patcher.upstream.facts): one parse at a time."""
-    import ast
-
-    source = agent_source()
-    start = source.index("\nBOOTSTRAP = (") + len("\nBOOTSTRAP = ")
-    end = source.index("\n)\n", start) + 2
-    with _PARSE_LOCK:
-        return ast.literal_eval(source[start:end])
-
-
-def session_bootstrap() -> str:
-    """`python -c` this: the agent's BOOTSTRAP. The first line of input is the agent's source
-    with `"session": true`; then one request per line, one answer each, until the end of input.
-    The controller starts it before it has a request, so the interpreter start and the agent's
-    compilation overlap the controller's own start; facts and apply share the interpreter."""
-    return bootstrap()
+    """`python -c` this: the agent's BOOTSTRAP. The first line of input carries the agent's
+    module texts, with `"session": true` for a session: then one request per line, one answer
+    each, until the end of input. The controller starts it before it has a request, so the
+    interpreter start and the agent's compilation overlap the controller's own start; facts and
+    apply share the interpreter."""
+    return BOOTSTRAP
 
 
 CHUNK = 1 << 16  # bytes read at a time from a target's output; noise is kept to one chunk a line
@@ -153,7 +132,7 @@ class LocalTransport:
         return self.python
 
     def command(self) -> list[str]:
-        return [self.python, "-c", session_bootstrap()]
+        return [self.python, "-c", bootstrap()]
 
     def __enter__(self) -> LocalTransport:
         return self
@@ -222,8 +201,7 @@ class LocalTransport:
                     _drain_line(err)
 
         # What the agent is sent goes through a writer thread: a write to a pipe blocks once the
-        # pipe is full (64 KiB), and the agent's source plus the first request are about that
-        # size. A target that never reads its input (a hung interpreter) would otherwise hold the
+        # pipe is full (64 KiB), and the agent's module texts alone are more than that. A target that never reads its input (a hung interpreter) would otherwise hold the
         # caller in a write, past every time limit; a Ctrl-C would then block again in the
         # flush of closing stdin. The caller only ever waits on answers, with its deadline.
         outbox: queue.Queue = queue.Queue()
@@ -247,7 +225,7 @@ class LocalTransport:
         for pump in [*self._pumps, threading.Thread(target=pump_in, daemon=True, name=f"agent-in-{self.label}")]:
             pump.start()
         weakref.finalize(self, outbox.put, None)
-        self._send({"agent": agent_source(), "mark": self.mark, "session": True})
+        self._send({"agent": agent_texts(), "mark": self.mark, "session": True})
 
     def prestart(self) -> None:
         """start(), for a caller that has other work to do first: a failure to start is

@@ -27,7 +27,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass, field
 
-from .local import AgentFailure, LocalTransport, TransportError, session_bootstrap
+from .local import AgentFailure, LocalTransport, TransportError, bootstrap
 
 DEFAULT_REMOTE_PYTHON = "python3"
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -286,7 +286,7 @@ class SshTransport(LocalTransport):
         python = shlex.quote(self.python)
         if self.python.startswith("~/") and len(self.python) > 2:
             python = '"$HOME"/' + shlex.quote(self.python[2:])
-        words = [python, "-c", shlex.quote(session_bootstrap())]
+        words = [python, "-c", shlex.quote(bootstrap())]
         if self.sudo:
             words = ["sudo", "-n", "--", *words]
         return " ".join(words)

@@ -1,0 +1,79 @@
+"""Low-level pieces every write shares: flags for opening without following a link, digests,
+and a failed write said as one line that names the file, the cause and what to do."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+
+from ..core.errors import AgentError
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# What a write that failed leaves, said with every failure: the transaction's guarantee.
+_LEFT_AS_IS = (
+    "every file is its old or its new bytes (`patcher status` says which; the next apply completes a run cut short)"
+)
+
+
+def file_flags(path: str, dir_fd: int | None = None) -> str:
+    """ "immutable" or "append-only" when the file carries that attribute (chattr +i / +a), else ""."""
+    try:
+        import fcntl
+        import struct
+
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=dir_fd)
+    except (ImportError, OSError):
+        return ""
+    try:
+        raw = fcntl.ioctl(fd, 0x80086601, b"\0" * 8)  # FS_IOC_GETFLAGS (Linux)
+        flags = struct.unpack("i", raw[:4])[0]
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return "immutable" if flags & 0x10 else "append-only" if flags & 0x20 else ""
+
+
+def write_failure(exc: OSError, path: str, dir_fd: int | None = None, attribute: str | None = None) -> Exception:
+    """A failed write of `path` as one line that names it, the cause and what to do (the system
+    names the temporary file, or nothing at all, as its filename). `dir_fd`: its folder, open
+    (then its attributes are read through it, by its name); `attribute`: file_flags(), read already."""
+    if attribute is None:
+        attribute = ""
+    if not attribute and exc.errno in (errno.EPERM, errno.EACCES):
+        attribute = file_flags(os.path.basename(path), dir_fd) if dir_fd is not None else file_flags(path)
+    if attribute:
+        return AgentError(
+            "not-writable",
+            f"cannot replace {path}: it is {attribute} (chattr +{attribute[0]}), which stops even root; "
+            f"clear it with `chattr -{attribute[0]} {path}` and run the command again; {_LEFT_AS_IS}",
+        )
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return AgentError(
+            "os-error",
+            f"cannot write {path}: {exc.strerror}; free space on the filesystem that holds "
+            f"{os.path.dirname(path)} (`df {os.path.dirname(path)}`) and run the command again; {_LEFT_AS_IS}",
+        )
+    if exc.errno == errno.EROFS:
+        return AgentError(
+            "not-writable",
+            f"cannot write {path}: its filesystem is mounted read-only; remount it read-write and run the "
+            f"command again; {_LEFT_AS_IS}",
+        )
+    if isinstance(exc, PermissionError):
+        return AgentError(
+            "not-writable",
+            f"cannot write {path}: permission denied; run as a user who can write there (the environment's "
+            f"owner, or --sudo on a remote host); {_LEFT_AS_IS}",
+        )
+    return AgentError("os-error", f"cannot write {path}: {exc.strerror}; {_LEFT_AS_IS}")
