@@ -1,4 +1,4 @@
-"""The part of patcher a bundle carries too: standard library only, Python 3.9+, and no module
-here imports another (a bundle embeds each module's text and runs it on its own, as it does the
-agent's): `errors` (error kinds and exit codes) and `planning` (select, classify, desired set,
-states, changes)."""
+"""The part of patcher the target runs too: standard library only, Python 3.9+, sent as module
+texts with the agent (patcher/agent/bootstrap.py) and in a bundle: `errors` (error kinds, exit
+codes, AgentError), `planning` (select, classify, desired set, states, changes), `versions`
+(PEP 440 conditions) and `protocol` (the agent protocol's shapes, for the type checker only)."""
