@@ -24,7 +24,7 @@ from .plan.planning import (
 )
 from .plan.target_plan import Mode, plan_target
 from .report import TargetReport
-from .transport.local import AgentFailure, TransportError
+from .transport.interface import AgentFailure, Transport, TransportError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -78,7 +78,7 @@ class RunOptions:
         return request, {"timeout": budget, "limit": limit}
 
 
-def run_target(transport, patches: Sequence[Patch], options: RunOptions) -> TargetReport:
+def run_target(transport: Transport, patches: Sequence[Patch], options: RunOptions) -> TargetReport:
     """The whole run on one target; the transport's session ends with it."""
     try:
         return _run_target(transport, patches, options)
@@ -86,7 +86,7 @@ def run_target(transport, patches: Sequence[Patch], options: RunOptions) -> Targ
         transport.close()
 
 
-def _run_target(transport, patches: Sequence[Patch], options: RunOptions) -> TargetReport:
+def _run_target(transport: Transport, patches: Sequence[Patch], options: RunOptions) -> TargetReport:
     report = TargetReport(target=transport.label)
     try:
         try:
@@ -115,7 +115,7 @@ def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
     return report
 
 
-def _run(transport, patches: Sequence[Patch], options: RunOptions, report: TargetReport) -> TargetReport:
+def _run(transport: Transport, patches: Sequence[Patch], options: RunOptions, report: TargetReport) -> TargetReport:
     """One pass over a target: detect, select and plan; then, for a writing command, write,
     verify and record (the agent does all three in one request). `report` is filled step by step."""
     # Every request declares the patches' target files: the agent reads, writes and records
@@ -147,7 +147,11 @@ def _run(transport, patches: Sequence[Patch], options: RunOptions, report: Targe
 
 
 def _detect(
-    transport, patches: Sequence[Patch], options: RunOptions, report: TargetReport, declared: list[TargetFile]
+    transport: Transport,
+    patches: Sequence[Patch],
+    options: RunOptions,
+    report: TargetReport,
+    declared: list[TargetFile],
 ) -> Facts:
     """Detect: the agent's facts (Python, installed distributions, target files, state record),
     read under the target's lock; the report takes what it shows of them."""
@@ -180,7 +184,9 @@ def _detect(
     return facts
 
 
-def _forget(transport, options: RunOptions, report: TargetReport, declared: list[TargetFile]) -> TargetReport:
+def _forget(
+    transport: Transport, options: RunOptions, report: TargetReport, declared: list[TargetFile]
+) -> TargetReport:
     """`patcher forget`: the agent drops state records (the files stay as they are)."""
     forget: ForgetRequest = {"op": "forget", "all": options.forget_all, "declared": declared}
     request, limits = options.write_call(forget)
@@ -237,7 +243,12 @@ def _planned_only(plan: TargetPlan, report: TargetReport, options: RunOptions) -
 
 
 def _nothing_to_write(
-    transport, plan: TargetPlan, facts: Facts, declared: list[TargetFile], report: TargetReport, options: RunOptions
+    transport: Transport,
+    plan: TargetPlan,
+    facts: Facts,
+    declared: list[TargetFile],
+    report: TargetReport,
+    options: RunOptions,
 ) -> TargetReport:
     """Every selected patch in place: at most the temporary files an interrupted run left go."""
     if plan.cleanup:
@@ -275,7 +286,7 @@ def _unpatched_path(report: TargetReport) -> str:
 
 
 def _write(
-    transport, plan: TargetPlan, facts: Facts, declared: list[TargetFile], mode: Mode, options: RunOptions
+    transport: Transport, plan: TargetPlan, facts: Facts, declared: list[TargetFile], mode: Mode, options: RunOptions
 ) -> ApplyResult:
     """Write and verify: one apply request; the agent writes every change atomically, verifies
     the result in a fresh interpreter (apply) and records it, or restores every file. Its answer."""
@@ -296,14 +307,14 @@ def _write(
     if options.force_restore:
         apply["force_restore"] = True
     request, limits = options.write_call(apply)
-    fault = os.environ.get("PATCHER_FAULT")  # crash tests only: see remote/agent.py checkpoint()
+    fault = os.environ.get("PATCHER_FAULT")  # crash tests only: see patcher/agent/faults.py checkpoint()
     if fault:
         request["fault"] = json.loads(fault)
     return transport.call(request, **limits)
 
 
 def _record(
-    transport, plan: TargetPlan, result: ApplyResult, mode: Mode, report: TargetReport, options: RunOptions
+    transport: Transport, plan: TargetPlan, result: ApplyResult, mode: Mode, report: TargetReport, options: RunOptions
 ) -> TargetReport:
     """Record: the report of what the write did (rolled back on a failed verification, or the
     patches' states after it), then the run check when asked."""
@@ -348,7 +359,7 @@ def _verify_spec(plan: TargetPlan, facts: Facts) -> VerifySpec:
     return verify_spec(files, facts)
 
 
-def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptions) -> TargetReport:
+def _verify(transport: Transport, plan: TargetPlan, report: TargetReport, options: RunOptions) -> TargetReport:
     """`patcher verify`: the static check (a fresh interpreter), then with --run the run check."""
     options.progress(f"{transport.label}: binding the patched files' vLLM calls in a fresh interpreter")
     assert report.facts is not None  # read before any plan
@@ -377,7 +388,7 @@ def _verify(transport, plan: TargetPlan, report: TargetReport, options: RunOptio
     return _then_run_check(transport, report, options)
 
 
-def _then_run_check(transport, report: TargetReport, options: RunOptions) -> TargetReport:
+def _then_run_check(transport: Transport, report: TargetReport, options: RunOptions) -> TargetReport:
     """The run check, when asked, after the lock is released: a failure is exit 1. Files are not
     restored automatically: the lock is free while it runs, so another run may have changed them."""
     if not options.run_check:

@@ -204,15 +204,15 @@ def test_one_agent_process_per_session_and_none_left_behind(tmp_path):
     request = {"op": "facts", "names": condition_names(patches), "files": target_files(p.spec() for p in patches)}
     with LocalTransport(str(python)) as transport:
         transport.call(request)
-        proc = transport._proc
+        proc = transport.agent.proc
         transport.call(request)
-        assert transport._proc is proc and transport.invocations == 1
+        assert transport.agent.proc is proc and transport.invocations == 1
     assert proc.poll() is not None
 
     def forgotten():
         transport = LocalTransport(str(python))
         transport.call(request)
-        return transport._proc
+        return transport.agent.proc
 
     proc = forgotten()
     gc.collect()

@@ -87,7 +87,7 @@ def test_verification_in_a_session_always_takes_a_fresh_interpreter(env: Path):
         spec = {"files": plan_target(facts, patches).verify_files, "import_prefixes": ["vllm"]}
         assert transport.call({"op": "verify", "spec": spec})["ok"]
         # It imported vLLM and torch, but not in the session's own process.
-        maps = Path(f"/proc/{transport._proc.pid}/maps").read_text()
+        maps = Path(f"/proc/{transport.agent.proc.pid}/maps").read_text()
         assert "libtorch" not in maps, "the session process imported the target's modules itself"
         code, _, err = patcher("rollback", "--python", str(env))  # another process, meanwhile
         assert code == 0, err

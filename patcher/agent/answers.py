@@ -14,13 +14,9 @@ if TYPE_CHECKING:
 
     from ..core.protocol import Answer
 
-MARK = ""  # the controller's marker for this run: every answer line starts with it
-
-
+MARK = ""  # the controller's marker for this run (session.main sets it): every answer line starts with it
 # Requests read and answered: one answer per request, the request's own or the watchdog's.
 _ANSWER: dict = {"lock": None, "read": 1, "answered": 0}
-
-
 CHILD: list = []  # the verification process while it runs: ended with the agent
 
 

@@ -7,11 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-# Fault injection for the crash tests: the request may name one point at which this process
-# kills itself with SIGKILL (or pauses), so tests can prove every write step is crash-safe.
-FAULT: dict = {}
-
-
+FAULT: dict = {}  # the request's point: {"at", "nth", "action", "seconds", "until"}
 FAULT_POINTS: list = []  # every point passed, in order: the tests enumerate them from here
 
 

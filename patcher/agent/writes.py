@@ -10,8 +10,6 @@ import os
 from ..core.errors import AgentError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 

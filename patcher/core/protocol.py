@@ -1,4 +1,4 @@
-"""The agent protocol's shapes: what the controller (patcher) and the agent (remote/agent.py)
+"""The agent protocol's shapes: what the controller (patcher) and the agent (patcher/agent/)
 exchange as JSON. Requests go to the agent, answers come back ({"ok": true, "result": ...} or
 {"ok": false, "error": {"kind", "message"}}), facts describe a target, and the state record
 (<sys.prefix>/share/patcher/state.json) is what the agent keeps there between runs.
@@ -6,9 +6,8 @@ exchange as JSON. Requests go to the agent, answers come back ({"ok": true, "res
 Type checker only: the classes below exist for mypy (field names and value types are checked
 wherever the controller reads or builds these dicts); at run time this module defines nothing,
 and so imports nothing (a bundle or a target runs no typing). Use them under `if TYPE_CHECKING:`
-with `from __future__ import annotations`. remote/agent.py carries the same classes under its
-own type-check-only guard (it is one standard-library text sent to the target): a test
-(tests/test_protocol.py) keeps the two copies equal, class by class and key by key.
+with `from __future__ import annotations`: the controller and the agent both do, so each shape is
+defined here once.
 """
 
 from __future__ import annotations

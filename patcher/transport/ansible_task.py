@@ -25,7 +25,7 @@ from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
 from ..report import EXIT_OK, EXIT_PENDING
 from ..run import RunOptions, run_target
 from ..transform.transforms import code_fingerprint, shared_transforms
-from .local import AgentFailure, TransportError, agent_texts, bootstrap
+from .interface import AgentFailure, TransportError, agent_texts, bootstrap
 
 COMMANDS = ("status", "apply", "rollback")
 # the task's options: remote/ansible/plugins/action/patch.py (_VALID_ARGS) and the module's
@@ -57,9 +57,15 @@ class AnsibleTransport:
         self.invocations = 0
         self.tmpdir: str | None = None  # the task's remote temporary folder, made for the first unpipelined request
 
+    # Ansible runs each request as one command and stops the task itself; nothing to start or end.
     def start(self) -> None: ...
 
     def prestart(self) -> None: ...
+
+    def interrupt(self) -> None: ...
+
+    def interrupted_message(self) -> str:
+        return "interrupted; Ansible stopped the task (each round trip is one command: see the task's result)"
 
     def close(self) -> None:
         if self.tmpdir is None:

@@ -25,9 +25,12 @@ import os
 import re
 import shlex
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from .local import AgentFailure, LocalTransport, TransportError, bootstrap
+from .interface import DEFAULT_CALL_TIMEOUT, AgentFailure, TransportError, bootstrap
+from .process import AgentProcess
 
 DEFAULT_REMOTE_PYTHON = "python3"
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -230,19 +233,50 @@ class SshSettings:
     sudo: bool = False
 
 
-class SshTransport(LocalTransport):
-    """A target interpreter on another host, started with the system `ssh`."""
+class SshTransport:
+    """A target interpreter on another host, started with the system `ssh`: the same agent session
+    as a local one (its AgentProcess), started and explained the ssh way
+    (patcher.transport.interface.Transport)."""
 
     def __init__(self, host: Host, python: str | None, settings: SshSettings) -> None:
         python = host.python or python or DEFAULT_REMOTE_PYTHON
         check_remote_python(python)
-        super().__init__(python)
+        self.python = python
         self.host = host
         self.settings = settings
+        self.agent = AgentProcess(python)
 
     @property
     def label(self) -> str:
         return self.host.name
+
+    @property
+    def invocations(self) -> int:
+        return self.agent.invocations
+
+    def __enter__(self) -> SshTransport:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        self.agent.start(self)
+
+    def prestart(self) -> None:
+        self.agent.prestart(self)
+
+    def call(self, request: Mapping[str, Any], timeout: float = DEFAULT_CALL_TIMEOUT, limit: str = "") -> Any:
+        return self.agent.call(self, request, timeout, limit)
+
+    def interrupt(self) -> None:
+        self.agent.interrupt()
+
+    def interrupted_message(self) -> str:
+        return self.agent.interrupted_message(self)
+
+    def close(self) -> None:
+        self.agent.close()
 
     @property
     def sudo(self) -> bool:
@@ -294,14 +328,16 @@ class SshTransport(LocalTransport):
     def command(self) -> list[str]:
         return [*self.ssh_args(), "--", self.host.address, self.remote_command()]
 
-    # -------------------------------------------------------------- the session (LocalTransport's)
+    # -------------------------------------------------------------- what went wrong (ssh)
 
-    def _cannot_start(self, exc: OSError) -> TransportError:
+    def cannot_start(self, exc: OSError) -> TransportError:
         if isinstance(exc, FileNotFoundError):
             return TransportError("usage", f"no `{self.settings.ssh}` client on this machine; install OpenSSH")
-        return super()._cannot_start(exc)
+        return TransportError(
+            "usage", f"`{self.settings.ssh}` cannot be run here ({exc.strerror}); install OpenSSH or fix its path"
+        )
 
-    def _agent_failure(self, kind: str, message: str) -> AgentFailure:
+    def agent_failure(self, kind: str, message: str) -> AgentFailure:
         if kind == "not-writable" and not self.sudo:
             message += "; if the login user may sudo, try --sudo"
         return AgentFailure(kind, message)
@@ -309,11 +345,11 @@ class SshTransport(LocalTransport):
     def status_command(self) -> str:
         return f"patcher status --host {self.host.spec}"
 
-    def _startup_allowance(self) -> float:
+    def startup_allowance(self, answered: bool) -> float:
         """The first answer also waits for the connection (bounded by ssh's ConnectTimeout)."""
-        return 0.0 if self._answered else float(self.settings.connect_timeout)
+        return 0.0 if answered else float(self.settings.connect_timeout)
 
-    def _classify(self, returncode: int, stderr: bytes) -> TransportError:
+    def ended(self, returncode: int, stderr: bytes, noise: list[str], outcome_hint: str) -> TransportError:
         """A failed ssh invocation, as a precise status and one line for the user."""
         lines = [
             line.strip()
@@ -326,10 +362,10 @@ class SshTransport(LocalTransport):
         where = f"{host.address}" + (f" port {host.port}" if host.port else "")
         if returncode < 0:  # the ssh client itself was killed: the connection went with it
             return TransportError(
-                "unreachable", f"connection lost (ssh was killed by signal {-returncode})" + self._outcome_hint()
+                "unreachable", f"connection lost (ssh was killed by signal {-returncode})" + outcome_hint
             )
         if returncode == 255:
-            return self._connection_failure(text, last, where)
+            return self._connection_failure(text, last, where, outcome_hint)
         refused_by_sudo = self._sudo_refusal(returncode, text, last) if self.sudo else None
         if refused_by_sudo is not None:
             return refused_by_sudo
@@ -345,7 +381,7 @@ class SshTransport(LocalTransport):
             f"{self.python} did not answer as a Python 3.9+ interpreter ({last}); name one with --python",
         )
 
-    def _connection_failure(self, text: str, last: str, where: str) -> TransportError:
+    def _connection_failure(self, text: str, last: str, where: str, outcome_hint: str) -> TransportError:
         """ssh's own exit status 255: its configuration, the host key, authentication or the network."""
         host = self.host
         changed = (
@@ -390,7 +426,7 @@ class SshTransport(LocalTransport):
             return TransportError("unreachable", f"no route to {where}")
         if "Could not resolve hostname" in text or "Name or service not known" in text:
             return TransportError("unreachable", f"cannot resolve {host.address}")
-        return TransportError("unreachable", f"connection lost ({last})" + self._outcome_hint())
+        return TransportError("unreachable", f"connection lost ({last})" + outcome_hint)
 
     def _sudo_refusal(self, returncode: int, text: str, last: str) -> TransportError | None:
         """--sudo: what sudo -n refused, if it did."""

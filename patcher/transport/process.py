@@ -1,0 +1,351 @@
+"""One agent process on a target, whatever starts it: its session, one JSON line in and one
+marked line out per request, pumps that keep the controller's memory bounded and a writer thread
+that keeps it from blocking on a target that does not read, its end. Transports compose one
+(LocalTransport, SshTransport) and explain, as its `Explainer`, how their way in fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import secrets
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from .interface import AgentFailure, TransportError, agent_texts
+
+
+class Explainer(Protocol):
+    """What a transport tells its AgentProcess: how to start the agent, and what each way of
+    failing means on its way in, in words for the user."""
+
+    @property
+    def label(self) -> str: ...
+
+    def command(self) -> list[str]:
+        """The argv that starts the target's Python with the agent's BOOTSTRAP."""
+        ...
+
+    def cannot_start(self, exc: OSError) -> TransportError: ...
+
+    def ended(self, returncode: int, stderr: bytes, noise: list[str], outcome_hint: str) -> TransportError:
+        """The agent's process ended before it answered (`noise`: its last lines on stdout that
+        were not answers; `outcome_hint`: what an unanswered write left, or "")."""
+        ...
+
+    def agent_failure(self, kind: str, message: str) -> AgentFailure: ...
+
+    def startup_allowance(self, answered: bool) -> float:
+        """Seconds the first answer may take beyond the agent's own limits (connecting)."""
+        ...
+
+    def status_command(self) -> str:
+        """The command that shows this target's state, for messages."""
+        ...
+
+
+CHUNK = 1 << 16  # bytes read at a time from a target's output; noise is kept to one chunk a line
+ANSWER_LIMIT_VARIABLE = "PATCHER_ANSWER_LIMIT_MIB"
+DEFAULT_ANSWER_LIMIT_MIB = 256  # an answer carries target files' bytes: a few MiB at most in practice
+
+
+def answer_limit_bytes() -> int:
+    try:
+        mib = float(os.environ.get(ANSWER_LIMIT_VARIABLE, DEFAULT_ANSWER_LIMIT_MIB))
+    except ValueError:
+        mib = DEFAULT_ANSWER_LIMIT_MIB
+    return max(CHUNK, int(mib * 2**20))
+
+
+class TooLong:
+    """Put in place of an answer line longer than the limit (the line itself is dropped)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def _drain_line(stream) -> None:
+    """Read and drop the rest of a line, a chunk at a time."""
+    while (rest := stream.readline(CHUNK)) and not rest.endswith(b"\n"):
+        pass
+
+
+GRACE = 1.0  # seconds the controller waits beyond the agent's own limit: the agent's answer says more
+
+
+def _end_of_input(proc: subprocess.Popen) -> None:
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except (OSError, ValueError):
+        pass
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    """Kill the agent's whole process session (started with its own): the agent and its
+    verification, or ssh and a ProxyJump's inner ssh."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+
+class AgentProcess:
+    """One agent process and its session: started by `start()` (or the first call), one request
+    at a time, ended by `close()`. A transport owns one and says, as `via` (an `Explainer`), how
+    to start it and how to explain what went wrong its own way in.
+
+    The agent runs in a session of its own: a Ctrl-C at the terminal reaches patcher only,
+    which then ends the agent (`interrupt()`), so the outcome is reported, not guessed from a
+    killed process. Its answers are the lines that start with `self.mark`, a marker chosen
+    here for this session (noise on stdout, such as a login banner, is never taken for one)."""
+
+    def __init__(self, python: str) -> None:
+        self.python = python  # the target interpreter, as messages name it
+        self.invocations = 0
+        self.mark = "patcher-answer:" + secrets.token_hex(12)
+        self.op = ""  # the operation of the last call
+        self._in_flight = ""  # the operation whose answer is awaited
+        self._wrote = False  # an apply or forget was answered on this session
+        self.answered = False  # anything was answered on this session
+        self._interrupted = False
+        self.proc: subprocess.Popen | None = None
+        self._noise: list[str] = []  # the last lines on stdout that were not answers
+
+    # -------------------------------------------------------------- the session
+
+    def start(self, via: Explainer) -> None:
+        """Start the agent now (idempotent), before the first request is ready."""
+        if self.proc is not None:
+            return
+        if self._interrupted:
+            raise TransportError("interrupted", self.interrupted_message(via))
+        self.invocations += 1
+        try:
+            self.proc = subprocess.Popen(
+                via.command(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise via.cannot_start(exc) from None
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None  # pipes
+        out, err = proc.stdout, proc.stderr
+        lines: queue.Queue = queue.Queue()
+        stderr: list[bytes] = []
+        self._lines, self._stderr = lines, stderr
+
+        # The pumps hold the process and its pipes, not this object: a transport dropped without
+        # close() is collected with its AgentProcess, whose finalizer ends the session (the agent
+        # sees end of input).
+        # Both pumps read in chunks, so a target printing a huge line (before Python starts, say)
+        # costs the controller at most one chunk of it: only answers are kept whole, up to a limit.
+        mark = self.mark.encode("ascii") + b" "
+        answer_limit = answer_limit_bytes()
+
+        def pump_out() -> None:
+            while chunk := out.readline(CHUNK):
+                if chunk.startswith(mark):
+                    parts, size = [chunk], len(chunk)
+                    while not parts[-1].endswith(b"\n") and (more := out.readline(CHUNK)):
+                        size += len(more)
+                        if size > answer_limit:
+                            lines.put(TooLong(size))
+                            _drain_line(out)
+                            parts = []
+                            break
+                        parts.append(more)
+                    if parts:
+                        lines.put(b"".join(parts))
+                else:
+                    lines.put(chunk)  # noise: its first chunk only
+                    if not chunk.endswith(b"\n"):
+                        _drain_line(out)
+            lines.put(None)
+
+        def pump_err() -> None:
+            while chunk := err.readline(CHUNK):
+                if len(stderr) < 200:
+                    stderr.append(chunk)
+                if not chunk.endswith(b"\n"):
+                    _drain_line(err)
+
+        # What the agent is sent goes through a writer thread: a write to a pipe blocks once the
+        # pipe is full (64 KiB), and the agent's module texts alone are more than that. A target that never reads its input (a hung interpreter) would otherwise hold the
+        # caller in a write, past every time limit; a Ctrl-C would then block again in the
+        # flush of closing stdin. The caller only ever waits on answers, with its deadline.
+        outbox: queue.Queue = queue.Queue()
+
+        stdin = proc.stdin
+        assert stdin is not None  # Popen(stdin=PIPE)
+
+        def pump_in() -> None:
+            while (data := outbox.get()) is not None:
+                try:
+                    stdin.write(data)
+                    stdin.flush()
+                except (OSError, ValueError):
+                    break  # the agent has ended, or was ended: what it said is read by the caller
+            _end_of_input(proc)
+
+        self._outbox = outbox
+        self._pumps = [
+            threading.Thread(target=target, daemon=True, name=f"agent-{via.label}") for target in (pump_out, pump_err)
+        ]
+        for pump in [*self._pumps, threading.Thread(target=pump_in, daemon=True, name=f"agent-in-{via.label}")]:
+            pump.start()
+        weakref.finalize(self, outbox.put, None)
+        self._send({"agent": agent_texts(), "mark": self.mark, "session": True})
+
+    def prestart(self, via: Explainer) -> None:
+        """start(), for a caller that has other work to do first: a failure to start is
+        reported by the first call instead (which tries again)."""
+        try:
+            self.start(via)
+        except TransportError:
+            pass
+
+    def _send(self, payload: Mapping[str, Any]) -> None:
+        """Queue one line for the agent (the writer thread writes it; see start())."""
+        self._outbox.put(json.dumps(payload).encode("utf-8") + b"\n")
+
+    def call(self, via: Explainer, request: Mapping[str, Any], timeout: float, limit: str) -> Any:
+        """One round trip on the session (started by the first call if not yet). `timeout`: the
+        seconds the agent itself was given for the request (`limit` names the options that
+        set them); past them and a short grace, the session is ended and the call fails.
+        The answer's result, as the operation defines it (patcher.core.protocol: Facts,
+        ApplyResult, ...): the caller names its type."""
+        self.op = request.get("op", "")
+        if self._interrupted:
+            raise TransportError("interrupted", self.interrupted_message(via))
+        if self.proc is None:
+            self.start(via)
+        wait = timeout + GRACE + via.startup_allowance(self.answered)
+        self._in_flight = self.op
+        self._send(request)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._end_session()
+                raise TransportError("timeout", self._no_answer(via, timeout, limit)) from None
+            if line is None:
+                if self._interrupted:
+                    raise TransportError("interrupted", self.interrupted_message(via))
+                raise self._ended(via)
+            if isinstance(line, TooLong):
+                self._end_session()
+                raise TransportError(
+                    "usage",
+                    f"{via.label}: the agent's answer is over {answer_limit_bytes() / 2**20:g} MiB (the limit); "
+                    f"set {ANSWER_LIMIT_VARIABLE} to a larger number of MiB to allow it",
+                )
+            text = line.decode("utf-8", "replace").rstrip("\r\n")
+            if text.startswith(self.mark + " "):
+                break
+            if text.strip():
+                self._noise = (self._noise + [text.strip()])[-5:]
+        self._in_flight = ""
+        self.answered = True
+        try:
+            answer = json.loads(text[len(self.mark) + 1 :])
+        except ValueError:
+            raise TransportError("usage", f"{via.label}: the agent's answer is not JSON: {text[:200]}") from None
+        if self.op in ("apply", "forget"):
+            self._wrote = True
+        if not answer.get("ok"):
+            error = answer.get("error", {})
+            raise via.agent_failure(error.get("kind", "unknown"), error.get("message", "agent failed"))
+        return answer["result"]
+
+    def interrupt(self) -> None:
+        """End the session now, from any thread (Ctrl-C): the agent sees the end of its input
+        and stops; a call waiting on it fails with `interrupted`."""
+        self._interrupted = True
+        self._end_session()
+
+    def _end_session(self) -> None:
+        """End the session's processes now; close() reaps them. Over ssh the remote agent sees
+        its input end when the connection goes, and stops there too (patcher/agent/session.py session())."""
+        proc = self.proc
+        if proc is None:
+            return
+        # Killed first: closing its input flushes what is still buffered, which blocks while
+        # the agent is alive and not reading. The writer thread then ends on the broken pipe.
+        _kill_session(proc)
+        self._outbox.put(None)
+
+    def close(self) -> None:
+        """End the session: the agent sees the end of its input and exits."""
+        if self.proc is None:
+            return
+        self._outbox.put(None)  # after what is queued: the agent sees the end of its input
+        self._reap(timeout=10)
+
+    def _ended(self, via: Explainer) -> TransportError:
+        """The agent ended before answering: why, from its exit status and messages."""
+        returncode = self._reap(timeout=30)
+        return via.ended(returncode, b"".join(self._stderr), self._noise, self.outcome_hint(via))
+
+    def _reap(self, timeout: float) -> int:
+        """Wait for the agent to exit (kill it after `timeout`), collect its pipes; its status."""
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None  # after start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        for pump in self._pumps:
+            pump.join(timeout=5)  # the process has exited: its pipes reach their end
+        proc.stdout.close()
+        proc.stderr.close()
+        returncode = proc.returncode
+        self.proc = None
+        return returncode
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            _kill_session(self.proc)
+            self.proc.wait()
+
+    def interrupted_message(self, via: Explainer) -> str:
+        if self._in_flight in ("apply", "forget"):
+            return (
+                f"interrupted during {self._in_flight}; the agent was stopped: every file is either its old or "
+                f"its new bytes (written atomically); run `{via.status_command()}` to see which"
+            )
+        if self._wrote:
+            return f"interrupted after the files were written; run `{via.status_command()}` to see the result"
+        return "interrupted before anything was written"
+
+    def _no_answer(self, via: Explainer, timeout: float, limit: str) -> str:
+        what = f"no answer to the {self.op} request within {timeout:g}s" + (f" ({limit})" if limit else "")
+        if not self.answered:
+            return (
+                f"{via.label}: {what}: {self.python} did not start or does not answer as a Python 3.9+ "
+                "interpreter (name one with --python), or the target is slow (raise the limit)"
+            )
+        return f"{via.label}: {what}" + self.outcome_hint(via)
+
+    def outcome_hint(self, via: Explainer) -> str:
+        """What an apply or forget whose answer never came left, for a message that says so."""
+        if self.op not in ("apply", "forget"):
+            return ""
+        return (
+            f"; the outcome of this {self.op} on {via.label} is unknown: every file there is either its old or "
+            f"its new bytes (written atomically); run `{via.status_command()}` to see which"
+        )
