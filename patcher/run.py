@@ -307,7 +307,7 @@ def _write(
     if options.force_restore:
         apply["force_restore"] = True
     request, limits = options.write_call(apply)
-    fault = os.environ.get("PATCHER_FAULT")  # crash tests only: see patcher/agent/faults.py checkpoint()
+    fault = os.environ.get("PATCHER_FAULT")  # crash tests only: see remote/agent/faults.py checkpoint()
     if fault:
         request["fault"] = json.loads(fault)
     return transport.call(request, **limits)

@@ -125,8 +125,8 @@ def _embedded(bundle: Path, name: str) -> dict:
 
 
 def test_every_error_kind_exits_alike_through_patcher_and_a_bundle(bundle: Path):
-    from patcher.agent.bootstrap import read_texts
     from patcher.core.errors import ERROR_KINDS
+    from patcher.remote.agent.bootstrap import read_texts
     from patcher.report import TargetReport
     from patcher.run import _fail
     from patcher.transport.bundle import BUNDLE_SHARED_MODULES

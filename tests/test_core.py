@@ -10,6 +10,7 @@ from patcher.core import errors, protocol
 from patcher.patchset.registry import load_patches
 from patcher.plan import planning as core
 from patcher.plan.selection import condition_holds
+from tests.support.files import agent_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN = "pkg/gen.py"
@@ -186,16 +187,16 @@ def test_the_agent_imports_only_the_standard_library_and_the_texts_it_is_sent():
     own platform detection, which verification asks the target's vLLM for)."""
     import sys
 
-    from patcher.agent.bootstrap import read_texts
+    from patcher.remote.agent.bootstrap import read_texts
 
     sent = set(read_texts())
-    for path in sorted((ROOT / "patcher" / "agent").glob("*.py")):
+    for path in sorted(agent_modules()):
         tree = ast.parse(path.read_text())
         for block in [
             n for n in ast.walk(tree) if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"
         ]:
             block.body = []
-        package = "patcher.agent"
+        package = "patcher.remote.agent"
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -212,7 +213,7 @@ def test_the_agent_imports_only_the_standard_library_and_the_texts_it_is_sent():
 
 
 def test_every_kind_the_agent_raises_or_answers_is_in_the_table():
-    trees = [ast.parse(p.read_text()) for p in sorted((ROOT / "patcher" / "agent").glob("*.py"))]
+    trees = [ast.parse(p.read_text()) for p in sorted(agent_modules())]
     raised = {
         n.args[0].value
         for tree in trees

@@ -36,7 +36,13 @@ def test_a_wheel_of_the_checkout_installs_and_runs_in_a_fresh_venv(tmp_path: Pat
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("patcher-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for data in ("patcher/demo/releases.json", "patcher/demo/requirements.txt", "patcher/remote/agent.py"):
+    for data in (
+        "patcher/demo/releases.json",
+        "patcher/demo/requirements.txt",
+        "patcher/remote/agent/session.py",
+        "patcher/remote/runcheck.py",
+        "patcher/core/versions.py",
+    ):
         assert data in names, data
 
     venv = tmp_path / "venv"

@@ -31,7 +31,7 @@ def plant(folder: Path, marks: Path) -> None:
     """The four planted modules in `folder`; each one that runs leaves a file in `marks`."""
     for name in PLANTED:
         code = f"open({str(marks / f'{folder.name}-{name}')!r}, 'w').close()\n"
-        if name in ("speculators", "patcher"):  # packages (the agent's modules are named patcher.agent.*)
+        if name in ("speculators", "patcher"):  # packages (the agent's modules are named patcher.remote.agent.*)
             (folder / name).mkdir()
             (folder / name / "__init__.py").write_text(code)
         else:

@@ -1,11 +1,12 @@
 """The agent protocol's shapes, patcher/core/protocol.py: the one definition the controller's and
-the agent's (patcher/agent/) signatures both use, for the type checker only. Read here as source:
+the agent's (remote/agent/) signatures both use, for the type checker only. Read here as source:
 it defines nothing at run time, and every operation the agent serves has its request there."""
 
 import ast
 from pathlib import Path
 
 from patcher.core import protocol
+from tests.support.files import agent_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +39,7 @@ def test_every_class_is_a_typed_dict_and_every_agent_operation_has_a_request():
             for key, annotation in shape[2]:
                 if key == "op":
                     ops |= {e.value for e in ast.walk(ast.parse(annotation)) if isinstance(e, ast.Constant)}
-    from patcher.agent import session
+    from patcher.remote.agent import session
 
     assert ops == set(session.OPERATIONS)
     assert all(callable(session.operation(op)) for op in ops)
@@ -46,7 +47,7 @@ def test_every_class_is_a_typed_dict_and_every_agent_operation_has_a_request():
 
 def test_no_agent_module_defines_a_protocol_shape_of_its_own():
     names = set(CORE)
-    for path in sorted((ROOT / "patcher" / "agent").glob("*.py")):
+    for path in sorted(agent_modules()):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
         assert not defined & names, f"{path.name} defines {sorted(defined & names)}: use patcher.core.protocol's"

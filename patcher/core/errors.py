@@ -1,6 +1,6 @@
 """Exit codes (README's and the docs' tables are written from EXIT_MEANINGS) and every error kind a
 run can end with, in one table shared by the controller (report.py, run.py), the agent
-(patcher/agent/ imports AgentError from here, and the target gets this module's text with the
+(remote/agent/ imports AgentError from here, and the target gets this module's text with the
 agent's) and a bundle (which carries it too).
 
 Standard library only, Python 3.9+, no imports from patcher: a bundle runs this text as is.
@@ -101,7 +101,7 @@ ERROR_KINDS = {
     "no-variant": ("failed", EXIT_USAGE),
 }
 
-# The kinds the agent (patcher/agent/) may answer with: AgentError's, and those its session says
+# The kinds the agent (remote/agent/) may answer with: AgentError's, and those its session says
 # for an OSError, a bug or a time limit (tests/test_core.py checks every kind it names is here).
 AGENT_KINDS = (
     "locked",

@@ -1,4 +1,4 @@
-"""The agent protocol's shapes: what the controller (patcher) and the agent (patcher/agent/)
+"""The agent protocol's shapes: what the controller (patcher) and the agent (remote/agent/)
 exchange as JSON. Requests go to the agent, answers come back ({"ok": true, "result": ...} or
 {"ok": false, "error": {"kind", "message"}}), facts describe a target, and the state record
 (<sys.prefix>/share/patcher/state.json) is what the agent keeps there between runs.

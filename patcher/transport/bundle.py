@@ -3,7 +3,7 @@ controller cannot reach. Copy it there (scp, a container image) and run it with 
 environment's Python: `/root/ml-env/bin/python3 patcher-bundle.py status|plan|apply|rollback`.
 
 What goes in:
-- the agent (patcher/agent/) and the shared modules (patcher/core/errors.py and versions.py,
+- the agent (remote/agent/) and the shared modules (patcher/core/errors.py and versions.py,
   patcher/plan/planning.py), as
   module texts imported from memory as an agent imports them: it does every write, as when
   patcher drives it, and plans and selects with patcher's own code;
@@ -383,12 +383,12 @@ BUNDLE_SHARED_MODULES = ("core.errors", "plan.planning", "core.versions")
 
 
 def _render(data: dict) -> str:
-    from ..agent.bootstrap import read_texts
     from . import bundle_runtime
+    from .interface import agent_bootstrap
 
     runtime = Path(bundle_runtime.__file__).read_text(encoding="utf-8")
     # The agent and the shared core, as module texts: the bundle runs patcher's own code, not a copy.
-    modules = read_texts(BUNDLE_SHARED_MODULES)
+    modules = agent_bootstrap().read_texts(BUNDLE_SHARED_MODULES)
     contents = {
         "DATA": json.dumps(data, sort_keys=True).encode("utf-8"),
         "MODULES": json.dumps(modules, sort_keys=True).encode("utf-8"),

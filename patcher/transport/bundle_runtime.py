@@ -4,10 +4,10 @@ that runs it, with no controller and nothing installed (standard library only, P
 `patcher bundle` writes this source with two blobs filled in: DATA (the declarations as the
 planning core reads them, the pristine files it knows by sha256, and the codemods' result for
 every transform the core can ask for on them, keyed by TransformRequest.key()) and MODULES (the
-texts of the agent, patcher/agent/, and of the modules it shares with the controller:
-patcher/core/errors.py and versions.py, patcher/plan/planning.py). The modules are imported
-from memory under their own names, as an agent imports them in a target
-(patcher/agent/bootstrap.py): the bundle plans with patcher's own planning core and
+texts of the agent, remote/agent/, and of the modules it shares with the controller:
+patcher/core/errors.py and versions.py, patcher/plan/planning.py). Each module is imported
+under its own name, from memory, as an agent imports them in a target
+(remote/agent/bootstrap.py): the bundle plans with patcher's own planning core and
 PEP 440 conditions, not copies, and only the transform results come from DATA instead of libcst.
 The agent does every write, exactly as when patcher drives it: same lock, backups, atomic
 writes, state record and verification, so patcher and a bundle can take turns on the same
@@ -81,12 +81,17 @@ def _modules() -> tuple:
     if MODULES is not None:
         texts = json.loads(_load("MODULES"))
         loader: dict = {"__name__": "patcher_agent_bootstrap"}
-        exec(compile(texts["patcher.agent.bootstrap"][1], "<patcher.agent.bootstrap>", "exec"), loader)  # noqa: S102 - the embedded agent
+        exec(compile(texts["patcher.remote.agent.bootstrap"][1], "<patcher.remote.agent.bootstrap>", "exec"), loader)  # noqa: S102 - the embedded agent
         loader["install"](texts)
-    from patcher.agent import facts, transaction
+    import importlib
+
     from patcher.core import errors, versions
     from patcher.plan import planning
 
+    # By name: installed, remote/ is patcher.remote (pyproject maps it), which the type checker,
+    # reading the checkout, does not know.
+    facts = importlib.import_module("patcher.remote.agent.target_facts")
+    transaction = importlib.import_module("patcher.remote.agent.transaction")
     return errors, planning, versions, facts, transaction
 
 

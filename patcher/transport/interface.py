@@ -5,10 +5,9 @@ action's connection) implement `Transport`; the type checker holds them to it.""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any, Protocol
-
-from ..agent.bootstrap import BOOTSTRAP, module_texts
 
 DEFAULT_CALL_TIMEOUT = 900.0
 
@@ -67,13 +66,19 @@ class Transport(Protocol):
         """End the session: the agent sees the end of its input and exits."""
 
 
+def agent_bootstrap() -> Any:
+    """The agent's bootstrap module (remote/agent/bootstrap.py). By name: installed, remote/ is
+    patcher.remote (pyproject maps it), which the type checker, reading the checkout, does not know."""
+    return importlib.import_module("patcher.remote.agent.bootstrap")
+
+
 def agent_texts() -> dict:
-    """The agent's module texts as the first line of its input carries them (patcher.agent.bootstrap)."""
-    return module_texts()
+    """The agent's module texts as the first line of its input carries them."""
+    return agent_bootstrap().module_texts()
 
 
 def bootstrap() -> str:
     """`python -c` this: the agent's BOOTSTRAP. The first line of input carries the agent's
     module texts, with `"session": true` for a session: then one request per line, one answer
     each, until the end of input."""
-    return BOOTSTRAP
+    return agent_bootstrap().BOOTSTRAP

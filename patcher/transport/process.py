@@ -280,7 +280,7 @@ class AgentProcess:
 
     def _end_session(self) -> None:
         """End the session's processes now; close() reaps them. Over ssh the remote agent sees
-        its input end when the connection goes, and stops there too (patcher/agent/session.py session())."""
+        its input end when the connection goes, and stops there too (remote/agent/session.py session())."""
         proc = self.proc
         if proc is None:
             return

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import errno
 
-from ..core.errors import AgentError
+from patcher.core.errors import AgentError
+
 from .answers import WATCHDOG
 from .detect import find_distributions
 from .faults import checkpoint
 from .record import backup_name, load_state, read_state_bytes, save_state
 from .state import Lock, StateFolder
-from .targets import Declared, TargetPath
+from .target_paths import Declared, TargetPath
 from .writes import sha256_bytes, write_failure
 
 # The type checker's view only (typing itself is not imported: it costs start-up time).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..core.protocol import (
+    from patcher.core.protocol import (
         ApplyItem,
         ApplyRequest,
         ApplyResult,

@@ -10,7 +10,8 @@ import os
 import sys
 import time
 
-from ..core.errors import AgentError
+from patcher.core.errors import AgentError
+
 from .faults import checkpoint
 from .writes import _CLOEXEC, _NOFOLLOW, write_failure
 

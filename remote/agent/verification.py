@@ -12,7 +12,8 @@ import json
 import os
 import sys
 
-from ..core.errors import AgentError
+from patcher.core.errors import AgentError
+
 from .answers import CHILD, WATCHDOG
 from .bootstrap import BOOTSTRAP, module_texts
 from .state import HELD
@@ -20,7 +21,14 @@ from .state import HELD
 # The type checker's view only (typing itself is not imported: it costs start-up time).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..core.protocol import AttributeCall, RunCheckRequest, RunCheckResult, Verification, VerifyRequest, VerifySpec
+    from patcher.core.protocol import (
+        AttributeCall,
+        RunCheckRequest,
+        RunCheckResult,
+        Verification,
+        VerifyRequest,
+        VerifySpec,
+    )
 
 
 def run_verification(spec: VerifySpec) -> Verification:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import errno
 import os
 
-from ..core.errors import AgentError
+from patcher.core.errors import AgentError
+
 from .detect import find_distributions
 from .faults import checkpoint
 from .state import HELD

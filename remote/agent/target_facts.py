@@ -5,17 +5,26 @@ from __future__ import annotations
 
 import sys
 
-from ..core.errors import AgentError
+from patcher.core.errors import AgentError
+
 from .detect import find_distributions
 from .record import backup_name, load_state, read_state_bytes
 from .state import HELD, StateFolder, state_dir
-from .targets import Declared, TargetPath
+from .target_paths import Declared, TargetPath
 from .writes import sha256_bytes
 
 # The type checker's view only (typing itself is not imported: it costs start-up time).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..core.protocol import DistributionFacts, Facts, FactsRequest, FileFacts, Snapshot, StateRecord, TargetFile
+    from patcher.core.protocol import (
+        DistributionFacts,
+        Facts,
+        FactsRequest,
+        FileFacts,
+        Snapshot,
+        StateRecord,
+        TargetFile,
+    )
 
 
 def op_facts(req: FactsRequest) -> Facts:

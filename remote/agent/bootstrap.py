@@ -2,9 +2,9 @@
 
 The controller runs `python -c BOOTSTRAP` and writes {"agent": TEXTS, "mark": ..., ...} as the
 first line of its input, where TEXTS maps each module the agent may import (this package and the
-shared modules of patcher.core it uses) to (is a package, its source text). BOOTSTRAP runs this
+modules of patcher's it shares, patcher.core.errors) to (is a package, its source text). BOOTSTRAP runs this
 module's text, whose start() puts a finder of those texts first on sys.meta_path and imports
-the agent from it: every module runs under its own name (patcher.agent.state, ...), as in the
+the agent from it: every module runs under its own name (patcher.remote.agent.state, ...), as in the
 controller, compiled from memory. No folder is put on sys.path for it, nothing is written, and a
 `patcher` found on the target's own path is never used (the finder comes first, and its packages
 have no folder to search). A bundle installs the same finder for the texts it carries.
@@ -26,12 +26,12 @@ BOOTSTRAP = (
     " print(d.get('mark','')+' '+json.dumps({'ok':False,'error':{'kind':'python-too-old','message':"
     "'the target Python is %d.%d; patcher needs 3.9 or newer' % sys.version_info[:2]}}));sys.exit(0)\n"
     "ns={'__name__':'patcher_agent_bootstrap'}\n"
-    "exec(compile(d['agent']['patcher.agent.bootstrap'][1],'<patcher.agent.bootstrap>','exec'),ns)\n"
+    "exec(compile(d['agent']['patcher.remote.agent.bootstrap'][1],'<patcher.remote.agent.bootstrap>','exec'),ns)\n"
     "ns['start'](d)\n"
 )
 
-# The shared modules of patcher's the agent imports (as `..core.errors`), named from `patcher`:
-# sent with it.
+# The modules of patcher's the agent imports (`patcher.core.errors`), named from `patcher`: sent
+# with it.
 AGENT_SHARED_MODULES = ("core.errors",)
 
 # In an agent (or a bundle): the texts it was started with, which its verification passes on to
@@ -73,15 +73,15 @@ def install(texts: dict) -> None:
 
     sys.meta_path.insert(0, ModuleTexts(texts))
     # This module as a module of the texts (BOOTSTRAP, or a bundle, ran a copy of its text to get here).
-    importlib.import_module("patcher.agent.bootstrap").TEXTS.update(texts)
+    importlib.import_module("patcher.remote.agent.bootstrap").TEXTS.update(texts)
 
 
 def start(first: dict) -> None:
     """BOOTSTRAP's entry: install the texts, then serve the request or the session."""
-    install(first["agent"])
-    from patcher.agent.session import main
+    import importlib
 
-    main(first)
+    install(first["agent"])
+    importlib.import_module("patcher.remote.agent.session").main(first)
 
 
 def read_texts(shared_modules=AGENT_SHARED_MODULES) -> dict:
@@ -93,18 +93,23 @@ def read_texts(shared_modules=AGENT_SHARED_MODULES) -> dict:
         with open(path, encoding="utf-8") as fh:
             return fh.read()
 
+    import importlib.util
+
     here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
-    texts: dict = {"patcher": [True, ""]}
+    # Installed, this package is patcher.remote.agent; in a checkout it is remote/agent/ beside
+    # patcher/ (pyproject maps it): the shared modules are found by their names, not by folders.
+    texts: dict = {"patcher": [True, ""], "patcher.remote": [True, ""]}
     for entry in sorted(os.listdir(here)):
         if entry.endswith(".py"):
             stem = entry[: -len(".py")]
-            name = "patcher.agent" if stem == "__init__" else "patcher.agent." + stem
+            name = "patcher.remote.agent" if stem == "__init__" else "patcher.remote.agent." + stem
             texts[name] = [stem == "__init__", read(os.path.join(here, entry))]
     for dotted in shared_modules:
         package, stem = dotted.rsplit(".", 1)
         texts.setdefault("patcher." + package, [True, ""])
-        texts["patcher." + dotted] = [False, read(os.path.join(root, *package.split("."), stem + ".py"))]
+        spec = importlib.util.find_spec("patcher." + dotted)
+        assert spec is not None and spec.origin is not None, dotted
+        texts["patcher." + dotted] = [False, read(spec.origin)]
     return texts
 
 

@@ -10,7 +10,7 @@ import sys
 # The type checker's view only (typing itself is not imported: it costs start-up time).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..core.protocol import DistributionFacts, TargetFile
+    from patcher.core.protocol import DistributionFacts, TargetFile
 
 
 def _normalise(name: str) -> str:

@@ -8,7 +8,8 @@ import json
 import os
 import sys
 
-from ..core.errors import AgentError
+from patcher.core.errors import AgentError
+
 from . import answers
 from .answers import _ANSWER, WATCHDOG, answer_once, stop_now
 from .faults import FAULT, FAULT_POINTS
@@ -17,12 +18,12 @@ from .writes import _LEFT_AS_IS
 # The type checker's view only (typing itself is not imported: it costs start-up time).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..core.protocol import Answer
+    from patcher.core.protocol import Answer
 
 # Each operation, as `module:function` of this package: a module is compiled when its operation
 # is first asked for (a status run compiles neither verification nor the transaction).
 OPERATIONS: dict = {
-    "facts": "facts:op_facts",
+    "facts": "target_facts:op_facts",
     "apply": "transaction:op_apply",
     "forget": "transaction:op_forget",
     "verify": "verification:op_verify",

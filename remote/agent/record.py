@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 
-from ..core.errors import AgentError
+from patcher.core.errors import AgentError
+
 from .state import StateFolder, state_dir
 
 # The type checker's view only (typing itself is not imported: it costs start-up time).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..core.protocol import StateRecord
-    from .targets import Declared
+    from patcher.core.protocol import StateRecord
+
+    from .target_paths import Declared
 
 SCHEMA_VERSION = 1
 

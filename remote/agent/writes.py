@@ -7,7 +7,7 @@ import errno
 import hashlib
 import os
 
-from ..core.errors import AgentError
+from patcher.core.errors import AgentError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)

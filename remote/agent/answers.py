@@ -12,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import _thread
 
-    from ..core.protocol import Answer
+    from patcher.core.protocol import Answer
 
 MARK = ""  # the controller's marker for this run (session.main sets it): every answer line starts with it
 # Requests read and answered: one answer per request, the request's own or the watchdog's.
