@@ -4,7 +4,9 @@ commands, the test command being exactly what .ci/run runs."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,3 +55,42 @@ def test_readme_is_short_and_its_test_command_is_what_ci_runs():
     assert ci == ".ci/bootstrap && .venv/bin/python -m pytest", ci
     assert f"```\n{ci}\n```" in readme
     assert "```\n.ci/bootstrap && .venv/bin/patcher demo\n```" in readme
+
+
+FIGURE = re.compile(r"\b\d+(?:\.\d+)?(?:\s*(?:–|-|to)\s*\d+(?:\.\d+)?)?\s*(?:GB|MB|minutes|min|s)\b")
+
+
+def first_run_figures() -> set[str]:
+    """The figures a newcomer reads about the first run, as they follow from the record they were
+    measured into (bench/results/first-run.json): every other figure in those texts is a defect."""
+    record = json.loads((ROOT / "bench" / "results" / "first-run.json").read_text(encoding="utf-8"))
+    runs = sorted(record["tests"]["ci_seconds"].values())
+    return {
+        f"{round(record['demo']['seconds'] / 60)} minutes",
+        f"{round(record['demo']['cache_gb'])} GB",
+        f"{round(runs[0] / 60)} to {round(runs[-1] / 60)} minutes",
+        f"{round(record['tests']['cache_gb'])} GB",
+    }
+
+
+def stated_figures(text: str) -> set[str]:
+    return {" ".join(m.group(0).split()) for m in FIGURE.finditer(text)}
+
+
+def test_the_first_run_figures_are_the_recorded_ones():
+    figures = first_run_figures()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick_start = readme[readme.index("## Quick start") : readme.index("## Everyday commands")]
+    stated = stated_figures(quick_start)
+    assert stated == figures, (
+        f"README's quick start states {sorted(stated - figures)}; the record says {sorted(figures)}"
+    )
+    development = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    budget = development[development.index("- CI budget") : development.index("## Lint and types")]
+    assert stated_figures(budget) - {"60 minutes", "90", "15 GB"} <= figures, stated_figures(budget)
+    assert {f for f in figures if "to" in f} <= stated_figures(budget)
+
+
+def test_a_figure_the_record_does_not_hold_is_found():
+    # what README said before the figures were measured: "about 8 GB, 3–5 minutes"
+    assert stated_figures("about 8 GB, 3–5 minutes; cached") - first_run_figures() == {"3–5 minutes"}
