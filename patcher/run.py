@@ -239,6 +239,7 @@ def _planned_only(plan: TargetPlan, report: TargetReport, options: RunOptions) -
         path = _unpatched_path(report)
         if path:
             report.message = f"nothing to do: {path}"
+            report.notes = [*report.notes, *_connector_drift_notes(report)]
     return report
 
 
@@ -274,6 +275,7 @@ def _nothing_to_write(
         path = _unpatched_path(report)
         if path:
             report.message = f"nothing to do: {path}"
+            report.notes = [*report.notes, *_connector_drift_notes(report)]
     return _then_run_check(transport, report, options)
 
 
@@ -283,6 +285,30 @@ def _unpatched_path(report: TargetReport) -> str:
 
     assert report.facts is not None
     return unpatched_path(report.facts, [x.as_json() for x in release_lines()], condition_holds)
+
+
+def _connector_drift_notes(report: TargetReport) -> list[str]:
+    """On the speculators 0.5+ path: what the installed KV connector is known to meet on the
+    installed vLLM (patches/targets.py's CONNECTOR_DRIFT, which check-upstream keeps exact), one
+    note each, so `status` does not read as an all-clear where a connector silently misbehaves."""
+    from .plan.selection import condition_holds
+    from .upstream.connectors import declared_drift
+
+    assert report.facts is not None
+    dists = report.facts["distributions"]
+    vllm = dists["vllm"]["version"] if dists.get("vllm") else None
+    notes = []
+    for drift in declared_drift():
+        installed = dists.get(drift.distribution.replace("-", "_"))
+        if not (installed and vllm and condition_holds(drift.vllm, vllm)):
+            continue
+        if drift.connector and not condition_holds(drift.connector, installed["version"]):
+            continue
+        notes.append(
+            f"{drift.distribution} {installed['version']} on vllm {vllm}: {drift.path}: {drift.subject}; "
+            f"{drift.why} (a vLLM outside {drift.vllm} avoids it; `patcher check-upstream` lists the releases)"
+        )
+    return notes
 
 
 def _write(

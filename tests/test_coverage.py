@@ -15,6 +15,7 @@ import pytest
 
 from patcher.core.errors import EXIT_UNSUPPORTED
 from patcher.patchset.registry import load_patches, release_lines
+from patcher.plan.selection import condition_holds
 from tests.support.cli import patcher
 from workbench.envs import light_env, pip_install_no_deps, site_file
 from workbench.release_files import cache_dir, download_wheel
@@ -197,3 +198,24 @@ def test_speculators_0_5_and_later_say_which_path_they_use(tmp_path: Path, relea
             message
         )
         assert message.endswith(f"(installed: hs-connectors {connector})" if connector else "is patched"), message
+
+
+@pytest.mark.parametrize("vllm,expected", [("0.20.0", 2), ("0.25.0", 0), ("0.29.0", 1)])
+def test_status_on_the_connector_path_names_the_drift_declared_for_the_installed_vllm(
+    tmp_path: Path, vllm: str, expected: int
+):
+    # check-upstream found them (patches/targets.py CONNECTOR_DRIFT); a user on one of those vLLM
+    # releases reads them in status instead of a plain "nothing to do"
+    from patcher.upstream.connectors import declared_drift
+
+    python = light_env(tmp_path, speculators="0.9.0", vllm=vllm)
+    pip_install_no_deps(python.parent.parent, download_wheel("hs-connectors", "0.9.0", cache_dir() / "wheels"))
+    code, doc, err = patcher("status", "--python", str(python), "--json")
+    assert code == 0, err
+    notes = [n for n in doc["targets"][0]["notes"] if n.startswith(f"hs-connectors 0.9.0 on vllm {vllm}: ")]
+    assert len(notes) == expected, notes
+    met = {d.subject for d in declared_drift() if condition_holds(d.vllm, vllm)}
+    assert {n.split(": ", 2)[2].split(";")[0] for n in notes} == met, notes
+    if vllm == "0.20.0":
+        assert any("writes hidden states unquantized" in n for n in notes), notes
+        assert "_write_tensors overrides nothing" in err, err  # the terminal shows it too
