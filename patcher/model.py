@@ -364,11 +364,6 @@ class Patch:
         )
 
     def conditions(self) -> dict[str, list[str]]:
-        """Every distribution the patch or one of its edits looks at, with its specifiers."""
-        out: dict[str, list[str]] = {}
-        for name, spec in self.requires.items():
-            out.setdefault(name, []).append(spec)
-        for edit in self.edits:
-            for name, spec in edit.when.items():
-                out.setdefault(name, []).append(spec)
-        return out
+        """Every distribution the patch or one of its edits looks at, with its specifiers (as
+        planning reads them from the spec: one definition)."""
+        return dict(self.spec().conditions())

@@ -5,7 +5,7 @@ code a bundle selects with)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..core.versions import condition_holds  # patcher's one PEP 440, used by every caller from here
 from ..model import Edit, Patch
@@ -16,33 +16,45 @@ def failed_conditions(conditions: Mapping[str, str], versions: Mapping[str, str 
     return planning.failed_conditions(dict(conditions), dict(versions), condition_holds)
 
 
-@dataclass
-class Selection:
+@dataclass(frozen=True)
+class PatchSelection:
+    """Planning's Selection of one patch (patcher/plan/planning.py, the one definition a bundle
+    runs too), with the Patch and the Edit objects its selected edit names stand for."""
+
     patch: Patch
-    selected: bool
-    reason: str
-    edits: list[Edit] = field(default_factory=list)
+    selection: planning.Selection
+
+    @property
+    def selected(self) -> bool:
+        return bool(self.selection.selected)
+
+    @property
+    def reason(self) -> str:
+        return str(self.selection.reason)
+
+    @property
+    def edits(self) -> list[Edit]:
+        chosen = set(self.selection.edits) if self.selection.selected else set()
+        return [e for e in self.patch.edits if e.name in chosen]
 
     @property
     def edit_names(self) -> list[str]:
         return [e.name for e in self.edits]
 
 
-def select_patches(patches: Sequence[Patch], versions: Mapping[str, str | None]) -> dict[str, Selection]:
+def select_patches(patches: Sequence[Patch], versions: Mapping[str, str | None]) -> dict[str, PatchSelection]:
     """What a run on a fresh target would apply: planning's selection by version conditions,
     with a patch whose `needs` are not selected left out too (check-upstream, bundle ranges)."""
     specs = [p.spec() for p in patches]
     chosen = planning.select(specs, dict(versions), condition_holds)
     kept = set(planning.selected_with_needs(specs, chosen))
-    out: dict[str, Selection] = {}
+    out: dict[str, PatchSelection] = {}
     for patch in patches:
         sel = chosen[patch.id]
         if sel.selected and patch.id not in kept:
             missing = [n for n in patch.needs if n not in kept]
-            out[patch.id] = Selection(patch, False, f"needs {', '.join(missing)}, which is not selected")
-        else:
-            edits = [e for e in patch.edits if e.name in sel.edits] if sel.selected else []
-            out[patch.id] = Selection(patch, sel.selected, sel.reason, edits)
+            sel = planning.Selection(False, f"needs {', '.join(missing)}, which is not selected")
+        out[patch.id] = PatchSelection(patch, sel)
     return out
 
 
