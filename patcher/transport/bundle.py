@@ -378,8 +378,8 @@ def _ranges(patches: Sequence[Patch], names: list[str], probes: dict[str, list[s
     return lines
 
 
-# The modules of patcher's a bundle runs besides the agent's, named from `patcher`.
-BUNDLE_SHARED_MODULES = ("core.errors", "plan.planning", "core.versions")
+# The modules of patcher's a bundle runs besides the agent and what it imports, named from `patcher`.
+BUNDLE_SHARED_MODULES = ("plan.planning", "core.versions")
 
 
 def _render(data: dict) -> str:

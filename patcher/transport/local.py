@@ -5,14 +5,11 @@ every transport that starts a process; this module says how this one starts and 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from .interface import DEFAULT_CALL_TIMEOUT, AgentFailure, TransportError, bootstrap
-from .process import AgentProcess
+from .interface import AgentFailure, TransportError, bootstrap
+from .process import AgentProcess, AgentSession
 
 
-class LocalTransport:
+class LocalTransport(AgentSession):
     """The target interpreter on this machine: one agent process per run, started by `start()`
     (or the first call) and ended by `close()` (patcher.transport.interface.Transport)."""
 
@@ -24,38 +21,8 @@ class LocalTransport:
     def label(self) -> str:
         return self.python
 
-    @property
-    def invocations(self) -> int:
-        return self.agent.invocations
-
     def command(self) -> list[str]:
         return [self.python, "-c", bootstrap()]
-
-    def __enter__(self) -> LocalTransport:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    # -------------------------------------------------------------- the session (its AgentProcess's)
-
-    def start(self) -> None:
-        self.agent.start(self)
-
-    def prestart(self) -> None:
-        self.agent.prestart(self)
-
-    def call(self, request: Mapping[str, Any], timeout: float = DEFAULT_CALL_TIMEOUT, limit: str = "") -> Any:
-        return self.agent.call(self, request, timeout, limit)
-
-    def interrupt(self) -> None:
-        self.agent.interrupt()
-
-    def interrupted_message(self) -> str:
-        return self.agent.interrupted_message(self)
-
-    def close(self) -> None:
-        self.agent.close()
 
     # -------------------------------------------------------------- what went wrong (local)
 

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from .interface import AgentFailure, TransportError, agent_texts
+from .interface import DEFAULT_CALL_TIMEOUT, AgentFailure, TransportError, agent_texts
 
 
 class Explainer(Protocol):
@@ -349,3 +349,39 @@ class AgentProcess:
             f"; the outcome of this {self.op} on {via.label} is unknown: every file there is either its old or "
             f"its new bytes (written atomically); run `{via.status_command()}` to see which"
         )
+
+
+class AgentSession:
+    """The Transport protocol's session methods, served by the transport's own AgentProcess with
+    the transport as its Explainer: what LocalTransport and SshTransport share (each explains its
+    failures its own way, through the Explainer methods it defines)."""
+
+    agent: AgentProcess
+
+    @property
+    def invocations(self) -> int:
+        return self.agent.invocations
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        self.agent.start(self)  # type: ignore[arg-type]  # a subclass is the Explainer
+
+    def prestart(self) -> None:
+        self.agent.prestart(self)  # type: ignore[arg-type]
+
+    def call(self, request: Mapping[str, Any], timeout: float = DEFAULT_CALL_TIMEOUT, limit: str = "") -> Any:
+        return self.agent.call(self, request, timeout, limit)  # type: ignore[arg-type]
+
+    def interrupt(self) -> None:
+        self.agent.interrupt()
+
+    def interrupted_message(self) -> str:
+        return self.agent.interrupted_message(self)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.agent.close()

@@ -25,12 +25,10 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from .interface import DEFAULT_CALL_TIMEOUT, AgentFailure, TransportError, bootstrap
-from .process import AgentProcess
+from .interface import AgentFailure, TransportError, bootstrap
+from .process import AgentProcess, AgentSession
 
 DEFAULT_REMOTE_PYTHON = "python3"
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -233,7 +231,7 @@ class SshSettings:
     sudo: bool = False
 
 
-class SshTransport:
+class SshTransport(AgentSession):
     """A target interpreter on another host, started with the system `ssh`: the same agent session
     as a local one (its AgentProcess), started and explained the ssh way
     (patcher.transport.interface.Transport)."""
@@ -249,34 +247,6 @@ class SshTransport:
     @property
     def label(self) -> str:
         return self.host.name
-
-    @property
-    def invocations(self) -> int:
-        return self.agent.invocations
-
-    def __enter__(self) -> SshTransport:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def start(self) -> None:
-        self.agent.start(self)
-
-    def prestart(self) -> None:
-        self.agent.prestart(self)
-
-    def call(self, request: Mapping[str, Any], timeout: float = DEFAULT_CALL_TIMEOUT, limit: str = "") -> Any:
-        return self.agent.call(self, request, timeout, limit)
-
-    def interrupt(self) -> None:
-        self.agent.interrupt()
-
-    def interrupted_message(self) -> str:
-        return self.agent.interrupted_message(self)
-
-    def close(self) -> None:
-        self.agent.close()
 
     @property
     def sudo(self) -> bool:

@@ -32,8 +32,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.syntax import dotted_name
 from .facts import MAX_DEPTH, SourceTree, last_definition, parse, top_level
-from .names import Target, attribute_target, dotted_name, guarded_imports, lookup, source_tree
+from .names import Target, attribute_target, guarded_imports, lookup, source_tree
 
 DATACLASS_DECORATORS = {"dataclass", "config"}  # vLLM's config classes: @config @dataclass
 

@@ -124,17 +124,6 @@ def _literal_all(module: ast.Module) -> set[str] | None:
     return None
 
 
-def dotted_name(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
-
-
 def guarded_imports(module: ast.AST) -> dict[int, dict[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     """id of each `from ... import` inside a `try:` that catches ImportError -> the functions its
     handlers define (the fallback that is called when the import fails)."""

@@ -2,7 +2,7 @@
 
 The controller runs `python -c BOOTSTRAP` and writes {"agent": TEXTS, "mark": ..., ...} as the
 first line of its input, where TEXTS maps each module the agent may import (this package and the
-modules of patcher's it shares, patcher.core.errors) to (is a package, its source text). BOOTSTRAP runs this
+modules of patcher's it shares, patcher.core.errors and .syntax) to (is a package, its source text). BOOTSTRAP runs this
 module's text, whose start() puts a finder of those texts first on sys.meta_path and imports
 the agent from it: every module runs under its own name (patcher.remote.agent.state, ...), as in the
 controller, compiled from memory. No folder is put on sys.path for it, nothing is written, and a
@@ -30,9 +30,9 @@ BOOTSTRAP = (
     "ns['start'](d)\n"
 )
 
-# The modules of patcher's the agent imports (`patcher.core.errors`), named from `patcher`: sent
-# with it.
-AGENT_SHARED_MODULES = ("core.errors",)
+# The modules of patcher's the agent imports (`patcher.core.errors`, `.syntax`), named from
+# `patcher`: sent with it.
+AGENT_SHARED_MODULES = ("core.errors", "core.syntax")
 
 # In an agent (or a bundle): the texts it was started with, which its verification passes on to
 # the fresh interpreter it starts. Empty in the controller, which reads them from its files.
@@ -84,9 +84,9 @@ def start(first: dict) -> None:
     importlib.import_module("patcher.remote.agent.session").main(first)
 
 
-def read_texts(shared_modules=AGENT_SHARED_MODULES) -> dict:
-    """The controller's side: this package's modules and the `shared_modules` of patcher's (named
-    from `patcher`, e.g. "plan.planning"), read from their files. `patcher` and the packages that
+def read_texts(shared_modules=()) -> dict:
+    """The controller's side: this package's modules, the agent's shared ones and the further
+    `shared_modules` of patcher's (named from `patcher`, e.g. "plan.planning"), read from their files. `patcher` and the packages that
     hold a shared module are sent empty: their own __init__ files belong to the controller."""
 
     def read(path: str) -> str:
@@ -104,7 +104,7 @@ def read_texts(shared_modules=AGENT_SHARED_MODULES) -> dict:
             stem = entry[: -len(".py")]
             name = "patcher.remote.agent" if stem == "__init__" else "patcher.remote.agent." + stem
             texts[name] = [stem == "__init__", read(os.path.join(here, entry))]
-    for dotted in shared_modules:
+    for dotted in dict.fromkeys((*AGENT_SHARED_MODULES, *shared_modules)):
         package, stem = dotted.rsplit(".", 1)
         texts.setdefault("patcher." + package, [True, ""])
         spec = importlib.util.find_spec("patcher." + dotted)

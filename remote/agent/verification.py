@@ -191,22 +191,11 @@ def check_imported_calls(module, tree, prefixes: list) -> list:
     return problems
 
 
-def _dotted(node) -> str | None:
-    import ast
-
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
-
-
 def check_attribute_call(module, tree, call: AttributeCall) -> list:
     import ast
     import importlib
+
+    from patcher.core.syntax import dotted_name
 
     mod_name, _, qual = call["implementation"].partition(":")
     label = f"{call['receiver']}.{call['method']}"
@@ -223,7 +212,7 @@ def check_attribute_call(module, tree, call: AttributeCall) -> list:
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr == call["method"]
-            and _dotted(node.func.value) == call["receiver"]
+            and dotted_name(node.func.value) == call["receiver"]
             and sig is not None
         ):
             error = _bind(sig, node, bound_self=True)
