@@ -12,8 +12,7 @@ import time
 
 from patcher.core.errors import AgentError
 
-from .faults import checkpoint
-from .writes import _CLOEXEC, _NOFOLLOW, write_failure
+from .writes import _CLOEXEC, _NOFOLLOW, replace_entry, write_failure
 
 STATE_DIR_PARTS = ("share", "patcher")
 
@@ -213,33 +212,14 @@ class StateFolder:
         """Atomically: a new temporary (O_EXCL), fsync, rename over the entry, fsync the folder."""
         HELD.require_exclusive("write " + self.shown(name, where))
         folder = self.dir_fd(where, create=True)
-        while True:
-            tmp = ".patcher-" + os.urandom(8).hex() + ".tmp"
-            try:
-                fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, where, mode=0o600)
-                break
-            except FileExistsError:
-                continue
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                os.fchmod(fh.fileno(), 0o644)
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            checkpoint("temp-written:" + name)
-            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
-        except BaseException as exc:
-            try:
-                os.unlink(tmp, dir_fd=folder)
-            except OSError:
-                pass
-            if isinstance(exc, OSError):
-                raise write_failure(exc, self.shown(name, where)) from None
-            raise
-        try:
-            os.fsync(folder)
-        except OSError:
-            pass
+        replace_entry(
+            folder,
+            name,
+            data,
+            create=lambda tmp: self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, where, mode=0o600),
+            finish=lambda fd: os.fchmod(fd, 0o644),
+            failure=lambda exc: write_failure(exc, self.shown(name, where)),
+        )
 
     def unlink(self, name: str, where: str = "") -> None:
         """Delete an entry (absent is fine); a link is refused, not removed."""

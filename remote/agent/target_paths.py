@@ -9,9 +9,8 @@ import os
 from patcher.core.errors import AgentError
 
 from .detect import find_distributions
-from .faults import checkpoint
 from .state import HELD
-from .writes import _CLOEXEC, _LEFT_AS_IS, _NOFOLLOW, file_flags, sha256_bytes, write_failure
+from .writes import _CLOEXEC, _LEFT_AS_IS, _NOFOLLOW, file_flags, replace_entry, sha256_bytes, write_failure
 
 
 class Declared:
@@ -187,43 +186,29 @@ class TargetPath:
             ref = None
         if ref is not None and stat.S_ISLNK(ref.st_mode):
             raise self.refusal(self.name, folder, self.path, OSError(errno.ELOOP, "a symbolic link"))
-        while True:
-            tmp = ".patcher-" + os.urandom(8).hex() + ".tmp"
+
+        def create(tmp: str) -> int:
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600, dir_fd=folder)
-                break
+                return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600, dir_fd=folder)
             except FileExistsError:
-                continue
+                raise
             except OSError as exc:
                 raise write_failure(exc, self.path, folder) from None
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-                if ref is not None:
-                    os.fchmod(fh.fileno(), ref.st_mode & 0o7777)
-                    if hasattr(os, "fchown") and (ref.st_uid != os.getuid() or ref.st_gid != os.getgid()):
-                        try:
-                            os.fchown(fh.fileno(), ref.st_uid, ref.st_gid)
-                        except PermissionError:
-                            pass
-                else:
-                    os.fchmod(fh.fileno(), 0o644)
-            checkpoint("temp-written:" + self.name)
-            os.replace(tmp, self.name, src_dir_fd=folder, dst_dir_fd=folder)
-        except BaseException as exc:
-            try:
-                os.unlink(tmp, dir_fd=folder)
-            except OSError:
-                pass
-            if isinstance(exc, OSError):
-                raise write_failure(exc, self.path, folder) from None
-            raise
-        try:
-            os.fsync(folder)
-        except OSError:
-            pass
+
+        def finish(fd: int) -> None:  # the mode and owner the file had (a new one: 0644, ours)
+            if ref is None:
+                os.fchmod(fd, 0o644)
+                return
+            os.fchmod(fd, ref.st_mode & 0o7777)
+            if hasattr(os, "fchown") and (ref.st_uid != os.getuid() or ref.st_gid != os.getgid()):
+                try:
+                    os.fchown(fd, ref.st_uid, ref.st_gid)
+                except PermissionError:
+                    pass
+
+        replace_entry(
+            folder, self.name, data, create, finish, failure=lambda exc: write_failure(exc, self.path, folder)
+        )
 
     def _open_bytecode_folder(self, folder: int) -> int:
         """The file's __pycache__ (-1: there is none); a link there is refused."""

@@ -9,6 +9,8 @@ import os
 
 from patcher.core.errors import AgentError
 
+from .faults import checkpoint
+
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
@@ -75,3 +77,37 @@ def write_failure(exc: OSError, path: str, dir_fd: int | None = None, attribute:
             f"owner, or --sudo on a remote host); {_LEFT_AS_IS}",
         )
     return AgentError("os-error", f"cannot write {path}: {exc.strerror}; {_LEFT_AS_IS}")
+
+
+def replace_entry(folder: int, name: str, data: bytes, create, finish, failure) -> None:
+    """Put `data` at `name` in the folder open as `folder`, atomically: a temporary of a random
+    name that `create(tmp)` opens O_EXCL there (never through a link), written and fsynced,
+    `finish(fd)` (its mode and owner), renamed over `name`, the folder fsynced. On any error the
+    temporary goes; an OSError is raised as `failure(exc)`."""
+    while True:
+        tmp = ".patcher-" + os.urandom(8).hex() + ".tmp"
+        try:
+            fd = create(tmp)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+            finish(fh.fileno())
+        checkpoint("temp-written:" + name)
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp, dir_fd=folder)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise failure(exc) from None
+        raise
+    try:
+        os.fsync(folder)
+    except OSError:
+        pass
