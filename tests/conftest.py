@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.envs import light_env
+from workbench.envs import demo_env, light_env
 from workbench.progress import keep_config
 from workbench.sshd import SshClient, SshServer, ensure_user, next_address
 
@@ -99,3 +99,19 @@ def sudoer():
         yield "patcher-sudo"
     finally:
         rule.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def demo_python() -> Path:
+    """The demo environment's python (vLLM 0.16.0, CPU build; workbench.envs.demo_env): built
+    once, cached. A module on another release defines its own."""
+    return demo_env()
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    """The tiny random Llama checkpoint, made once with the 0.16 environment: every release reads
+    the same weights."""
+    from patcher.demo.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model(demo_env(), progress=lambda message: None)

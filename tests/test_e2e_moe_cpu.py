@@ -19,24 +19,16 @@ against compressed-tensors' own decompression instead. docs/models.md has the GP
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support.e2e import EXTRACT, TIMINGS, error_of, patch_as, summary
-from workbench.envs import demo_env, overlay_env
+from tests.support.e2e import error_of, extract, patch_as, rolled_back_overlay, summary
 
 pytestmark = pytest.mark.vllm
 
 CPU_ENV = {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-
-
-@pytest.fixture(scope="module")
-def demo_python() -> Path:
-
-    return demo_env()
 
 
 def checkpoint(demo_python: Path, kind: str) -> Path:
@@ -47,33 +39,8 @@ def checkpoint(demo_python: Path, kind: str) -> Path:
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory, demo_python: Path):
-    from tests.support.cli import patcher
-
-    python = overlay_env(tmp_path_factory.mktemp("moe"), demo_python)
-    try:
+    with rolled_back_overlay(tmp_path_factory.mktemp("moe"), demo_python) as python:
         yield python
-    finally:
-        patcher("rollback", "--python", str(python), "--json")
-
-
-def extract_cpu(target: Path, model: Path, calls: str, label: str) -> dict:
-    import time
-
-    started = time.monotonic()
-    proc = subprocess.run(
-        [str(target), str(EXTRACT), "--model", str(model), "--calls", calls],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=str(target.parent.parent),
-        env={**os.environ, **CPU_ENV},
-    )
-    TIMINGS[label] = time.monotonic() - started
-    lines = [line for line in proc.stdout.strip().splitlines() if line.startswith("{")]
-    assert lines, f"no report; stderr:\n{proc.stderr[-3000:]}"
-    report = json.loads(lines[-1])
-    assert proc.returncode == (0 if report["ok"] else 1)
-    return report
 
 
 def assert_whole_in_order_and_matching(report: dict, calls: int) -> None:
@@ -96,14 +63,14 @@ def test_deepseek_v3_every_prompt_whole_in_order_and_matching(target: Path, demo
     # calls 1, 2 and 4: prefixes shared within and across calls, prompts repeated; call 3 (a batch
     # split across scheduler steps) is the GPU run's: here its transformers reference alone would
     # take minutes of the suite's budget
-    report = extract_cpu(target, model, "1,2,4", "deepseek-v3 (cpu, MLA off)")
+    report = extract(target, model, "1,2,4", "deepseek-v3 (cpu, MLA off)", env=CPU_ENV)
     assert_whole_in_order_and_matching(report, 3)
 
 
 def test_kimi_k25_wrapper_decoder_is_found(target: Path, demo_python: Path):
     model = checkpoint(demo_python, "kimi-k25")
     patch_as(target)
-    report = extract_cpu(target, model, "1,2", "kimi-k25 (cpu, MLA off)")
+    report = extract(target, model, "1,2", "kimi-k25 (cpu, MLA off)", env=CPU_ENV)
     assert report["reference"].endswith("reference")  # transformers' DeepseekV3 of the text weights
     assert_whole_in_order_and_matching(report, 2)
 
@@ -111,7 +78,7 @@ def test_kimi_k25_wrapper_decoder_is_found(target: Path, demo_python: Path):
 def test_without_v20_kimi_k25_is_refused_before_vllm_0_18(target: Path, demo_python: Path):
     model = checkpoint(demo_python, "kimi-k25")
     patch_as(target, "v20")
-    error = error_of(extract_cpu(target, model, "1", "kimi-k25 without v20"))
+    error = error_of(extract(target, model, "1", "kimi-k25 without v20", env=CPU_ENV))
     assert error["phase"] == "init", error
     assert "Model KimiK25ForConditionalGeneration does not support hidden state extraction" in error["message"]
 

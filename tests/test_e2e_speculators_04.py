@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher
-from tests.support.e2e import assert_all_correct, error_of, extract, prompts, summary
-from workbench.envs import demo_env, overlay_env, site_file
+from tests.support.e2e import assert_all_correct, error_of, extract, prompts, rolled_back_overlay, summary
+from workbench.envs import site_file
 
 pytestmark = pytest.mark.vllm
 
@@ -27,25 +27,9 @@ WORKER = "speculators/data_generation/custom_worker.py"
 
 
 @pytest.fixture(scope="module")
-def demo_python() -> Path:
-
-    return demo_env()
-
-
-@pytest.fixture(scope="module")
-def model(demo_python: Path) -> Path:
-    from patcher.demo.tiny_model import ensure_tiny_model
-
-    return ensure_tiny_model(demo_python, progress=lambda message: None)
-
-
-@pytest.fixture(scope="module")
 def target(tmp_path_factory, demo_python: Path):
-    python = overlay_env(tmp_path_factory.mktemp("e2e-04"), demo_python, speculators=SPECULATORS)
-    try:
+    with rolled_back_overlay(tmp_path_factory.mktemp("e2e-04"), demo_python, SPECULATORS) as python:
         yield python
-    finally:
-        patcher("rollback", "--python", str(python), "--json")
 
 
 def hashes(python: Path) -> dict[str, str]:

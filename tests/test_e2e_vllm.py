@@ -31,9 +31,9 @@ from tests.support.e2e import (
     leave_out,
     patch_as,
     pristine,
+    rolled_back_overlay,
     summary,
 )
-from workbench.envs import demo_env, overlay_env
 
 pytestmark = pytest.mark.vllm
 
@@ -47,26 +47,13 @@ FIGURES: dict[str, str] = {}
 # --- the pieces -------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def demo_python() -> Path:
-
-    return demo_env()
-
-
-@pytest.fixture(scope="module")
-def model(demo_python: Path) -> Path:
-    from patcher.demo.tiny_model import ensure_tiny_model
-
-    return ensure_tiny_model(demo_python, progress=lambda message: None)
+# demo_python and model: tests/conftest.py
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory, demo_python: Path):
-    python = overlay_env(tmp_path_factory.mktemp("e2e"), demo_python)
-    try:
+    with rolled_back_overlay(tmp_path_factory.mktemp("e2e"), demo_python) as python:
         yield python
-    finally:  # whatever happened, the target's speculators files end as pip installed them
-        patcher("rollback", "--python", str(python), "--json")
 
 
 # --- the tests, in order -----------------------------------------------------------------------

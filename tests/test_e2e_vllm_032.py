@@ -15,8 +15,15 @@ import pytest
 
 from tests.support.cli import patcher
 from tests.support.declared import leave_one_outs, run_id
-from tests.support.e2e import assert_every_selected_patch_applies, extract, leave_out, pristine, summary
-from workbench.envs import demo_env, overlay_env
+from tests.support.e2e import (
+    assert_every_selected_patch_applies,
+    extract,
+    leave_out,
+    pristine,
+    rolled_back_overlay,
+    summary,
+)
+from workbench.envs import demo_env
 
 pytestmark = pytest.mark.vllm
 
@@ -30,21 +37,13 @@ def demo_python() -> Path:
     return demo_env(VLLM)
 
 
-@pytest.fixture(scope="module")
-def model() -> Path:
-    # made once with the 0.16 environment (the same weights every release reads)
-    from patcher.demo.tiny_model import ensure_tiny_model
-
-    return ensure_tiny_model(demo_env(), progress=lambda message: None)
+# model: tests/conftest.py (the 0.16 environment makes it; every release reads the same weights)
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory, demo_python: Path):
-    python = overlay_env(tmp_path_factory.mktemp("e2e032"), demo_python)
-    try:
+    with rolled_back_overlay(tmp_path_factory.mktemp("e2e032"), demo_python) as python:
         yield python
-    finally:
-        patcher("rollback", "--python", str(python))
 
 
 def test_every_patch_it_needs_is_selected_and_one_batch_is_correct(target: Path, model: Path):

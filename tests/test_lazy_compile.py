@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher, sha, states
-from workbench.envs import demo_env, overlay_env, site_file
+from tests.support.e2e import rolled_back_overlay
+from workbench.envs import site_file
 
 pytestmark = pytest.mark.vllm
 
@@ -50,13 +51,9 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory) -> Path:
-
-    python = overlay_env(tmp_path_factory.mktemp("lazy-compile"), demo_env())
-    try:
+def target(tmp_path_factory, demo_python: Path):
+    with rolled_back_overlay(tmp_path_factory.mktemp("lazy-compile"), demo_python) as python:
         yield python
-    finally:
-        patcher("rollback", "--python", str(python))
 
 
 def probe(python: Path) -> dict:
@@ -91,14 +88,9 @@ def test_rollback_brings_the_call_back(target: Path):
 
 
 @pytest.fixture(scope="module")
-def target_0_4(tmp_path_factory) -> Path:
-
-    base = demo_env()
-    python = overlay_env(tmp_path_factory.mktemp("lazy-compile-04"), base, speculators="0.4.0.1")
-    try:
+def target_0_4(tmp_path_factory, demo_python: Path):
+    with rolled_back_overlay(tmp_path_factory.mktemp("lazy-compile-04"), demo_python, "0.4.0.1") as python:
         yield python
-    finally:
-        patcher("rollback", "--python", str(python))
 
 
 def test_speculators_0_4_asks_cuda_at_import_and_v24_stops_it(target_0_4: Path):

@@ -18,16 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import patcher, patcher_argv
-from workbench.envs import demo_env, light_env, overlay_env
+from workbench.envs import light_env, overlay_env
 from workbench.sshd import SshClient, SshServer, why_no_sshd
 
 TIMINGS: dict[str, float] = {}
-
-
-@pytest.fixture(scope="module")
-def demo_python() -> Path:
-
-    return demo_env()
 
 
 def _run_check_folders() -> set[str]:

@@ -31,13 +31,6 @@ CPU_ENV = {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}  # as tests/t
 
 
 @pytest.fixture(scope="module")
-def demo_python() -> Path:
-    from patcher.demo.environment import build_demo_env
-
-    return build_demo_env(progress=lambda message: None)
-
-
-@pytest.fixture(scope="module")
 def target(tmp_path_factory, demo_python: Path):
     """The demo environment's vLLM under a pristine speculators 0.3.0, patched."""
     from workbench.envs import overlay_env

@@ -24,11 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import patcher
-from tests.support.e2e import patch_as
+from tests.support.e2e import patch_as, rolled_back_overlay
 from tests.support.shared_states_driver import MOMENTS
 from tests.support.terminal import sigint_as_at_a_terminal
-from workbench.envs import overlay_env
 
 pytestmark = pytest.mark.vllm
 
@@ -38,26 +36,9 @@ FOLDERS = ("/dev/shm", tempfile.gettempdir())
 
 
 @pytest.fixture(scope="module")
-def demo_python() -> Path:
-    from patcher.demo.environment import build_demo_env
-
-    return build_demo_env(progress=lambda message: None)
-
-
-@pytest.fixture(scope="module")
-def model(demo_python: Path) -> Path:
-    from patcher.demo.tiny_model import ensure_tiny_model
-
-    return ensure_tiny_model(demo_python, progress=lambda message: None)
-
-
-@pytest.fixture(scope="module")
 def target(tmp_path_factory, demo_python: Path):
-    python = overlay_env(tmp_path_factory.mktemp("v21"), demo_python)
-    try:
+    with rolled_back_overlay(tmp_path_factory.mktemp("v21"), demo_python) as python:
         yield python
-    finally:
-        patcher("rollback", "--python", str(python), "--json")
 
 
 def transfer_files() -> set[str]:

@@ -12,15 +12,9 @@ import pytest
 
 from tests.support.cli import patcher, states
 from tests.support.files import GENERATOR, PRISTINE_GENERATOR
-from workbench.envs import demo_env, overlay_env, site_file
+from workbench.envs import overlay_env, site_file
 
 pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture(scope="session")
-def demo_python() -> Path:
-
-    return demo_env()
 
 
 @pytest.fixture

@@ -1,17 +1,21 @@
-"""The end-to-end pieces both vLLM modules use (tests/test_e2e_vllm.py on 0.16,
-tests/test_e2e_vllm_032.py on 0.32): patch a target as asked, run the extraction driver in it,
-read its report. TIMINGS collects each extraction's wall time for test_e2e_vllm's summary."""
+"""The end-to-end pieces the vLLM modules use (tests/test_e2e_vllm.py on 0.16,
+tests/test_e2e_vllm_032.py on 0.32, the speculators 0.4, MoE and v21 modules): a target that ends
+rolled back, patched as asked, the extraction driver run in it, its report read. TIMINGS collects
+each extraction's wall time for test_e2e_vllm's summary."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.cli import patcher
-from workbench.envs import site_file
+from workbench.envs import overlay_env, site_file
 
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 WORKER = "speculators/data_generation/custom_worker.py"
@@ -47,8 +51,20 @@ def patch_as(target: Path, *skip: str) -> dict[str, str]:
     return states
 
 
-def extract(target: Path, model: Path, calls: str, label: str) -> dict:
-    """Run the driver in the target; its report is the last line of its stdout."""
+@contextmanager
+def rolled_back_overlay(folder: Path, base_python: Path, speculators: str = "0.3.0") -> Iterator[Path]:
+    """A throwaway target over a real vLLM environment (workbench.envs.overlay_env), its python;
+    whatever happened, its speculators files end as pip installed them."""
+    python = overlay_env(folder, base_python, speculators=speculators)
+    try:
+        yield python
+    finally:
+        patcher("rollback", "--python", str(python), "--json")
+
+
+def extract(target: Path, model: Path, calls: str, label: str, env: Mapping[str, str] | None = None) -> dict:
+    """Run the driver in the target (with `env` over this process's environment); its report is
+    the last line of its stdout."""
     started = time.monotonic()
     proc = subprocess.run(
         [str(target), str(EXTRACT), "--model", str(model), "--calls", calls],
@@ -56,6 +72,7 @@ def extract(target: Path, model: Path, calls: str, label: str) -> dict:
         text=True,
         timeout=900,
         cwd=str(target.parent.parent),
+        env={**os.environ, **(env or {})},
     )
     TIMINGS[label] = time.monotonic() - started
     # the report is the driver's last JSON line; vLLM 0.32's workers may still log after it
