@@ -50,6 +50,25 @@ def model_key(params: dict = PARAMS) -> str:
     return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def make_in_place(final: Path, marker: str, make: Callable[[Path], None]) -> None:
+    """Make the folder `final`: `make` fills a temporary folder beside it, renamed into place only
+    once complete (with `marker` in it), so a half-made one is never used; where another process
+    put a complete one there first, that one stands."""
+    shutil.rmtree(final, ignore_errors=True)  # not complete: the caller reuses a complete one
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-build-", dir=final.parent))
+    try:
+        make(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / marker).is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def ensure_tiny_model(
     python: Path | str,
     cache_root: Path | None = None,
@@ -64,13 +83,11 @@ def ensure_tiny_model(
         progress(f"tiny model: reusing {final}")
         return final
     base.mkdir(parents=True, exist_ok=True)
-    if final.exists():
-        shutil.rmtree(final)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{model_key()}-build-", dir=base))
     progress(f"tiny model: making {final} (Llama, {PARAMS['num_hidden_layers']} layers, random weights)")
-    try:
+
+    def make(folder: Path) -> None:
         proc = subprocess.run(
-            [str(python), str(Path(__file__).resolve()), str(tmp)],
+            [str(python), str(Path(__file__).resolve()), str(folder)],
             capture_output=True,
             text=True,
             timeout=600,
@@ -78,16 +95,9 @@ def ensure_tiny_model(
         )
         if proc.returncode != 0:
             raise RuntimeError(f"making the tiny model failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-        (tmp / COMPLETE_MARKER).write_text(json.dumps(PARAMS, sort_keys=True) + "\n")
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process put one there first
-            if not (final / COMPLETE_MARKER).is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (folder / COMPLETE_MARKER).write_text(json.dumps(PARAMS, sort_keys=True) + "\n")
+
+    make_in_place(final, COMPLETE_MARKER, make)
     progress(f"tiny model: ready at {final}")
     return final
 

@@ -48,11 +48,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -253,6 +250,7 @@ def ensure_tiny_moe(
     """Make (or reuse) the tiny checkpoint `kind` with `python` (torch, transformers, tokenizers,
     safetensors); return its directory, under <cache>/demo-model/ beside the tiny Llama."""
     from .environment import resolve_cache
+    from .tiny_model import make_in_place
 
     base = resolve_cache(cache_root) / "demo-model"
     final = base / model_key(kind)
@@ -260,12 +258,11 @@ def ensure_tiny_moe(
         progress(f"tiny {kind}: reusing {final}")
         return final
     base.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-build-", dir=base))
     progress(f"tiny {kind}: making {final}")
-    try:
+
+    def make(folder: Path) -> None:
         proc = subprocess.run(
-            [str(python), str(Path(__file__).resolve()), kind, str(tmp)],
+            [str(python), str(Path(__file__).resolve()), kind, str(folder)],
             capture_output=True,
             text=True,
             timeout=900,
@@ -273,15 +270,8 @@ def ensure_tiny_moe(
         )
         if proc.returncode != 0:
             raise RuntimeError(f"making the tiny {kind} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process put one there first
-            if not (final / MARKER).is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    make_in_place(final, MARKER, make)
     return final
 
 
