@@ -79,3 +79,11 @@ def test_everything_else_goes_to_the_cli():
 def test_installed_script_is_the_entry():
     assert SCRIPT.exists(), "the package is installed with its console script"
     assert "patcher.cli.entry" in SCRIPT.read_text()
+
+
+def test_the_help_names_every_exit_code():
+    from patcher.core.errors import EXIT_MEANINGS
+
+    summary = " ".join(HELP.split("Exit codes:", 1)[1].split("Options:", 1)[0].split())
+    missing = [code for code, _ in EXIT_MEANINGS if f" {code} " not in f" {summary}"]
+    assert not missing, f"patcher --help's exit-code summary lacks {missing} (patcher/cli/patcher_command.py main)"

@@ -91,6 +91,28 @@ def test_the_first_run_figures_are_the_recorded_ones():
     assert {f for f in figures if "to" in f} <= stated_figures(budget)
 
 
+def ansible_figures() -> str:
+    """README's Ansible sentence as both recorded runs (bench/results/benchmarks/ansible.json, the
+    docs' benchmark page; bench/results/ansible-single-run-with-pyinfra.json, docs/ansible.md's
+    table) give it: the collection's time over patcher's runner, Ansible copy's over the collection."""
+    results = ROOT / "bench" / "results"
+    loaded = json.loads((results / "benchmarks" / "ansible.json").read_text(encoding="utf-8"))["results"]["points"]
+    single = json.loads((results / "ansible-single-run-with-pyinfra.json").read_text(encoding="utf-8"))["points"]
+    points = [(p["runner_s"], p["collection_s"], p["ansible_copy_s"]) for p in loaded]
+    points += [(p["runner"]["s"], p["collection"]["s"], p["ansible_copy"]["s"]) for p in single]
+    cost = sorted(collection / runner for runner, collection, _ in points)
+    faster = sorted(copy / collection for _, collection, copy in points)
+    return (
+        f"{cost[0]:.1f}x to {cost[-1]:.1f}x the time of patcher's own runner and "
+        f"{faster[0]:.0f}x to {faster[-1]:.0f}x faster than Ansible's `copy`"
+    )
+
+
+def test_the_ansible_figures_are_the_recorded_ones():
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert ansible_figures() in readme, f"README's Ansible figures: the records say {ansible_figures()!r}"
+
+
 def test_a_figure_the_record_does_not_hold_is_found():
     # what README said before the figures were measured: "about 8 GB, 3–5 minutes"
     assert stated_figures("about 8 GB, 3–5 minutes; cached") - first_run_figures() == {"3–5 minutes"}

@@ -382,10 +382,11 @@ def main() -> None:
     """Versioned, verified, reversible patches that keep speculators running on newer vLLM.
 
     Exit codes: 0 ok (also nothing to do), 1 a patch or verification failed (rolled back),
-    2 usage error, 3 conflict (file modified by hand, anchor missing), 4 target unreachable or
-    timed out, 5 target locked by another run, 6 `plan` only: changes pending, 7 unsupported
-    (a speculators release no patch set covers, or a vLLM that cannot find its platform: the
-    message says what to do), 130 interrupted (Ctrl-C).
+    2 usage error, 3 conflict (file modified by hand, anchor missing, a link on the way),
+    4 target unreachable or timed out, 5 target locked by another run, 6 `plan` only: changes
+    pending, 7 unsupported (a speculators or vLLM release patcher cannot make work: the message
+    says what to do), 8 the report could not be written, 130 interrupted (Ctrl-C). Each in
+    full: docs/reference/exit-codes.md.
     """
 
 

@@ -48,7 +48,8 @@ EXIT_MEANINGS = (
         EXIT_CONFLICT,
         (
             "conflict: a file changed by hand, an anchor missing, a damaged backup or state record, a state folder "
-            "another user owns or can write, an original that is not the bytes pip's RECORD gives (`rollback --force`)"
+            "another user owns or can write, a symbolic link on the way to a target file or among patcher's own "
+            "entries, an original that is not the bytes pip's RECORD gives (`rollback --force`)"
         ),
     ),
     (EXIT_UNREACHABLE, "target unreachable, or it did not answer within its time limit (status `timed-out`)"),
