@@ -116,3 +116,20 @@ def test_the_ansible_figures_are_the_recorded_ones():
 def test_a_figure_the_record_does_not_hold_is_found():
     # what README said before the figures were measured: "about 8 GB, 3–5 minutes"
     assert stated_figures("about 8 GB, 3–5 minutes; cached") - first_run_figures() == {"3–5 minutes"}
+
+
+def test_the_speculators_0_4_rows_the_docs_name_are_recorded_passing_and_current():
+    from patcher.upstream.runs import row_is_current
+    from workbench.release_matrix import recorded_rows, row_passed, speculators_of
+
+    page = (ROOT / "docs" / "speculators-releases.md").read_text(encoding="utf-8")
+    named = page[page.index("The rows recorded for 0.4.0.1") : page.index("- Leave-one-out rows")]
+    releases = set(re.findall(r"\b0\.[0-9]+\.[0-9]+(?:\.post[0-9]+)?(?![.0-9])", named)) - {"0.4.0.1"}
+    rows = {r["release"]: r for r in recorded_rows() if speculators_of(r) == "0.4.0.1"}
+    assert releases, "docs/speculators-releases.md names no 0.4.0.1 row"
+    problems = {
+        release: "not recorded" if release not in rows else "fails" if not row_passed(rows[release]) else "stale"
+        for release in releases
+        if release not in rows or not row_passed(rows[release]) or not row_is_current(rows[release])
+    }
+    assert not problems, f"docs/speculators-releases.md names these 0.4.0.1 rows: {problems}"
