@@ -22,7 +22,7 @@ import libcst as cst
 
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import EAGLE3_CORE, SPECULATORS_0_4
 
@@ -152,9 +152,25 @@ PATCH = Patch(
     "torch.cuda.is_initialized() (vllm/utils/system_utils.py _maybe_force_spawn)",
     without_it="without it, on a CUDA host `import speculators` initialises CUDA behind torch's back "
     "(`torch.cuda.is_available()` at class definition) and vLLM's forked workers can die at start: "
-    "`RuntimeError: Cannot re-initialize CUDA in forked subprocess` (v18's symptom with 0.3.0; not yet run "
-    "with 0.4.0 on a GPU). `tests/test_lazy_compile.py` counts the device-count calls of "
-    "`import speculators` without a GPU: 1 before, 0 after",
-    leave_one_out=(LeaveOneOut("0.16.0", None, calls="all", speculators="0.4.0.1"),),
+    "`RuntimeError: Cannot re-initialize CUDA in forked subprocess` (v18's symptom with 0.3.0; seen with "
+    "0.4.0.1 on an H200, vLLM 0.22.0 and 0.26.0, every model). `tests/test_lazy_compile.py` counts the "
+    "device-count calls of `import speculators` without a GPU: 1 before, 0 after",
+    leave_one_out=(
+        LeaveOneOut("0.16.0", None, calls="all", speculators="0.4.0.1"),
+        LeaveOneOut(
+            "0.22.0",
+            Symptom("init", messages=("Cannot re-initialize CUDA in forked subprocess",)),
+            device="cuda",
+            record="bench/gpu/results/0.22.0-speculators-0.4.0.1-h200x1/log.txt",
+            speculators="0.4.0.1",
+        ),
+        LeaveOneOut(
+            "0.26.0",
+            Symptom("init", messages=("Cannot re-initialize CUDA in forked subprocess",)),
+            device="cuda",
+            record="bench/gpu/results/0.26.0-speculators-0.4.0.1-h200x1/log.txt",
+            speculators="0.4.0.1",
+        ),
+    ),
     since="any (torch >=2.0: a condition on torch)",
 )
