@@ -235,7 +235,7 @@ def main() -> int:
     refused = bad_arguments(args.release, args.leave_out, args.speculators)
     if refused:
         parser.error(refused)  # exit 2, before anything is built
-    releases = args.release or [*newest_per_line(), *ALSO, *NO_CPU_WHEEL]
+    releases = args.release or [r for r in [*newest_per_line(), *ALSO, *NO_CPU_WHEEL] if runs_on(args.speculators, r)]
     if args.list:
         print("\n".join(releases))
         return 0
@@ -282,6 +282,16 @@ def main() -> int:
     # 1 when an environment did not build or a row run now did not pass: a matrix run in a script or a
     # CI job must not read as green because its table was written
     return 1 if failed or not all(map(row_passed, ran)) else 0
+
+
+def runs_on(speculators: str, release: str) -> bool:
+    """Whether the release line of `speculators` runs on vLLM `release` (speculators 0.4 needs 0.12+):
+    elsewhere patcher refuses the target (exit 7, tests/test_coverage.py), so there is no row to run."""
+    from patcher.patchset.registry import release_lines
+    from patcher.plan.selection import condition_holds
+
+    line = next(x for x in release_lines() if x.patched and condition_holds(x.spec, speculators))
+    return all(condition_holds(spec, release) for name, spec in line.requires.items() if name == "vllm")
 
 
 def bad_arguments(releases: list[str], leave_out: str | None, speculators: str = DEFAULT_SPECULATORS) -> str:
