@@ -169,5 +169,12 @@ PATCH = Patch(
             Symptom("generate 1", "RuntimeError", ("'GPUModelRunner' object has no attribute 'input_batch'",)),
             device="cuda",
         ),
+        LeaveOneOut(
+            "0.26.0",
+            Symptom("generate 1", "RuntimeError", ("'GPUModelRunner' object has no attribute 'input_batch'",)),
+            device="cuda",
+            record="bench/gpu/results/0.26.0-speculators-0.4.0.1-h200x1/log.txt",
+            speculators="0.4.0.1",
+        ),
     ),
 )
