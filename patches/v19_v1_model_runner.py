@@ -130,6 +130,9 @@ class VllmHiddenStatesGenerator:
         return VllmConfig(cache_config=cache_config)
 '''
 
+# what the first generate() shows when the workers run Model Runner V2
+NO_V1_BATCH = Symptom("generate 1", "RuntimeError", ("'GPUModelRunner' object has no attribute 'input_batch'",))
+
 PATCH = Patch(
     id="v19-v1-model-runner",
     title="the generator's workers run vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)",
@@ -166,12 +169,12 @@ PATCH = Patch(
     leave_one_out=(
         LeaveOneOut(
             "0.23.0",
-            Symptom("generate 1", "RuntimeError", ("'GPUModelRunner' object has no attribute 'input_batch'",)),
+            NO_V1_BATCH,
             device="cuda",
         ),
         LeaveOneOut(
             "0.26.0",
-            Symptom("generate 1", "RuntimeError", ("'GPUModelRunner' object has no attribute 'input_batch'",)),
+            NO_V1_BATCH,
             device="cuda",
             record="bench/gpu/results/0.26.0-speculators-0.4.0.1-h200x1/log.txt",
             speculators="0.4.0.1",

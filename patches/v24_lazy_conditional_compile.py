@@ -130,6 +130,9 @@ class Eagle3DraftModel(SpeculatorModel):
 """
 )
 
+# what a forked vLLM worker dies of once `import speculators` has initialised CUDA (v18's symptom too)
+CUDA_IN_FORKED_WORKER = Symptom("init", messages=("Cannot re-initialize CUDA in forked subprocess",))
+
 PATCH = Patch(
     id="v24-lazy-conditional-compile",
     title="decide 0.4's conditional_torch_compile at the first call: importing speculators leaves CUDA alone",
@@ -159,14 +162,14 @@ PATCH = Patch(
         LeaveOneOut("0.16.0", None, calls="all", speculators="0.4.0.1"),
         LeaveOneOut(
             "0.22.0",
-            Symptom("init", messages=("Cannot re-initialize CUDA in forked subprocess",)),
+            CUDA_IN_FORKED_WORKER,
             device="cuda",
             record="bench/gpu/results/0.22.0-speculators-0.4.0.1-h200x1/log.txt",
             speculators="0.4.0.1",
         ),
         LeaveOneOut(
             "0.26.0",
-            Symptom("init", messages=("Cannot re-initialize CUDA in forked subprocess",)),
+            CUDA_IN_FORKED_WORKER,
             device="cuda",
             record="bench/gpu/results/0.26.0-speculators-0.4.0.1-h200x1/log.txt",
             speculators="0.4.0.1",
