@@ -288,10 +288,11 @@ def runs_on(speculators: str, release: str) -> bool:
     """Whether the release line of `speculators` runs on vLLM `release` (speculators 0.4 needs 0.12+):
     elsewhere patcher refuses the target (exit 7, tests/test_coverage.py), so there is no row to run."""
     from patcher.patchset.registry import release_lines
+    from patcher.plan.planning import line_allows
     from patcher.plan.selection import condition_holds
 
-    line = next(x for x in release_lines() if x.patched and condition_holds(x.spec, speculators))
-    return all(condition_holds(spec, release) for name, spec in line.requires.items() if name == "vllm")
+    lines = [x.as_json() for x in release_lines()]
+    return line_allows(lines, "speculators", speculators, {"vllm": release}, condition_holds)
 
 
 def bad_arguments(releases: list[str], leave_out: str | None, speculators: str = DEFAULT_SPECULATORS) -> str:
