@@ -17,17 +17,6 @@ EAGLE = TargetFile("speculators", "speculators/models/eagle.py")
 # Imported by `import speculators` (its model registry): the module that decorates with torch.compile.
 EAGLE3_CORE = TargetFile("speculators", "speculators/models/eagle3/core.py")
 
-# vLLM 0.34.0 removed the v1 GPU model runner (vllm.v1.worker.gpu_model_runner and gpu_input_batch,
-# VllmConfig.use_v2_model_runner); only vllm/v1/worker/gpu/model_runner.py (V2) and the CPU runner
-# remain. 0.3's and 0.4's worker extension, and v10's capture, read the V1 runner's batch
-# (model_runner.input_batch), and v19 selects V1 with a switch 0.34 no longer has: no patch set
-# covers 0.34, so both lines stop there (exit 7). Porting the capture to V2 is future work.
-V1_RUNNER_UNTIL = {"vllm": "<0.34.0"}
-V1_RUNNER_GONE = (
-    "vLLM 0.34.0 removed the v1 GPU model runner its worker drives (vllm.v1.worker.gpu_model_runner, "
-    "model_runner.input_batch), and no patch ports it to the new runner"
-)
-
 # Every speculators release patcher answers for (docs/speculators-releases.md): a release in none
 # of these lines is refused with exit 7, never "ok". Each patched line is served by the patches
 # whose `requires` holds on its releases (tests/test_coverage.py checks both ways).
@@ -38,8 +27,6 @@ RELEASE_LINES = (
         ("0.3.0",),
         patched=True,
         path="VllmHiddenStatesGenerator drives vLLM's engine in-process: speculators 0.3.0's patch set",
-        requires=V1_RUNNER_UNTIL,
-        requires_why={"vllm<0.34.0": V1_RUNNER_GONE},
     ),
     ReleaseLine(
         "speculators",
@@ -49,11 +36,8 @@ RELEASE_LINES = (
         path="VllmHiddenStatesGenerator drives vLLM's engine in-process: speculators 0.4.0's patch set",
         # written for vLLM 0.12's engine API (block hasher, SchedulerConfig(is_encoder_decoder=...)):
         # on 0.11 its own calls do not bind, and no patch takes it back there
-        requires={"vllm": ">=0.12.0,<0.34.0"},
-        requires_why={
-            "vllm>=0.12.0": "it is written for vLLM 0.12's engine API, and no patch takes it back to 0.11",
-            "vllm<0.34.0": V1_RUNNER_GONE,
-        },
+        requires={"vllm": ">=0.12.0"},
+        requires_why={"vllm>=0.12.0": "it is written for vLLM 0.12's engine API, and no patch takes it back to 0.11"},
     ),
     ReleaseLine(
         "speculators",

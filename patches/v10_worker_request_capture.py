@@ -297,13 +297,15 @@ PATCH = Patch(
             WorkerRecordsRequestRows,
             when=EVERY_RELEASE,
             answers="vLLM splits prompts across scheduler steps and orders a step's rows by its "
-            "input batch (model_runner.input_batch.req_id_to_index)",
+            "input batch (req_ids; the V1 runner's model_runner.input_batch.req_id_to_index, which "
+            "v27 reads from Model Runner V2's batch of the step where V1 is gone)",
+            # the V1 runner's batch (vllm/v1/worker/gpu_input_batch.py) until 0.33, Model Runner V2's
+            # (vllm/v1/worker/gpu/input_batch.py) in 0.34, which removed V1
             fact=Fact(
                 "defines",
-                "vllm.v1.worker.gpu_input_batch",
+                ("vllm.v1.worker.gpu_input_batch", "vllm.v1.worker.gpu.input_batch"),
                 "InputBatch",
-                "req_id_to_index",
-                needs=(Fact("defines", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "input_batch"),),
+                "req_ids",
             ),
         ),
     ),

@@ -1,20 +1,23 @@
-"""v19: the generator's workers run vLLM's V1 model runner, the one its worker extension reads.
+"""v19: the generator's workers run vLLM's V1 model runner, vLLM 0.22-0.33 (VLLM_USE_V2_MODEL_RUNNER=0).
 
 vLLM 0.22.0 made Model Runner V2 (vllm/v1/worker/gpu/model_runner.py) the default on CUDA for
-Qwen3, 0.23.0 for Llama and Mistral too, and 0.32.0 for every model (vllm/config/vllm.py,
-`VllmConfig.use_v2_model_runner`; only where Triton is there, so never on the CPU build).
-speculators' worker extension, and v10's capture by request, read the V1 runner's per-step batch
-(`model_runner.input_batch`); V2 keeps its batch elsewhere. On an H200 with vLLM 0.23.0 every
-`generate()` failed at the first step, one GPU and two: "'GPUModelRunner' object has no attribute
-'input_batch'". vLLM's own switch, VLLM_USE_V2_MODEL_RUNNER=0, selects V1 (still shipped, and
-the runner 0.20-0.22 ran with). The generator sets it while it builds its config, before its
-workers start, so they inherit it; no user sets anything. It stays set in the generator's
-process: VllmConfig reads it again whenever it asks which runner is in use, and the answer must
-not change under the running executor.
+Qwen3, 0.23.0 for Llama and Mistral too, 0.25.0 for every dense model and 0.29.0 for every model
+(vllm/config/vllm.py, `VllmConfig.use_v2_model_runner`; only where Triton is, so never on the CPU
+build). speculators' worker extension, and v10's capture by request, read the V1 runner's per-step
+batch (`model_runner.input_batch`); V2 keeps its batch elsewhere. On an H200 with vLLM 0.23.0
+every `generate()` failed at the first step, one GPU and two: "'GPUModelRunner' object has no
+attribute 'input_batch'". vLLM's own switch, VLLM_USE_V2_MODEL_RUNNER=0, selects V1 (still
+shipped, and the runner 0.20-0.22 ran with). The generator sets it while it builds its config,
+before its workers start, so they inherit it; no user sets anything. It stays set in the
+generator's process: VllmConfig reads it again whenever it asks which runner is in use, and the
+answer must not change under the running executor.
 
-Why not teach the extension V2's batch instead: V2's execute/sample split, warm-up and step
-state differ from V1 in ways the capture would have to follow release by release; V1 is the path
-every run so far proved (CPU 0.16-0.32, CUDA 0.20-0.22).
+vLLM 0.34.0 removed V1 and refuses the switch at start-up ("VLLM_USE_V2_MODEL_RUNNER=0 is no longer
+supported: Model Runner V1 has been removed", vllm/platforms/interface.py validate_environ), so the
+gate ends there: on 0.34 v27 reads V2's batch instead. v27 serves V2 on every release that has it
+(0.12 on, by the sources); this switch stays on 0.22-0.33, where the V1 path is the one the GPU
+records prove (CUDA 0.20-0.26), until a GPU run proves v27 there (bench/gpu/gpu_run.py
+--leave-out v19 runs vLLM's own choice of runner with v27).
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ WHY = (
     "# picks Model Runner V2 by default on CUDA (Qwen3 from 0.22, Llama from 0.23, all from 0.32)",
 )
 
-# vLLM 0.22.0: the first release whose VllmConfig chooses V2 by default for some models.
-V2_RUNNER_BY_DEFAULT_SINCE = {"vllm": ">=0.22.0"}
+# vLLM 0.22.0: the first release whose VllmConfig chooses V2 by default for some models; 0.34.0
+# has no V1 and refuses the switch.
+V2_RUNNER_BY_DEFAULT_SINCE = {"vllm": ">=0.22.0,<0.34.0"}
 
 DOCSTRING = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString())])
 
@@ -162,10 +166,10 @@ PATCH = Patch(
         ),
     ),
     satisfied=(AFTER,),
-    upstream="vLLM 0.22.0/0.23.0: vllm/config/vllm.py (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, "
+    upstream="vLLM 0.22.0-0.33.0: vllm/config/vllm.py (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, "
     "VllmConfig.use_v2_model_runner); vllm/v1/worker/gpu_worker.py builds "
     "vllm.v1.worker.gpu.model_runner.GPUModelRunner when it says so",
-    without_it="without it on CUDA vLLM 0.23 and later (0.22 for Qwen3 models): every `generate()` fails at its first step, `RuntimeError: 'GPUModelRunner' object has no attribute 'input_batch'` (vLLM defaults to Model Runner V2; speculators' worker extension reads V1's batch; seen on an H200 with vLLM 0.23.0, tensor parallel 1 and 2). The CPU build never uses V2 (it needs Triton)",
+    without_it="without it on CUDA vLLM 0.22-0.33 the workers run vLLM's own choice of runner, Model Runner V2 for most models (Llama and Mistral from 0.23, every model from 0.29), where v27 attributes the captured rows by V2's batch (its GPU proof on these releases is `gpu_run.py --leave-out v19`). Before v27, every `generate()` failed at its first step there, `RuntimeError: 'GPUModelRunner' object has no attribute 'input_batch'` (seen on an H200 with vLLM 0.23.0 and 0.26.0, the records below). The CPU build never uses V2 (it needs Triton); vLLM 0.34.0 has only V2 and refuses the switch",
     leave_one_out=(
         LeaveOneOut(
             "0.23.0",

