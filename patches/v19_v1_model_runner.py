@@ -39,8 +39,9 @@ WHY = (
 )
 
 # vLLM 0.22.0: the first release whose VllmConfig chooses V2 by default for some models; 0.34.0
-# has no V1 and refuses the switch.
-V2_RUNNER_BY_DEFAULT_SINCE = {"vllm": ">=0.22.0,<0.34.0"}
+# has no V1 and refuses the switch. Its pre-releases and nightlies stay in (PEP 440's "<0.34.0"
+# would leave out 0.34.0rc1, which may predate the removal; check-upstream's nightly check asks so).
+V2_RUNNER_BY_DEFAULT_SINCE = {"vllm": ">=0.22.0,<=0.34.0,!=0.34.0"}
 
 DOCSTRING = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString())])
 

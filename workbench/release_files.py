@@ -23,7 +23,7 @@ __all__ = ["INDEX_AS_OF", "DownloadFailed", "cache_dir", "download_wheel", "rele
 # so is `patcher check-upstream`'s job. Raise these when the patches are brought up to date.
 INDEX_AS_OF = {
     "speculators": "0.9.0",
-    "vllm": "0.33.0",
+    "vllm": "0.34.0",
     "transformers": "5.25.0",
     "torch": "2.15.0",
     "hs-connectors": "0.9.0",
