@@ -292,7 +292,13 @@ PATCH = Patch(
     "0.3.0 with v10). The CPU build never runs V2 (it needs Triton)",
     leave_one_out=(
         LeaveOneOut("0.34.0", NO_V1_BATCH, device="cuda"),
-        LeaveOneOut("0.34.0", NO_V1_BATCH, device="cuda", speculators="0.4.0.1"),
+        LeaveOneOut(
+            "0.34.0",
+            NO_V1_BATCH,
+            device="cuda",
+            record="bench/gpu/results/0.34.0-speculators-0.4.0.1-h200x1/log.txt",
+            speculators="0.4.0.1",
+        ),
     ),
     since="0.12.0",
 )
