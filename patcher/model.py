@@ -255,7 +255,7 @@ class Patch:
     Required: id (`vN-slug`, in a module named `vN_slug.py`), title, target, requires, edits
     (each with `when`, `answers` and `fact`), examples, satisfied, upstream. Expected of every
     module in patches/ (the patch reference fails without them): without_it, leave_one_out.
-    Optional: fixed_in, on_fixed_in, attribute_calls, needs, since.
+    Optional: fixed_in, on_fixed_in, attribute_calls, needs, since, withdrawn.
     """
 
     id: str
@@ -271,6 +271,11 @@ class Patch:
     # ids of other PATCHES this one relies on: it is never applied without them (unlike
     # Fact.needs, which names upstream facts an edit relies on)
     needs: tuple[str, ...] = ()
+    # why no release selects it any more, in words ("" while it is in use): planning never selects
+    # a withdrawn patch, so `apply` removes it from a file that carries it (its state: stale), and
+    # check-upstream does not judge its gates. Its module stays, so targets patched with it are
+    # told, and its records keep their meaning.
+    withdrawn: str = ""
     # what breaks without it, in words (`code` in backticks): `patcher list` (its JSON's
     # `without_it`) and the patch reference's "without it" cell
     without_it: str = ""
@@ -357,6 +362,7 @@ class Patch:
             requires=dict(self.requires),
             edits=tuple((e.name, dict(e.when)) for e in self.edits),
             needs=tuple(self.needs),
+            withdrawn=self.withdrawn,
             attribute_calls=tuple(
                 {"receiver": c.receiver, "method": c.method, "implementation": c.implementation}
                 for c in self.attribute_calls

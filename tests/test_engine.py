@@ -75,7 +75,36 @@ def test_second_apply_changes_nothing_and_does_not_parse(env: Path):
     assert target_file_hashes(env) == after_first
 
 
-@pytest.mark.parametrize("patch", [p.id for p in PATCHES])
+def test_a_withdrawn_patch_a_target_carries_is_stale_and_apply_removes_it(tmp_path: Path):
+    # v19 (withdrawn): a target patched while it was in use (the same declarations with it not
+    # withdrawn, through the engine itself) is told so, and the next apply takes it out
+    env = light_env(tmp_path, vllm="0.26.0")
+    withdrawn = next(p for p in PATCHES if p.withdrawn)
+    assert withdrawn.id == "v19-v1-model-runner"
+    probe = (
+        "import dataclasses\n"
+        "from patcher.patchset.registry import load_patches\n"
+        "from patcher.run import RunOptions, run_target\n"
+        "from patcher.transport.local import LocalTransport\n"
+        "then = [dataclasses.replace(p, withdrawn='') for p in load_patches()]\n"
+        f"r = run_target(LocalTransport({str(env)!r}), then, RunOptions('apply', verify=False))\n"
+        "print(r.status, r.message)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("changed"), out
+    assert 'os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"' in site_file(env, GENERATOR).read_text()
+    code, doc, err = patcher("status", "--python", str(env), "--json")
+    assert code == 0, err
+    (v19,) = [p for p in doc["targets"][0]["patches"] if p["id"] == withdrawn.id]
+    assert v19["state"] == "stale" and f"withdrawn: {withdrawn.withdrawn}" in v19["reason"], v19
+    code, doc, err = patcher("apply", "--python", str(env), "--no-verify", "--json")
+    assert code == 0, err
+    assert states(doc)[withdrawn.id] == "not-selected", states(doc)
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in site_file(env, GENERATOR).read_text()
+    assert states(doc)["v27-worker-v2-step-batch"] == "applied"
+
+
+@pytest.mark.parametrize("patch", [p.id for p in PATCHES if not p.withdrawn])
 def test_each_patch_alone_applies_once_and_rolls_back_byte_identical(tmp_path: Path, patch: str):
     # "alone": with the patches it needs (v11 needs v10), which are never selected without it; on
     # versions its own declaration selects it on (tests/support/declared.py: v12 on vLLM 0.33.0,

@@ -54,6 +54,7 @@ class PatchSpec:
     edits: tuple  # ((edit name, {"vllm": ">=0.12.0"}), ...)
     needs: tuple = ()  # ids of patches this one relies on: never applied without them
     attribute_calls: tuple = ()  # ({"receiver", "method", "implementation"}, ...)
+    withdrawn: str = ""  # why no release selects it any more ("": in use)
 
     def as_json(self) -> dict:
         return {
@@ -65,6 +66,7 @@ class PatchSpec:
             "edits": [[name, dict(when)] for name, when in self.edits],
             "needs": list(self.needs),
             "attribute_calls": [dict(c) for c in self.attribute_calls],
+            "withdrawn": self.withdrawn,
         }
 
     @classmethod
@@ -78,6 +80,7 @@ class PatchSpec:
             tuple((name, dict(when)) for name, when in data["edits"]),
             tuple(data.get("needs", ())),
             tuple(dict(c) for c in data.get("attribute_calls", ())),
+            str(data.get("withdrawn", "")),
         )
 
     def conditions(self) -> dict:
@@ -298,6 +301,8 @@ def readable_conditions(requires: dict, edits: Sequence[dict]) -> dict:
 
 
 def select_one(spec: PatchSpec, versions: dict, holds: Holds) -> Selection:
+    if spec.withdrawn:
+        return Selection(False, f"withdrawn: {spec.withdrawn}")
     failed = failed_conditions(spec.requires, versions, holds)
     if failed:
         return Selection(False, "; ".join(failed))
@@ -629,6 +634,8 @@ def model_runner(facts: PlanningFacts, lines: Sequence[dict], selected: Iterable
         )
     if holds("<0.22.0", version):
         return f"{said} runs the V1 model runner (Model Runner V2 only with VLLM_USE_V2_MODEL_RUNNER=1)"
+    if by_default == "every model":
+        return f"{said} runs Model Runner V2 (vLLM's own choice for every model where Triton is)"
     return f"{said} runs Model Runner V2 for {by_default}, the V1 model runner otherwise (vLLM's own choice)"
 
 

@@ -182,6 +182,9 @@ def check_gate(patch: Patch, edit: Edit, reads: dict[str, ReleaseRead], releases
     fact = edit.fact
     gate = gate_of(patch, edit, fact.distribution)
     check = GateCheck(patch.id, edit.name, fact, gate, edit.answers)
+    if patch.withdrawn:  # selected nowhere: its gate says where it was, not where it is
+        check.notes.append(f"withdrawn ({patch.withdrawn}): selected on no release, its gate is not judged")
+        return check
     order = [
         r for r in sorted(releases, key=Version) if r in reads and not reads[r].error and fact in reads[r].verdicts
     ]

@@ -86,8 +86,9 @@ EDIT_DESCRIPTIVE_KEYWORDS = frozenset({"answers"})
 # The gates: where a patch (requires=) or one of its edits (when=) is selected. A row's key leaves
 # them out, because row_is_current asks today's declarations what they select on the row's own
 # versions: a gate widened to another release line, or narrowed past the row's versions, changes
-# nothing the row ran, and one that changes what it selects makes the row stale there.
-GATE_KEYWORDS = frozenset({"requires", "when"})
+# nothing the row ran, and one that changes what it selects makes the row stale there. A patch
+# withdrawn (selected nowhere) likewise: the rows that selected it are stale, no other.
+GATE_KEYWORDS = frozenset({"requires", "when", "withdrawn"})
 DEFAULT_SPECULATORS = "0.3.0"  # a row without a "speculators" field ran this one
 
 
