@@ -347,6 +347,22 @@ def error_record(exc: BaseException, phase: str) -> dict:
     }
 
 
+def worker_model_runner(worker) -> str:
+    """In a worker (collective_rpc sends it): the class of the model runner it drives, V1's
+    (vllm.v1.worker.gpu_model_runner) or Model Runner V2's (vllm.v1.worker.gpu.model_runner)."""
+    runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
+    return f"{type(runner).__module__}.{type(runner).__qualname__}"
+
+
+def model_runner_of(generator) -> str:
+    """Which model runner the generator's workers run (the record says it: vLLM picks it)."""
+    try:
+        reply = generator.executor.collective_rpc(worker_model_runner, unique_reply_rank=0)
+    except Exception as exc:  # noqa: BLE001  (a record without it is still a record)
+        return f"unknown ({type(exc).__name__}: {exc})"
+    return str(reply[0] if isinstance(reply, list) else reply)
+
+
 def run(args) -> dict:
     report: dict = {
         "ok": False,
@@ -395,6 +411,7 @@ def run(args) -> dict:
             tensor_parallel_size=args.tensor_parallel_size,
         )
         report["timings"]["init_s"] = round(time.monotonic() - t0, 2)
+        report["model_runner"] = model_runner_of(generator)
 
         outputs = []
         for number, prompts in zip(numbers, batches):
