@@ -190,7 +190,9 @@ def gpu_page() -> str:
     lines += [
         "Every end-to-end check a GPU run recorded, by release (how the runs are made and what they",
         "found: [On NVIDIA GPUs](../gpu.md)). The runs of 2026-11-30 (0.20.x, 0.22.x and 0.23.0 on two",
-        'GPUs) numbered v18 as v14: their "v14" is today\'s v18.',
+        'GPUs) numbered v18 as v14: their "v14" is today\'s v18. "model runner" is the runner the',
+        'extraction driver read from the workers (V1, or Model Runner V2); "-" for runs recorded before',
+        "it did (on 0.20-0.26 those ran V1: vLLM's default there, or v19, now withdrawn).",
         "",
     ]
     rows = []
@@ -211,6 +213,7 @@ def gpu_page() -> str:
                     "-",
                     gpus,
                     "-",
+                    "-",
                     _short_ranges(applied),
                     "-",
                     "no check finished",
@@ -228,6 +231,7 @@ def gpu_page() -> str:
                 kind = "run check" + (f" without {without}" if without else "")
                 verdict = "passed" if step.get("exit") == 0 else f"failed (exit {step.get('exit')})"
                 largest, minutes, tp, noise = "-", "-", "1", "-"
+                runner = "-"
             else:
                 kind = f"without {without}" if without else "all"
                 verdict = (
@@ -241,16 +245,25 @@ def gpu_page() -> str:
                 noise = f"{band:.3f}" if band is not None else "-"
                 minutes = f"{step.get('seconds', 0) / 60:.1f}"
                 tp = str(step.get("tensor_parallel_size", "-"))
+                runner = _runner_of(step.get("model_runner"))
             rows.append(
-                [summary["release"], _model_of(name), gpus, tp, _short_ranges(shown) + (f" ({kind})" if kind != "all" else ""), verdict, largest, noise,
+                [summary["release"], _model_of(name), gpus, tp, runner, _short_ranges(shown) + (f" ({kind})" if kind != "all" else ""), verdict, largest, noise,
                  {True: "yes", False: "no"}.get(summary.get("rollback_identical"), "-"), minutes, f"`{summary_file.parent.name}`"]
             )  # fmt: skip
     lines += table(
-        ["vLLM", "model (tiny, random)", "GPUs", "tensor parallel", "patches applied", "verdict", "largest rel. error", "bf16 noise band", "rollback byte-identical", "minutes (check)", "record"],
+        ["vLLM", "model (tiny, random)", "GPUs", "tensor parallel", "model runner", "patches applied", "verdict", "largest rel. error", "bf16 noise band", "rollback byte-identical", "minutes (check)", "record"],
         rows,
-        "lllrllrrlrl",
+        "lllrlllrrlrl",
     )  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _runner_of(runner: str | None) -> str:
+    """V1 or V2 from the runner the extraction driver read from the workers ("-": not recorded,
+    runs before the driver read it)."""
+    if not runner:
+        return "-"
+    return "V2" if ".worker.gpu.model_runner." in runner else "V1" if "_model_runner." in runner else runner
 
 
 def _model_of(step: str) -> str:

@@ -195,6 +195,13 @@ def model_dir(name: str) -> Path:
     return MODEL if name == "llama" else MODELS / name
 
 
+def runner_name(runner: str | None) -> str:
+    """V1 or V2 for the table, from the runner's module (the class name is GPUModelRunner in both)."""
+    if not runner:
+        return "-"
+    return "V2" if ".worker.gpu.model_runner." in runner else "V1" if "_model_runner." in runner else runner
+
+
 def e2e_label(name: str, tp: int) -> str:
     return f"tp{tp}" if name == "llama" else f"{name}-tp{tp}"
 
@@ -263,6 +270,9 @@ class Extraction:
             "seconds": round(seconds, 1),
             "ok": report.get("ok"),
             "tensor_parallel_size": self.tp,
+            # the runner vLLM picked for the workers (V1: vllm.v1.worker.gpu_model_runner; Model
+            # Runner V2: vllm.v1.worker.gpu.model_runner), as the driver read it from them
+            "model_runner": report.get("model_runner"),
             "max_rel_diff": report.get("max_rel_diff"),
             "median_rel_diff": report.get("median_rel_diff"),
             "median_tolerance": report.get("median_tolerance"),
@@ -482,7 +492,7 @@ def main() -> int:
     run.save()
 
     run.say(
-        "\nmodel | release | GPUs | TP | patches applied | verdict | largest rel. error (median) | "
+        "\nmodel | release | GPUs | TP | runner | patches applied | verdict | largest rel. error (median) | "
         "bf16 noise band (max; median) | minutes"
     )
     applied_ids = ",".join(p.split("-")[0] for p, s in states.items() if s == "applied")
@@ -492,7 +502,8 @@ def main() -> int:
         band = f"{fmt(noise.get('max_rel_diff'))}; {fmt(noise.get('median_rel_diff'))}" if noise else "-"
         model = label.rsplit("-tp", 1)[0] if "-tp" in label else "llama"
         run.say(
-            f"{model} | {run.summary['release']} | {gpus} | {step['tensor_parallel_size']} | {applied_ids} | "
+            f"{model} | {run.summary['release']} | {gpus} | {step['tensor_parallel_size']} | "
+            f"{runner_name(step.get('model_runner'))} | {applied_ids} | "
             f"{'match' if ok else 'FAIL'} {step.get('prompts_ok')}/{step.get('prompts_checked')} | "
             f"{fmt(step.get('max_rel_diff'))} ({fmt(step.get('median_rel_diff'))}) | {band} | "
             f"{step['seconds'] / 60:.1f}"
