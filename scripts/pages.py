@@ -192,7 +192,8 @@ def gpu_page() -> str:
         "found: [On NVIDIA GPUs](../gpu.md)). The runs of 2026-11-30 (0.20.x, 0.22.x and 0.23.0 on two",
         'GPUs) numbered v18 as v14: their "v14" is today\'s v18. "model runner" is the runner the',
         'extraction driver read from the workers (V1, or Model Runner V2); "-" for runs recorded before',
-        "it did (on 0.20-0.26 those ran V1: vLLM's default there, or v19, now withdrawn).",
+        "it did (on 0.20-0.26 those ran V1, vLLM's default there or v19's, now withdrawn; the runs",
+        "without v19 ran V2).",
         "",
     ]
     rows = []
