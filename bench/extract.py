@@ -15,6 +15,11 @@ its own in the target interpreter (vLLM, torch and the patched speculators):
   max_model_len), prefix caching off), all prompts in one call, after one warm-up call;
 - `vllm-default`: the same with vLLM's defaults (CUDA graphs, compilation, prefix caching, its own
   batch limits); only max_model_len is set;
+- `vllm-aux` (only with --phases naming it; vLLM 0.17+): vLLM's own route to intermediate layers
+  with the generator's settings, the model's aux hidden-state outputs through the speculative
+  method extract_hidden_states and ExampleHiddenStatesConnector (a tmpfs), each prompt's states
+  loaded as CPU tensors inside the timed call: the alternative to the forward wrapper that
+  speculators' worker (and v27 on Model Runner V2) uses;
 - with --leave-out v21: `patcher rollback`, `patcher apply --skip v21`, the generator again (its old
   throughput; --leave-out-prompts of them), then the patches are put back as they were;
 - the equality check: each generator phase keeps the results of its first call (the same prompts,
@@ -78,7 +83,9 @@ SHAPES = {
         "vocab_size": 32000,
     },
 }
-PHASE_NAMES = ("generator", "vllm-eager", "vllm-default")
+PHASE_NAMES = ("generator", "vllm-eager", "vllm-default", "vllm-aux")
+# vllm-aux is asked for by name (--phases): it needs vLLM 0.17+ (extract_hidden_states) and a GPU
+DEFAULT_PHASES = ("generator", "vllm-eager", "vllm-default")
 MAX_NUM_SEQS = 32  # speculators 0.3.0's generator: MAX_NUM_SEQS
 MIN_BATCHED_TOKENS = 8192  # and max_num_batched_tokens = max(8192, max_model_len)
 
@@ -351,23 +358,60 @@ def phase_vllm(config: dict) -> dict:
         "skip_tokenizer_init": True,  # the random ids lie past the tiny tokenizer's vocabulary
         "gpu_memory_utilization": config["gpu_memory_utilization"],
     }
-    if config["settings"] == "generator":
+    if config["settings"] in ("generator", "aux"):
         settings.update(
             enforce_eager=True,
             max_num_seqs=MAX_NUM_SEQS,
             max_num_batched_tokens=max(MIN_BATCHED_TOKENS, config["max_model_len"]),
             enable_prefix_caching=False,
         )
+    shared = None
+    if config["settings"] == "aux":
+        # vLLM's own route to intermediate layers: the model's aux hidden-state outputs
+        # (SupportsEagle3.set_aux_hidden_state_layers) through the speculative method
+        # extract_hidden_states, written by ExampleHiddenStatesConnector to a tmpfs and loaded as
+        # CPU tensors (vLLM 0.17+; the settings the 2026-12-04 measurement on 0.26.0 used)
+        shared = tempfile.mkdtemp(prefix="extract-aux-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+        settings.update(
+            speculative_config={
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(config["layers"])}},
+            },
+            kv_transfer_config={
+                "kv_connector": "ExampleHiddenStatesConnector",
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"shared_storage_path": shared},
+            },
+        )
     t0 = time.monotonic()
     llm = LLM(**settings)
     init_s = time.monotonic() - t0
     params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     batch = [{"prompt_token_ids": ids} for ids in prompts]
-    llm.generate(batch[: min(4, len(batch))], params, use_tqdm=False)  # warm-up
+
+    def load_aux(outputs) -> int:
+        """Each output's hidden states as CPU tensors (the caller's copy), files removed: bytes."""
+        if shared is None:
+            return 0
+        from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as connector
+
+        loaded = 0
+        for output in outputs:
+            path = (output.kv_transfer_params or {})["hidden_states_path"]
+            data = connector.load_hidden_states(path)
+            loaded += sum(t.numel() * t.element_size() for t in data.values())
+            connector.cleanup_hidden_states(path)
+        return loaded
+
+    load_aux(llm.generate(batch[: min(4, len(batch))], params, use_tqdm=False))  # warm-up
     with HostMemory() as memory:
         t0 = time.perf_counter()
         outputs = llm.generate(batch, params, use_tqdm=False)
+        aux_bytes = load_aux(outputs)
         wall = time.perf_counter() - t0
+    if shared is not None:
+        shutil.rmtree(shared, ignore_errors=True)
     tokens = sum(len(o.prompt_token_ids) for o in outputs)
     config_used = llm.llm_engine.vllm_config
     return {
@@ -384,6 +428,7 @@ def phase_vllm(config: dict) -> dict:
         },
         "import_s": round(import_s, 1),
         "init_s": round(init_s, 1),
+        **({"aux_bytes_loaded": aux_bytes} if shared is not None else {}),
     }
 
 
@@ -542,7 +587,7 @@ def run_with(bench: Bench, record: dict, phases: list[str], dumps: Path) -> None
     if "generator" in phases:
         dump = str(dumps / f"{label}-with.pt")
         record["phases"]["generator"] = bench.phase("generator", dict(config, dump=dump), f"{label}-generator")
-    for name, settings in (("vllm-eager", "generator"), ("vllm-default", "default")):
+    for name, settings in (("vllm-eager", "generator"), ("vllm-default", "default"), ("vllm-aux", "aux")):
         if name in phases:
             record["phases"][name] = bench.phase("vllm", dict(config, settings=settings), f"{label}-{name}")
 
@@ -583,7 +628,7 @@ def ratios(phases: dict, leave_out: str) -> dict:
 
     out = {}
     generator = rate("generator")
-    for baseline in ("vllm-eager", "vllm-default"):
+    for baseline in ("vllm-eager", "vllm-default", "vllm-aux"):
         if generator and rate(baseline):
             out[f"generator/{baseline}"] = round(generator / rate(baseline), 3)
     old = rate(f"generator-without-{leave_out}") if leave_out else None
@@ -649,7 +694,7 @@ def main() -> int:
     parser.add_argument("--layers", default="1,2,3", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.1)
-    parser.add_argument("--phases", default=",".join(PHASE_NAMES), type=lambda s: [p for p in s.split(",") if p])
+    parser.add_argument("--phases", default=",".join(DEFAULT_PHASES), type=lambda s: [p for p in s.split(",") if p])
     parser.add_argument("--leave-out", default="", help="also run the generator without this patch (e.g. v21)")
     parser.add_argument("--leave-out-prompts", type=int, default=0, help="prompts for that run (default: all)")
     parser.add_argument("--dump-prompts", type=int, default=4, help="prompts of the first call kept for equality")

@@ -10,7 +10,7 @@ PYTHONPATH=/tmp/site). Steps, most telling first, each result saved as soon as i
 3. the models, random weights, in one process: `llama-1b` (issue 26's: hidden 2048, 16 layers,
    bf16), `wide-7168` (Kimi-K2.5's hidden size, 4 layers) and the demo's tiny model;
 4. llama-1b, 512 prompts of 1024 tokens, 64 a call, layers 1,2,3: the generator (v21), vLLM's own
-   prefill with the generator's settings; then with every patch but v21 (old throughput, 64
+   prefill with the generator's settings (with --aux, vLLM's own aux hidden-state route too); then with every patch but v21 (old throughput, 64
    prompts, and the same first call for the equality check against the v21 run);
 5. wide-7168, 128 prompts of 1024 tokens: the generator, vLLM's prefill with its settings;
 6. the end-to-end check of gpu_run.py (patcher/demo/extract.py against transformers, TP 1);
@@ -85,6 +85,13 @@ def main() -> int:
         help="a rehearsal of every step where no GPU is: the tiny model for both records, 8 prompts of 64 tokens",
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp"), help="where site/, wheels/, the models go (/tmp)")
+    parser.add_argument(
+        "--aux",
+        action="store_true",
+        help="also vLLM's own aux hidden-state route (bench/extract.py's vllm-aux phase, vLLM 0.17+) on both "
+        "models, right after each one's generator: the forward wrapper (speculators, v27 on Model Runner V2) "
+        "against the model's aux outputs, same prompts, same settings",
+    )
     args = parser.parse_args()
     global MODELS, LOGS
     # read by gpu_run's Run (PYTHONPATH), install, its end-to-end check and the rollback check
@@ -148,12 +155,12 @@ def main() -> int:
     try:
         if made.get("ok"):
             one_b, wide = records["llama-1b"], records["wide-7168"]
-            extract.run_with(bench, one_b, ["generator", "vllm-eager"], LOGS)
+            extract.run_with(bench, one_b, ["generator", "vllm-eager", *(["vllm-aux"] if args.aux else [])], LOGS)
             save()
             with bench.without("v21"):
                 extract.run_without(bench, one_b, LOGS)
             save()
-            extract.run_with(bench, wide, ["generator", "vllm-eager"], LOGS)
+            extract.run_with(bench, wide, ["generator", "vllm-eager", *(["vllm-aux"] if args.aux else [])], LOGS)
             save()
             if deadline - time.monotonic() > 90:
                 left = int(min(300, deadline - time.monotonic()))
