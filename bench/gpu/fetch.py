@@ -10,7 +10,7 @@ in folders of at most 56 MiB (`DEST/stage-0.20.0/00`, `01`, ...; `stage-0.20.1+0
 several releases, each shared wheel once): large wheels cut into parts, small ones packed
 together, and `manifest.json` beside them giving each release's wheels, each wheel's sha256 and
 the parts it is cut into, so `gpu_run.py` can join them and check every byte before installing.
-`DEST/run` holds gpu_run.py and a patcher wheel built from this checkout (`pip wheel --no-deps`);
+`DEST/run` holds gpu_run.py, kv_probe.py and a patcher wheel built from this checkout (`pip wheel --no-deps`);
 it is small and is carried with the call that runs, so a change to patcher needs no new staging.
 
 DEST defaults to `.gpu` in the repository the device tool sends (ignored by git there).
@@ -83,6 +83,7 @@ def pack_run(run: Path, speculators: str | None) -> None:
         shutil.rmtree(run)
     run.mkdir(parents=True)
     shutil.copy2(HERE / "gpu_run.py", run / "gpu_run.py")
+    shutil.copy2(HERE / "kv_probe.py", run / "kv_probe.py")  # the KV cache probe (v28), run after it
     # From the tracked files only: a build/ folder left by an earlier build would put modules
     # that no longer exist (a renamed patch) into the wheel.
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
@@ -159,7 +160,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     pack_run(args.dest / "run", args.speculators)
-    print(f"{args.dest / 'run'}: gpu_run.py and {next((args.dest / 'run').glob('patcher-*.whl')).name}")
+    print(f"{args.dest / 'run'}: gpu_run.py, kv_probe.py and {next((args.dest / 'run').glob('patcher-*.whl')).name}")
     if args.run_only:
         return
     if not args.releases:

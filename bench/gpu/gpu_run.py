@@ -18,7 +18,8 @@ timed, each result written under --out (at most 8 files come back from the devic
    transformers' own bfloat16-vs-float32 band on the same prompts;
 6. `patcher rollback`: every target file's sha256 must equal its pristine one (and speculators' RECORD);
 7. optionally the check with one patch left out (`--leave-out v18`: the fork failure; `v20` for the
-   Kimi-K2.5 wrappers; a comma list runs each in turn), each model's first call, rolled back again.
+   Kimi-K2.5 wrappers; a comma list runs each in turn), each model's first call (`--leave-out-calls`
+   names others: 3 for v28's long batch), rolled back again.
 `--speculators 0.4.0.1` installs that release (its wheel in the run folder: fetch.py --speculators)
 instead of the staged one; the rest of the staging is unchanged (0.4's generator path imports
 nothing 0.3.0's does not).
@@ -371,6 +372,12 @@ def main() -> int:
         help="then check with this patch left out (e.g. v18; a comma list: each in turn), and roll back again",
     )
     parser.add_argument(
+        "--leave-out-calls",
+        default="1",
+        help="the generate() calls each leave-one-out runs (extract.py --calls; default 1: the first; "
+        "3 for a symptom the long batch shows, as v28's)",
+    )
+    parser.add_argument(
         "--speculators",
         metavar="VERSION",
         help="install this speculators release from --run-dir (fetch.py --speculators)",
@@ -468,11 +475,12 @@ def main() -> int:
             # the run check must catch the half-patched state on CUDA too
             run_check(run, f"run_check_without_{left_out}", f"verify-run-without-{left_out}")
         elif left == 0:
-            # each model's first call; the reports travel in one file (the device returns 8 files)
+            # each model's first call (or --leave-out-calls); the reports travel in one file (the
+            # device returns 8 files)
             jobs = [(f"{name}-without-{left_out}", model_dir(name), 1) for name in names]
             if names == ["llama"]:
                 jobs = [(f"without-{left_out}", MODEL, 1)]
-            reports = extract_all(run, jobs, "1", EXTRA, args)
+            reports = extract_all(run, jobs, args.leave_out_calls, EXTRA, args)
             (args.out / f"without-{left_out}.json").write_text(json.dumps(reports, indent=1) + "\n")
         again, _ = patcher_json(run, f"rollback-after-{left_out}", "rollback")
         identical = again == 0 and {path: sha256(SITE / path) for path in pristine} == pristine
