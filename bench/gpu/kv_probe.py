@@ -1,15 +1,17 @@
 """On the GPU machine, after gpu_run.py: what the KV cache speculators' generator drives looks like
 on Model Runner V2, patched with and without v28, step by step.
 
-    python3 /tmp/run/kv_probe.py --out "$OUT" [--model /tmp/model] [--budget 300]
+    python3 /tmp/run/kv_probe.py --out "$OUT" [--model /tmp/model] [--budget 300] [--variants with-v28,...]
 
 gpu_run.py leaves /tmp/site installed and rolled back; each variant applies the patches (without
 verification: gpu_run.py verified them), runs the tiny model's four generate() calls of
 patcher/demo/extract.py in a child with CUDA_LAUNCH_BLOCKING=1, and rolls back:
 - with-v28: every patch; the KV cache is allocated whole (enable_extensible_kv_cache False);
-- without-v28: the extensible KV cache as vLLM 0.34 resolves it, only its first granule backed;
+- without-v28: the extensible KV cache as vLLM 0.34 resolves it, only its first granule backed
+  (gpu_run.py --leave-out v28 --leave-out-calls 3 shows its end: not run unless --variants names it);
 - without-v28-extended: the same, then the generator asks the workers to back all its blocks
-  (executor.extend_kv_cache(num_blocks), what vLLM's engine core does after warm-up).
+  (executor.extend_kv_cache(num_blocks), what vLLM's engine core does after warm-up); its
+  worker_after_init holds the facts without-v28 would show (blocks committed and backed).
 The child records, before any step runs, the workers' KV cache (extensible or not, blocks
 committed and backed, kernel block sizes, block table widths, the caches' shapes) and the
 scheduler's (block size, blocks), then before every step the block ids the scheduler hands out
@@ -266,7 +268,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu-out")))
     parser.add_argument("--model", default="/tmp/model")
     parser.add_argument("--budget", type=int, default=300, help="seconds for all variants (default 300)")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default="with-v28,without-v28-extended", help=f"of {', '.join(VARIANTS)}")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--extend", action="store_true", help=argparse.SUPPRESS)
@@ -275,6 +277,9 @@ def main() -> int:
     if args.child:
         return child(args)
 
+    unknown = sorted({v for v in args.variants.split(",") if v} - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
