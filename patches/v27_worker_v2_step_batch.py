@@ -290,8 +290,18 @@ PATCH = Patch(
     "Llama, Mistral and Qwen3 from 0.23 and for every model from 0.29): every `generate()` fails at its "
     "first step, `RuntimeError: 'GPUModelRunner' object has no attribute 'input_batch'` (speculators 0.4.x; "
     "0.3.0 with v10). The CPU build never runs V2 (it needs Triton)",
-    # the GPU run on CUDA vLLM 0.34.0 (bench/gpu/gpu_run.py --leave-out v27) records it; speculators
-    # 0.4.0.1's run (--speculators 0.4.0.1) is declared beside it once its record is there
-    leave_one_out=(LeaveOneOut("0.34.0", NO_V1_BATCH, device="cuda"),),
+    # the GPU runs on CUDA vLLM 0.34.0 (bench/gpu/gpu_run.py --leave-out v27; the Llama and Kimi-K2.5 INT4)
+    leave_one_out=(
+        LeaveOneOut(
+            "0.34.0", NO_V1_BATCH, device="cuda", record="bench/gpu/results/0.34.0-before-v28-h200x1/e2e-without-v27.json"
+        ),
+        LeaveOneOut(
+            "0.34.0",
+            NO_V1_BATCH,
+            device="cuda",
+            record="bench/gpu/results/0.34.0-speculators-0.4.0.1-h200x1/e2e-without-v27.json",
+            speculators="0.4.0.1",
+        ),
+    ),
     since="0.12.0",
 )

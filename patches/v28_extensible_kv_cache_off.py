@@ -147,6 +147,7 @@ PATCH = Patch(
             Symptom("generate 3", "RuntimeError", ("cancelled",), where="shm_broadcast.py"),
             device="cuda",
             calls="3",
+            record="bench/gpu/results/0.34.0-h200x1/e2e-without-v28.json",
         ),
     ),
     since="0.34.0",
