@@ -78,6 +78,7 @@ DESCRIPTIVE_KEYWORDS = frozenset(
         "leave_one_out",
         "examples",
         "satisfied",
+        "near_misses",
         "readme",
     }
 )
