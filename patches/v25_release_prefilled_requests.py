@@ -43,6 +43,7 @@ STEP_TEST = m.BooleanOperation(
             ),
             attr=m.Name("total_num_scheduled_tokens"),
         ),
+        comparisons=[m.ComparisonTarget(operator=m.GreaterThan(), comparator=m.Integer("0"))],
     ),
     operator=m.And(),
     right=m.UnaryOperation(operator=m.Not(), expression=m.Name(DONE)),
@@ -127,7 +128,11 @@ class ReleasePrefilledRequests(PatchCodemod):
             named = test.left.left
             assert isinstance(named, cst.Attribute) and isinstance(named.value, cst.NamedExpr)
             step = named.value.target
-            generator = done.body[0].value.args[0].value  # type: ignore[attr-defined]
+            assert isinstance(done, cst.SimpleStatementLine)
+            assign = done.body[0]
+            assert isinstance(assign, cst.Assign)
+            assert isinstance(assign.value, cst.Call) and isinstance(assign.value.args[0].value, cst.GeneratorExp)
+            generator = assign.value.args[0].value
             request = generator.for_in.target
             assert isinstance(step, cst.Name) and isinstance(request, cst.Name)
             steps.append(release_statement(step.value, request.value, generator.elt))
