@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 import click
 
 from .. import __version__
+from ..core.errors import printable
 from ..fleet.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FORKS, RemoteOptions
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ class Output:
         self._ticker: Ticker | None = None
 
     def _echo(self, message: str) -> None:
-        click.echo(message, err=True, color=_color())
+        # Every line on stderr may carry a target's words (a host's step, its failure): escaped.
+        click.echo(printable(message, keep_newlines=True), err=True, color=_color())
 
     def progress(self, message: str) -> None:
         if self.quiet:
@@ -48,7 +50,7 @@ class Output:
             from .ticker import Ticker
 
             self._ticker = Ticker(self._echo)
-        self._ticker.say(message)
+        self._ticker.say(printable(message, keep_newlines=True))
 
     def settle(self) -> None:
         """No more time shown: what follows (a report, a live fleet view) prints plainly."""
@@ -57,7 +59,11 @@ class Output:
 
     def error(self, message: str) -> None:
         self.settle()
-        click.echo(click.style("error: ", fg="red", bold=True) + message, err=True, color=_color())
+        click.echo(
+            click.style("error: ", fg="red", bold=True) + printable(message, keep_newlines=True),
+            err=True,
+            color=_color(),
+        )
 
 
 def _color() -> bool | None:

@@ -137,3 +137,17 @@ def meaning(code: int) -> str:
 def outcome(kind: str) -> tuple[str, int]:
     """(status, exit code) a target ends with for an error of this kind."""
     return ERROR_KINDS.get(kind, ("failed", EXIT_FAILED))
+
+
+def printable(text: str, keep_newlines: bool = False) -> str:
+    """`text` with every character that a terminal or a line-based reader acts on written as its
+    Python escape (`\\x1b`, `\\r`, `\\x85`, `\\u2028`, bidi overrides): controls, line and paragraph
+    separators, format characters. What a target says can then neither move the operator's
+    cursor nor start a line in a file patcher writes (an inventory line in a retry file, say).
+    `keep_newlines`: a message of patcher's own made of several lines keeps its `\\n`."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch if ch.isprintable() or (keep_newlines and ch == "\n") else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )
