@@ -62,15 +62,23 @@ def rolled_back_overlay(folder: Path, base_python: Path, speculators: str = "0.3
         patcher("rollback", "--python", str(python), "--json")
 
 
-def extract(target: Path, model: Path, calls: str, label: str, env: Mapping[str, str] | None = None) -> dict:
-    """Run the driver in the target (with `env` over this process's environment); its report is
-    the last line of its stdout."""
+def extract(
+    target: Path,
+    model: Path,
+    calls: str,
+    label: str,
+    env: Mapping[str, str] | None = None,
+    tensor_parallel: int = 1,
+) -> dict:
+    """Run the driver in the target (with `env` over this process's environment), its model split
+    over `tensor_parallel` ranks; its report is the last line of its stdout."""
     started = time.monotonic()
+    ranks = ["--tensor-parallel-size", str(tensor_parallel)] if tensor_parallel != 1 else []
     proc = subprocess.run(
-        [str(target), str(EXTRACT), "--model", str(model), "--calls", calls],
+        [str(target), str(EXTRACT), "--model", str(model), "--calls", calls, *ranks],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=900 * tensor_parallel,
         cwd=str(target.parent.parent),
         env={**os.environ, **(env or {})},
     )
