@@ -343,6 +343,7 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
         "bad-command": f"ansible_python_interpreter={good} patcher_command=upgrade",
         "unknown-patch": f"ansible_python_interpreter={good} patcher_only=v999",
         "no-target": f"ansible_python_interpreter={sys.executable}",
+        "lock-forever": f"ansible_python_interpreter={good} patcher_lock_timeout=inf",
     }
     inventory = tmp_path / "hosts.ini"
     inventory.write_text(
@@ -354,6 +355,7 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
         "    - patcher.fleet.patch:\n"
         "        command: \"{{ patcher_command | default('status') }}\"\n"
         '        only: "{{ [patcher_only] if patcher_only is defined else omit }}"\n'
+        '        lock_timeout: "{{ patcher_lock_timeout | default(10) }}"\n'
     )
     done = subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", str(inventory), "-f", str(len(hosts)), str(book)],
@@ -383,6 +385,8 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
         f"speculators is not installed in {sys.executable}; name the environment's interpreter with python: "
         "(or ansible_python_interpreter)"
     ), messages["no-target"]
+    forever = messages["lock-forever"]
+    assert forever == "lock_timeout: 'inf' is not a number of seconds from 0 to 604800 (7 days)", forever
     assert all("\n" not in m for m in messages.values()), messages
 
 

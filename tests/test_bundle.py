@@ -458,3 +458,15 @@ def test_a_bundle_cut_short_is_one_line_and_exit_2(bundle: Path, tmp_path: Path)
         code, _, err = run_bundle(cut, target, "apply", "--no-verify")
         assert code == 1 and re.search(r"^(Syntax|Indentation)Error: ", err, re.MULTILINE), (at, err)
         assert files(target) == pristine
+
+
+def test_a_lock_timeout_that_is_not_a_finite_bounded_number_is_a_usage_error(bundle: Path, tmp_path: Path):
+    """The bundle's --lock-timeout follows patcher's rule (patcher/core/errors.py time_limit_problem)."""
+    target = light_env(tmp_path / "t")
+    pristine = files(target)
+    for value in ("inf", "nan", "-1", "1e300"):
+        code, _, err = run_bundle(bundle, target, "apply", "--no-verify", "--lock-timeout", value)
+        assert code == 2, (value, err)
+        assert f"argument --lock-timeout: {value!r} is not a number of seconds from 0 to" in err, err
+    assert files(target) == pristine
+    assert run_bundle(bundle, target, "status", "--lock-timeout", "0")[0] == 0

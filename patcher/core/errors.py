@@ -119,6 +119,25 @@ AGENT_KINDS = (
 )
 
 
+# The longest time limit any option takes (7 days): each limit becomes `time.monotonic() + limit` and
+# a lock's or a pipe's wait, which overflow on inf or 1e300, and nan compares false with everything.
+MAX_SECONDS = 7 * 24 * 3600
+
+
+def time_limit_problem(value: object, zero_ok: bool = False) -> "str | None":
+    """Why `value` (an option's text, or a number) is not a time limit: a finite number of seconds,
+    more than 0 (or 0 too, where `zero_ok`: a lock tried once), at most MAX_SECONDS; None when it
+    is one. The one rule for patcher's options, a bundle's and the Ansible task's."""
+    try:
+        seconds = float(value) if not isinstance(value, bool) else float("nan")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if (seconds >= 0 if zero_ok else seconds > 0) and seconds <= MAX_SECONDS:  # nan fails both
+        return None
+    bounds = "from 0 to" if zero_ok else "more than 0 and at most"
+    return f"{value!r} is not a number of seconds {bounds} {MAX_SECONDS} (7 days)"
+
+
 class AgentError(Exception):
     """What the agent refuses or fails with: a kind of AGENT_KINDS and one line for the user (the
     agent answers it as {"ok": false, "error": {"kind", "message"}}; a bundle catches it)."""

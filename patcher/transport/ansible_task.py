@@ -21,6 +21,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.errors import time_limit_problem
 from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
 from ..report import EXIT_OK, EXIT_PENDING
 from ..run import RunOptions, run_target
@@ -178,6 +179,9 @@ def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) 
     command = args.get("command", "status")
     if command not in COMMANDS:
         return {"failed": True, "msg": f"command={command!r}: one of {', '.join(COMMANDS)}"}
+    lock_problem = time_limit_problem(args.get("lock_timeout", 10), zero_ok=True)
+    if lock_problem:
+        return {"failed": True, "msg": f"lock_timeout: {lock_problem}"}
     patches = load_patches()
     try:
         only = resolve_ids(patches, list(args.get("only") or []))

@@ -1,0 +1,54 @@
+"""Option values a person can mistype, refused as usage errors (exit 2) before anything runs
+(issue 38): time limits that are not finite, positive, bounded numbers of seconds."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from patcher.cli.patcher_command import main as cli_main
+from tests.support.cli import patcher
+from workbench.envs import light_env
+
+# (command, option) for every time limit the commands take
+TIME_OPTIONS = [
+    ("apply", "--lock-timeout"),
+    ("apply", "--facts-timeout"),
+    ("apply", "--write-timeout"),
+    ("apply", "--verify-timeout"),
+    ("status", "--facts-timeout"),
+    ("plan", "--facts-timeout"),
+    ("verify", "--verify-timeout"),
+    ("rollback", "--lock-timeout"),
+    ("rollback", "--write-timeout"),
+    ("forget", "--lock-timeout"),
+]
+WEEK = 7 * 24 * 3600  # the longest time limit (patcher/core/errors.py MAX_SECONDS)
+NOT_SECONDS = ["inf", "-inf", "1e300", "nan", "-1", "ten", str(WEEK + 1)]
+
+
+@pytest.mark.parametrize(("command", "option"), TIME_OPTIONS)
+def test_a_time_limit_that_is_not_a_finite_positive_bounded_number_is_a_usage_error(command: str, option: str):
+    for value in [*NOT_SECONDS, *([] if option == "--lock-timeout" else ["0"])]:
+        # a target that does not exist: a value taken as valid fails there (exit 2 too, another line)
+        done = CliRunner().invoke(cli_main, [command, option, value, "--python", "/nonexistent/python"])
+        assert done.exit_code == 2, (value, done.output)
+        assert f"Invalid value for '{option}': '{value}' is not a number of seconds" in done.output, done.output
+        assert "Traceback" not in done.output
+
+
+def test_the_bounds_themselves_are_time_limits(tmp_path):
+    python = str(light_env(tmp_path))
+    code, _, err = patcher("status", "--facts-timeout", str(WEEK), "--python", python, "--json")
+    assert code == 0, err
+    code, _, err = patcher("apply", "--lock-timeout", "0", "--no-verify", "--python", python, "--json")
+    assert code == 0, err
+
+
+def test_an_infinite_time_limit_on_a_real_target_is_one_usage_line(tmp_path):
+    """Once an OverflowError traceback (exit 1) from the agent's deadline."""
+    python = str(light_env(tmp_path))
+    for option in ("--facts-timeout", "--lock-timeout"):
+        code, _, err = patcher("apply", option, "inf", "--no-verify", "--python", python)
+        assert code == 2, err
+        assert err.strip().splitlines()[-1].startswith(f"Error: Invalid value for '{option}': 'inf' is not"), err
