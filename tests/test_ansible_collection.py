@@ -27,6 +27,7 @@ import pytest
 from patcher.patchset.registry import load_patches
 from patcher.transport.ansible_task import COMMANDS, OPTIONS
 from tests.support.files import GENERATOR
+from tests.test_hostile_answers import answers_changed
 from workbench.ansible_test_sanity import SHORT_FORM, run_sanity
 from workbench.envs import light_env, site_file
 from workbench.release_files import cache_dir
@@ -335,6 +336,8 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
     """Each host of one play gets one bad input (local connection: no sshd needed); each fails
     with a one-line message saying what to do, and the play exits 2 (Ansible's failed hosts)."""
     good = light_env(tmp_path / "good")
+    odd = light_env(tmp_path / "odd")
+    answers_changed(odd, "[o]")  # a .pth there makes each of the agent's answers a list
     hosts = {
         "windows-shell": f"ansible_shell_type=powershell ansible_python_interpreter={good}",
         "no-python-pipelined": "ansible_python_interpreter=/nonexistent/bin/python3",
@@ -344,6 +347,7 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
         "unknown-patch": f"ansible_python_interpreter={good} patcher_only=v999",
         "no-target": f"ansible_python_interpreter={sys.executable}",
         "lock-forever": f"ansible_python_interpreter={good} patcher_lock_timeout=inf",
+        "odd-answers": f"ansible_python_interpreter={odd}",
     }
     inventory = tmp_path / "hosts.ini"
     inventory.write_text(
@@ -387,6 +391,10 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
     ), messages["no-target"]
     forever = messages["lock-forever"]
     assert forever == "lock_timeout: 'inf' is not a number of seconds from 0 to 604800 (7 days)", forever
+    assert messages["odd-answers"].startswith(
+        "odd-answers: the target answered something that is not patcher's protocol (to the facts request: answer "
+        f"is a list, not an object); something in {odd} (a .pth file"
+    ), messages["odd-answers"]
     assert all("\n" not in m for m in messages.values()), messages
 
 

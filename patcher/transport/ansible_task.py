@@ -26,6 +26,7 @@ from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
 from ..report import EXIT_OK, EXIT_PENDING
 from ..run import RunOptions, run_target
 from ..transform.transforms import code_fingerprint, shared_transforms
+from .answer_shape import checked_answer
 from .interface import AgentFailure, TransportError, agent_texts, bootstrap
 
 COMMANDS = ("status", "apply", "rollback")
@@ -98,10 +99,16 @@ class AnsibleTransport:
         stdout = done.get("stdout") or ""
         for line in stdout.splitlines():
             if line.startswith(mark + " "):
-                answer = json.loads(line[len(mark) + 1 :])
-                if not answer.get("ok"):
-                    error = answer.get("error", {})
-                    raise AgentFailure(error.get("kind", "unknown"), error.get("message", "agent failed"))
+                op = str(request.get("op", ""))
+                unknown = (
+                    f"; the outcome of this {op} on {self.label} is unknown: every file there is either its old or "
+                    "its new bytes (written atomically); run the task with command: status to see which"
+                )
+                answer = checked_answer(
+                    op, line[len(mark) + 1 :], self.label, self.python, unknown if op in ("apply", "forget") else ""
+                )
+                if not answer["ok"]:
+                    raise AgentFailure(answer["error"]["kind"], answer["error"]["message"])
                 return answer["result"]
         rc = done.get("rc")
         # with a tty (pipelining off) the command's stderr arrives on its stdout

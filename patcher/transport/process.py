@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from .answer_shape import checked_answer
 from .interface import DEFAULT_CALL_TIMEOUT, AgentFailure, TransportError, agent_texts
 
 
@@ -261,15 +262,11 @@ class AgentProcess:
                 self._noise = (self._noise + [text.strip()])[-5:]
         self._in_flight = ""
         self.answered = True
-        try:
-            answer = json.loads(text[len(self.mark) + 1 :])
-        except ValueError:
-            raise TransportError("usage", f"{via.label}: the agent's answer is not JSON: {text[:200]}") from None
         if self.op in ("apply", "forget"):
-            self._wrote = True
-        if not answer.get("ok"):
-            error = answer.get("error", {})
-            raise via.agent_failure(error.get("kind", "unknown"), error.get("message", "agent failed"))
+            self._wrote = True  # answered: whatever its shape, the agent had the request
+        answer = checked_answer(self.op, text[len(self.mark) + 1 :], via.label, self.python, self.outcome_hint(via))
+        if not answer["ok"]:
+            raise via.agent_failure(answer["error"]["kind"], answer["error"]["message"])
         return answer["result"]
 
     def interrupt(self) -> None:
