@@ -90,3 +90,35 @@ def test_the_deadline_holds_whatever_the_target_prints(tmp_path: Path, host_env)
     assert code == 4, code
     assert took < 6, f"took {took:.1f}s for --facts-timeout 1"
     assert peak < 200, f"the controller peaked at {peak} MiB"
+
+
+def test_a_long_transform_holds_no_other_hosts_transform(tmp_path: Path, host_env):
+    """Transforms shared by a fleet's hosts (shared_transforms) run side by side: a host whose file
+    takes long to transform holds only the hosts with that same file. Under one lock for all, a
+    healthy host waited out another's whole parse (64 s behind a 2 MB file)."""
+    import threading
+
+    from patcher.patchset.registry import load_patches
+    from patcher.transform.transforms import shared_transforms, transform_source
+    from tests.support.files import GENERATOR, WORKER
+    from workbench.envs import site_file
+
+    python = host_env()
+    patches = load_patches()
+
+    def steps(rel: str) -> list:
+        return [(p, p.edits) for p in patches if p.target.path == rel]
+
+    transform_source("x = 0\n", steps(GENERATOR), "warm.py")  # libcst imported before anything is watched
+    fillers = "".join(f"\ndef filler_{i}(a, b):\n    return a + b * {i}\n" for i in range(150))
+    long = site_file(python, GENERATOR).read_text() + fillers
+    done: dict[str, bool] = {}
+    with shared_transforms():
+        slow = threading.Thread(target=lambda: done.setdefault("slow", bool(transform_source(long, steps(GENERATOR)))))
+        slow.start()
+        time.sleep(0.2)  # the slow host's transform is under way
+        transform_source(site_file(python, WORKER).read_text(), steps(WORKER), WORKER)  # another host's file
+        still_running = slow.is_alive()
+        slow.join()
+    assert done == {"slow": True}
+    assert still_running, "the other host's transform waited for the long one to end"
