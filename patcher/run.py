@@ -22,7 +22,7 @@ from .plan.planning import (
     unpatched_path,
     verify_spec,
 )
-from .plan.target_plan import Mode, plan_target
+from .plan.target_plan import Mode, plan_target, target_file_limit_bytes
 from .report import TargetReport
 from .transport.interface import AgentFailure, Transport, TransportError
 
@@ -68,7 +68,12 @@ class RunOptions:
 
     def write_call(self, request: Mapping[str, Any]) -> tuple[dict, dict]:
         """A writing request (apply, forget) with its time limits, and the call's own arguments."""
-        request = {**request, "lock_timeout": self.lock_timeout, "time_limit": self.write_timeout}
+        request = {
+            **request,
+            "lock_timeout": self.lock_timeout,
+            "time_limit": self.write_timeout,
+            "file_limit": target_file_limit_bytes(),
+        }
         budget = self.lock_timeout + self.write_timeout
         limit = f"--lock-timeout {self.lock_timeout:g} + --write-timeout {self.write_timeout:g}"
         if request.get("verify"):
@@ -169,6 +174,7 @@ def _detect(
         "lock_timeout": options.lock_timeout,
         # The wait for the lock comes first, then the facts' own limit.
         "time_limit": options.facts_timeout + options.lock_timeout,
+        "file_limit": target_file_limit_bytes(),
     }
     facts: Facts = transport.call(
         request,

@@ -470,3 +470,23 @@ def test_a_lock_timeout_that_is_not_a_finite_bounded_number_is_a_usage_error(bun
         assert f"argument --lock-timeout: {value!r} is not a number of seconds from 0 to" in err, err
     assert files(target) == pristine
     assert run_bundle(bundle, target, "status", "--lock-timeout", "0")[0] == 0
+
+
+def test_a_fifo_or_a_byte_that_is_not_utf8_is_refused_naming_the_file(bundle: Path, tmp_path: Path):
+    """As patcher refuses them (tests/test_target_files.py): exit 3, the file named, nothing written."""
+    from tests.support.files import WORKER
+
+    target = light_env(tmp_path / "t")
+    worker = site_file(target, WORKER)
+    worker.unlink()
+    os.mkfifo(worker)
+    generator = site_file(target, GENERATOR)
+    generator.write_bytes(b"\xfe" + generator.read_bytes())
+    before = generator.read_bytes()
+    code, doc, err = run_bundle(bundle, target, "apply", "--no-verify", "--json")
+    assert code == 3, err
+    assert doc is not None
+    problems = doc["targets"][0]["problems"]
+    assert f"{generator} is not UTF-8 text (byte 0xfe at offset 0)" in " ".join(problems), problems
+    assert f"{worker} is not a regular file (a fifo)" in " ".join(problems), problems
+    assert generator.read_bytes() == before

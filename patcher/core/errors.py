@@ -47,7 +47,8 @@ EXIT_MEANINGS = (
     (
         EXIT_CONFLICT,
         (
-            "conflict: a file changed by hand, an anchor missing, a damaged backup or state record, a state folder "
+            "conflict: a file changed by hand, an anchor missing, a target file that is not a regular file, over "
+            "the size limit or not UTF-8, a damaged backup or state record, a state folder "
             "another user owns or can write, a symbolic link on the way to a target file or among patcher's own "
             "entries, an original that is not the bytes pip's RECORD gives (`rollback --force`)"
         ),

@@ -67,6 +67,7 @@ FILE_FACTS = {
     "writable?": bool,
     "original?": (str, None),
     "original_intact?": bool,
+    "refused?": str,
 }
 FACTS = {
     "python": {"executable": str, "version": str, "prefix": str},

@@ -126,7 +126,7 @@ def check_known(data: dict, facts: "Facts", selection: dict) -> None:
     for target in data["files"]:
         rel = target["path"]
         info = facts["files"].get(rel, {"exists": False})
-        if not info.get("exists"):
+        if not info.get("exists") or info.get("refused"):  # refused: planning says why
             continue
         current, known = info["sha256"], data["originals"].get(rel, {})
         record: Mapping = facts["state"]["files"].get(rel) or {}
