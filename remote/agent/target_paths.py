@@ -205,6 +205,16 @@ class TargetPath:
         finally:
             os.close(folder)
 
+    def owner(self) -> int | None:
+        """The file's owner (uid), read through its folder without following a link; None: absent."""
+        folder = self.open_folder()
+        try:
+            return os.stat(self.name, dir_fd=folder, follow_symlinks=False).st_uid
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(folder)
+
     def flags(self) -> str:
         """file_flags() of the file, read through its folder."""
         folder = self.open_folder()
