@@ -164,7 +164,9 @@ def _detect(
     # A run that may write takes the target's lock before it reads anything and keeps it to the
     # end of its transaction: it plans on exactly what it writes over. status and plan wait
     # for a writer to finish (a shared lock) rather than report its work half done.
-    writes = options.command in ("apply", "rollback", "forget")
+    # Check mode (Ansible's --check) plans what apply or rollback would do and writes nothing, not
+    # even the lock and the folders it lives in: it reads as status does.
+    writes = options.command in ("apply", "rollback", "forget") and not options.check
     request: FactsRequest = {
         "op": "facts",
         "names": detected_names(patches),

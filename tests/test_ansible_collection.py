@@ -398,6 +398,38 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
     assert all("\n" not in m for m in messages.values()), messages
 
 
+def test_check_mode_writes_nothing_in_the_target(collections, tmp_path: Path):
+    """Ansible's check mode (apply or rollback) plans and reports: no file, no folder, not even
+    patcher's lock is created or changed (it once made share/, share/patcher/ and lock)."""
+    python = light_env(tmp_path / "host")
+    prefix = python.parent.parent
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(f"[gpus]\nhost ansible_connection=local ansible_python_interpreter={python}\n")
+    env = ansible_env(tmp_path, collections)
+
+    def tree() -> dict[str, tuple[int, int, bytes]]:
+        return {
+            str(path.relative_to(prefix)): (path.stat().st_mode, path.stat().st_mtime_ns, path.read_bytes())
+            for path in prefix.rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts
+        } | {
+            str(path.relative_to(prefix)): (path.stat().st_mode, 0, b"") for path in prefix.rglob("*") if path.is_dir()
+        }
+
+    before = tree()
+    code, results, output = play(tmp_path, inventory, env, "apply", "--check")
+    assert code == 0 and results["host"]["status"] == "changed", output
+    assert results["host"]["patcher"]["exit_code"] == 6, output
+    assert not (prefix / "share").exists(), sorted(p.name for p in (prefix / "share").rglob("*"))
+    assert tree() == before
+    code, results, output = play(tmp_path, inventory, env, "apply")
+    assert code == 0 and results["host"]["status"] == "changed", output
+    before = tree()
+    code, results, output = play(tmp_path, inventory, env, "rollback", "--check")
+    assert code == 0 and results["host"]["status"] == "changed", output
+    assert tree() == before
+
+
 def test_rollback_with_force_restores_an_original_pips_record_does_not_vouch_for(collections, tmp_path: Path):
     """`force: true` with `command: rollback` is `patcher rollback --force`: a kept original that is
     not pip's bytes is refused without it (the message names the task's options), restored with it."""
