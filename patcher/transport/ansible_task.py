@@ -27,7 +27,7 @@ from ..report import EXIT_OK, EXIT_PENDING
 from ..run import RunOptions, run_target
 from ..transform.transforms import code_fingerprint, shared_transforms
 from .answer_shape import checked_answer
-from .interface import AgentFailure, TransportError, agent_texts, bootstrap
+from .interface import AgentFailure, TransportError, agent_texts, one_line_bootstrap
 
 COMMANDS = ("status", "apply", "rollback")
 # the task's options: remote/ansible/plugins/action/patch.py (_VALID_ARGS) and the module's
@@ -85,7 +85,7 @@ class AnsibleTransport:
         # taken for it. A writing request's plan is checked under the lock (its "expect").
         mark = "patcher-answer:" + secrets.token_hex(12)
         payload = (json.dumps({**request, "agent": agent_texts(), "mark": mark}) + "\n").encode("utf-8")
-        command = f"{shlex.quote(self.python)} -c {shlex.quote(bootstrap())}"
+        command = f"{shlex.quote(self.python)} -c {shlex.quote(one_line_bootstrap())}"  # a tcsh login reads it too
         # an unreachable host raises Ansible's own connection error here: Ansible reports it
         connection = self.action._connection
         if connection.is_pipelining_enabled():
@@ -143,7 +143,7 @@ def prepare() -> None:
     import happens in ansible-playbook's process; bench/ansible.py measures the difference)."""
     load_patches()
     agent_texts()
-    bootstrap()
+    one_line_bootstrap()
     code_fingerprint()
 
 

@@ -27,7 +27,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass, field
 
-from .interface import AgentFailure, TransportError, bootstrap
+from .interface import AgentFailure, TransportError, one_line_bootstrap
 from .process import AgentProcess, AgentSession
 
 DEFAULT_REMOTE_PYTHON = "python3"
@@ -290,7 +290,7 @@ class SshTransport(AgentSession):
         python = shlex.quote(self.python)
         if self.python.startswith("~/") and len(self.python) > 2:
             python = '"$HOME"/' + shlex.quote(self.python[2:])
-        words = [python, "-c", shlex.quote(bootstrap())]
+        words = [python, "-c", shlex.quote(one_line_bootstrap())]  # one line: tcsh's and fish's too
         if self.sudo:
             words = ["sudo", "-n", "--", *words]
         return " ".join(words)
