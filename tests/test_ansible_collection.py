@@ -430,6 +430,29 @@ def test_check_mode_writes_nothing_in_the_target(collections, tmp_path: Path):
     assert tree() == before
 
 
+def test_a_python_in_the_home_folder_as_on_the_command_line(collections, tmp_path: Path):
+    """`python: ~/...` is the (become) user's home, as `--python ~/...` is patcher's (it was taken
+    as a folder named `~`)."""
+    python = light_env(tmp_path / "home" / "host")
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("[gpus]\nhost ansible_connection=local\n")
+    book = tmp_path / "home.yml"
+    book.write_text(
+        "- hosts: gpus\n  gather_facts: false\n  tasks:\n"
+        f"    - patcher.fleet.patch:\n        python: ~/{python.relative_to(tmp_path / 'home')}\n"
+    )
+    done = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-v", "-i", str(inventory), str(book)],
+        capture_output=True,
+        text=True,
+        env={**ansible_env(tmp_path, collections), "HOME": str(tmp_path / "home")},
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert '"versions": {"speculators": "0.3.0", "vllm": "0.16.0"}' in done.stdout, done.stdout
+
+
 def test_rollback_with_force_restores_an_original_pips_record_does_not_vouch_for(collections, tmp_path: Path):
     """`force: true` with `command: rollback` is `patcher rollback --force`: a kept original that is
     not pip's bytes is refused without it (the message names the task's options), restored with it."""

@@ -52,3 +52,26 @@ def test_an_infinite_time_limit_on_a_real_target_is_one_usage_line(tmp_path):
         code, _, err = patcher("apply", option, "inf", "--no-verify", "--python", python)
         assert code == 2, err
         assert err.strip().splitlines()[-1].startswith(f"Error: Invalid value for '{option}': 'inf' is not"), err
+
+
+def test_an_empty_python_is_a_usage_error_not_patchers_own_interpreter():
+    for value in ("", " "):
+        for where in ([], ["--host", "root@127.0.0.1"]):
+            done = CliRunner().invoke(cli_main, ["status", "--python", value, *where])
+            assert done.exit_code == 2, done.output
+            assert f"Invalid value for '--python': {value!r} names no interpreter" in done.output, done.output
+
+
+def test_a_fullwidth_host_name_names_the_characters_it_refuses(tmp_path):
+    """Fullwidth letters are alphanumeric to Python, not to DNS or ssh: the line names each one
+    (it once named none: "refusing host ...:  not allowed")."""
+    code, _, err = patcher("status", "--host", "ｇｐｕ1.lab", cwd=tmp_path)
+    assert code == 2, err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .endswith(
+            "refusing host 'ｇｐｕ1.lab': 'ｇ' (U+FF47), 'ｐ' (U+FF50), 'ｕ' (U+FF55) not allowed in a host name "
+            "(ASCII letters, digits, '.', '_' and '-' only, not '.' or '-' first)"
+        )
+    ), err

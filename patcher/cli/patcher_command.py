@@ -153,7 +153,17 @@ def _run_local(command: str, local, options, out: Output) -> None:
     sys.exit(code)
 
 
-python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP)
+def _an_interpreter(ctx, param, value: str | None) -> str | None:
+    """--python names one: '' (or blanks) once meant patcher's own interpreter, silently."""
+    if value is not None and not value.strip():
+        raise click.BadParameter(
+            f"{value!r} names no interpreter; leave --python out for the default (patcher's own, or python3 on "
+            "--host targets)"
+        )
+    return value
+
+
+python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP, callback=_an_interpreter)
 json_option = click.option(
     "--json", "json_mode", is_flag=True, help="print the JSON report (schema_version 1) on stdout"
 )

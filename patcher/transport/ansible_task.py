@@ -28,6 +28,7 @@ from ..run import RunOptions, run_target
 from ..transform.transforms import code_fingerprint, shared_transforms
 from .answer_shape import checked_answer
 from .interface import AgentFailure, TransportError, agent_texts, one_line_bootstrap
+from .ssh import shell_python
 
 COMMANDS = ("status", "apply", "rollback")
 # the task's options: remote/ansible/plugins/action/patch.py (_VALID_ARGS) and the module's
@@ -85,7 +86,8 @@ class AnsibleTransport:
         # taken for it. A writing request's plan is checked under the lock (its "expect").
         mark = "patcher-answer:" + secrets.token_hex(12)
         payload = (json.dumps({**request, "agent": agent_texts(), "mark": mark}) + "\n").encode("utf-8")
-        command = f"{shlex.quote(self.python)} -c {shlex.quote(one_line_bootstrap())}"  # a tcsh login reads it too
+        # `~/` is the (become) user's home, as on patcher's command line; one line: a tcsh login reads it too
+        command = f"{shell_python(self.python)} -c {shlex.quote(one_line_bootstrap())}"
         # an unreachable host raises Ansible's own connection error here: Ansible reports it
         connection = self.action._connection
         if connection.is_pipelining_enabled():

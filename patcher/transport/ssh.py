@@ -107,10 +107,14 @@ def check_address(address: str) -> str:
             raise HostError(f"refusing host {address!r}: bad IPv6 zone")
         return address
     if not _HOSTNAME.match(address):
-        bad = sorted({c for c in address if not (c.isalnum() or c in "._-")})
+        # ASCII only: a fullwidth or other Unicode letter is alphanumeric to Python, not to DNS or ssh
+        bad = sorted({c for c in address if not (c.isascii() and c.isalnum() or c in "._-")})
+        named = ", ".join(repr(c) if c.isascii() else f"{c!r} (U+{ord(c):04X})" for c in bad)
+        if not bad:  # only a '.' first fails the pattern otherwise
+            named = f"{address[0]!r} first"
         raise HostError(
-            f"refusing host {address!r}: {' '.join(bad)} not allowed in a host name "
-            "(letters, digits, '.', '_' and '-' only)"
+            f"refusing host {address!r}: {named} not allowed in a host name "
+            "(ASCII letters, digits, '.', '_' and '-' only, not '.' or '-' first)"
         )
     return address
 
@@ -120,6 +124,15 @@ def check_port(port: str | int) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise HostError(f"refusing port {text!r}: a number from 1 to 65535")
     return int(text)
+
+
+def shell_python(python: str) -> str:
+    """The interpreter path as one word for the remote shell, quoted. A leading `~/` is the login
+    (or become) user's home, `"$HOME"/...` with the rest still quoted, in patcher's ssh command and
+    the Ansible task's alike."""
+    if python.startswith("~/") and len(python) > 2:
+        return '"$HOME"/' + shlex.quote(python[2:])
+    return shlex.quote(python)
 
 
 def check_remote_python(python: str) -> str:
@@ -285,11 +298,8 @@ class SshTransport(AgentSession):
         return args
 
     def remote_command(self) -> str:
-        """`PYTHON -c SESSION_BOOTSTRAP` for the remote shell, every word quoted. A leading `~/`
-        in the interpreter path is the login user's home (`"$HOME"/...`, the rest still quoted)."""
-        python = shlex.quote(self.python)
-        if self.python.startswith("~/") and len(self.python) > 2:
-            python = '"$HOME"/' + shlex.quote(self.python[2:])
+        """`PYTHON -c SESSION_BOOTSTRAP` for the remote shell, every word quoted (shell_python)."""
+        python = shell_python(self.python)
         words = [python, "-c", shlex.quote(one_line_bootstrap())]  # one line: tcsh's and fish's too
         if self.sudo:
             words = ["sudo", "-n", "--", *words]
