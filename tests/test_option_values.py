@@ -75,3 +75,44 @@ def test_a_fullwidth_host_name_names_the_characters_it_refuses(tmp_path):
             "(ASCII letters, digits, '.', '_' and '-' only, not '.' or '-' first)"
         )
     ), err
+
+
+REFUSED = (  # ssh options patcher's command line refuses (patcher/transport/ssh.py REFUSED_SSH_OPTIONS)
+    "ProxyCommand",
+    "LocalCommand",
+    "PermitLocalCommand",
+    "KnownHostsCommand",
+    "PKCS11Provider",
+    "SecurityKeyProvider",
+    "BatchMode",
+    "RemoteCommand",
+    "SessionType",
+    "RequestTTY",
+    "StdinNull",
+    "ForkAfterAuthentication",
+)
+
+
+def test_ssh_options_that_run_a_local_command_or_take_the_session_are_refused(tmp_path):
+    """docs/remote.md: free-form options never come from the command line. Each is one line naming
+    the option and every refused one, exit 2, before ssh runs (the ProxyCommand once ran)."""
+    import shlex
+
+    marker = tmp_path / "ran"
+    command = f"touch {shlex.quote(str(marker))}"
+    for number, key in enumerate(REFUSED):
+        value = command if key.endswith("Command") else "yes"
+        spelled = key.lower() if number % 2 else key  # ssh reads keys in any case
+        code, _, err = patcher(
+            "status", "--host", "root@127.0.0.1", "--ssh-option", f"{spelled}={value}", cwd=tmp_path, timeout=60
+        )
+        assert code == 2, (spelled, err)
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(f"error: refusing --ssh-option {key}: it "), last
+        assert "takes none of ProxyCommand, LocalCommand, PermitLocalCommand, KnownHostsCommand" in last, last
+        assert not marker.exists(), spelled
+    from patcher.transport.ssh import REFUSED_SSH_OPTIONS
+
+    assert tuple(REFUSED_SSH_OPTIONS) == REFUSED
+    done = CliRunner().invoke(cli_main, ["status", "--help"], terminal_width=200)
+    assert "none that runs a local command or takes the session (ProxyCommand, LocalCommand" in done.output

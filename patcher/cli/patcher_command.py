@@ -314,7 +314,9 @@ REMOTE_OPTIONS = [
         "ssh_options",
         multiple=True,
         metavar="KEY=VALUE",
-        help="an ssh -o option, e.g. IdentityFile=~/.ssh/gpu; wins over patcher's defaults; repeatable",
+        help="an ssh -o option, e.g. IdentityFile=~/.ssh/gpu; wins over patcher's defaults; repeatable; "
+        "none that runs a local command or takes the session (ProxyCommand, LocalCommand, RemoteCommand, ...: "
+        "put those in an ssh configuration file)",
     ),
     click.option("--ssh-config", metavar="FILE", help="ssh -F FILE instead of ~/.ssh/config"),
     click.option(

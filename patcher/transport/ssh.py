@@ -180,16 +180,42 @@ def parse_host(text: str, *, name: str | None = None, python: str | None = None)
     return Host(name=name or raw, address=address, user=user, port=port, python=python)
 
 
+# ssh options patcher's command line never passes on: those that run a local command or load code
+# into ssh (a command line is often built by scripts from other input; a configuration file, an
+# inventory's ansible_ssh_common_args, is trusted as any ssh_config is), and those that would take
+# the session from patcher (prompting, a command or a tty of their own, ssh going to background).
+REFUSED_SSH_OPTIONS = {
+    "ProxyCommand": "runs a local command",
+    "LocalCommand": "runs a local command",
+    "PermitLocalCommand": "lets LocalCommand run a local command",
+    "KnownHostsCommand": "runs a local command",
+    "PKCS11Provider": "loads a local library into ssh",
+    "SecurityKeyProvider": "loads a local library into ssh",
+    "BatchMode": "would let ssh prompt, and patcher never does",
+    "RemoteCommand": "replaces the command patcher runs on the host",
+    "SessionType": "replaces the command patcher runs on the host",
+    "RequestTTY": "gives the session a tty, which mangles the agent's answers",
+    "StdinNull": "takes the agent's input away",
+    "ForkAfterAuthentication": "sends ssh to the background, away from patcher's session",
+}
+_REFUSED_BY_KEY = {key.lower(): key for key in REFUSED_SSH_OPTIONS}
+
+
 def check_ssh_option(option: str) -> str:
-    """`Key=Value` as for `ssh -o`."""
+    """`Key=Value` as for `ssh -o`, and none of REFUSED_SSH_OPTIONS."""
     key, sep, value = option.partition("=")
     key = key.strip()
     if not sep or not _OPTION_KEY.match(key) or option.startswith("-") or _CONTROL.search(option):
         raise HostError(
             f"refusing --ssh-option {option!r}: expected KEY=VALUE as for ssh -o, e.g. IdentityFile=~/.ssh/gpu"
         )
-    if key.lower() == "batchmode":
-        raise HostError("refusing --ssh-option BatchMode: patcher never lets ssh prompt")
+    refused = _REFUSED_BY_KEY.get(key.lower())
+    if refused is not None:
+        raise HostError(
+            f"refusing --ssh-option {refused}: it {REFUSED_SSH_OPTIONS[refused]}; patcher's command line takes none "
+            f"of {', '.join(REFUSED_SSH_OPTIONS)} (put one you trust in an ssh configuration file: --ssh-config "
+            "FILE, or ~/.ssh/config)"
+        )
     return f"{key}={value.strip()}"
 
 
