@@ -47,7 +47,8 @@ EXIT_MEANINGS = (
     (
         EXIT_CONFLICT,
         (
-            "conflict: a file changed by hand, an anchor missing, a damaged backup or state record, a state folder "
+            "conflict: a file changed by hand, an anchor missing, a target file that is not a regular file, over "
+            "the size limit or not UTF-8, a damaged backup or state record, a state folder "
             "another user owns or can write, a symbolic link on the way to a target file or among patcher's own "
             "entries, an original that is not the bytes pip's RECORD gives (`rollback --force`)"
         ),
@@ -117,6 +118,25 @@ AGENT_KINDS = (
     "internal",
     "timeout",
 )
+
+
+# The longest time limit any option takes (7 days): each limit becomes `time.monotonic() + limit` and
+# a lock's or a pipe's wait, which overflow on inf or 1e300, and nan compares false with everything.
+MAX_SECONDS = 7 * 24 * 3600
+
+
+def time_limit_problem(value: object, zero_ok: bool = False) -> "str | None":
+    """Why `value` (an option's text, or a number) is not a time limit: a finite number of seconds,
+    more than 0 (or 0 too, where `zero_ok`: a lock tried once), at most MAX_SECONDS; None when it
+    is one. The one rule for patcher's options, a bundle's and the Ansible task's."""
+    try:
+        seconds = float(value) if not isinstance(value, bool) else float("nan")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if (seconds >= 0 if zero_ok else seconds > 0) and seconds <= MAX_SECONDS:  # nan fails both
+        return None
+    bounds = "from 0 to" if zero_ok else "more than 0 and at most"
+    return f"{value!r} is not a number of seconds {bounds} {MAX_SECONDS} (7 days)"
 
 
 class AgentError(Exception):
