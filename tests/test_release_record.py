@@ -24,6 +24,8 @@ from patcher.upstream.runs import (
 from workbench import release_matrix as matrix
 
 ROOT = Path(__file__).resolve().parent.parent
+# What the driver's five calls hold (patcher/demo/extract.py), as a row records them
+FIVE_CALLS = {"prompts_per_call": [7, 5, 11, 4, 70], "max_num_seqs": 32}
 
 
 @pytest.mark.parametrize("left_out", [False, True], ids=["releases", "leave-one-out"])
@@ -173,7 +175,7 @@ def test_check_upstream_reads_a_rows_own_finish_time(tmp_path):
         "0.32.0",
         apply="exit 0, changed",
         rollback_identical=True,
-        extract={"ok": True, "max_rel_diff": 0.07, "rows_whole_in_order": True},
+        extract={"ok": True, "max_rel_diff": 0.07, "rows_whole_in_order": True, **FIVE_CALLS},
         finished="2026-12-01T10:00:00Z",
     )
     (tmp_path / f"0.32.0-{row_key('0.32.0', row['selected'], row_versions(row))}.json").write_text(json.dumps(row))
@@ -204,7 +206,7 @@ def test_every_row_run_with_other_patches_says_so():
         assert current is not None, matrix.row_name(row)
         assert ("run_with" not in row) == current, (matrix.row_name(row), row.get("run_with"))
         if not current:
-            assert row["run_with"].startswith("an earlier patch set ("), row["run_with"]
+            assert row["run_with"].startswith(("an earlier patch set (", "an earlier check (")), row["run_with"]
             first, speculators = matrix.cell(row)[:2]
             line = next(x for x in page.splitlines() if x.startswith(f"| {first} | {speculators} |"))
             assert row["run_with"] in line, line
@@ -243,7 +245,7 @@ def test_a_runs_exit_says_whether_every_row_it_ran_passed():
     passing = {
         "release": "0.32.0",
         "apply": "exit 0, changed",
-        "extract": {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07},
+        "extract": {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07, **FIVE_CALLS},
         "rollback_identical": True,
     }
     assert matrix.row_passed(passing)
@@ -259,6 +261,41 @@ def test_a_runs_exit_says_whether_every_row_it_ran_passed():
     assert matrix.row_passed(left_out) and not matrix.row_passed({**left_out, "rollback_identical": False})
     # every row recorded today passes by that rule
     assert all(matrix.row_passed(r) for r in matrix.recorded_rows() + matrix.recorded_rows(left_out=True))
+
+
+def test_a_row_without_a_call_past_max_num_seqs_does_not_pass_and_is_not_current(tmp_path):
+    # speculators 0.4.0.1 passed every row of the driver's first four calls (11 prompts at most) and
+    # failed past 32 prompts a call: a row must have had a call of more prompts than its
+    # generator's scheduler runs at once, as the driver reports both
+    row = row_of("0.32.0", apply="exit 0, changed", rollback_identical=True)
+    key = row_key("0.32.0", row["selected"], row_versions(row))
+    row = {**row, "patch_set_hash": key}
+    full = {**row, "extract": {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07, **FIVE_CALLS}}
+    assert matrix.row_passed(full) and row_is_current(full)
+    four_calls = {"prompts_per_call": [7, 5, 11, 4], "max_num_seqs": 32}
+    for extract in (
+        {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07},  # recorded before the fifth call
+        {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07, **four_calls},
+        {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07, **FIVE_CALLS, "max_num_seqs": 70},
+        {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07, **FIVE_CALLS, "max_num_seqs": None},
+    ):
+        short = {**row, "extract": extract}
+        assert not matrix.row_passed(short), extract
+        assert row_is_current(short) is False, extract
+    # the record says so: its run_with column names the earlier check, check-upstream marks it stale
+    matrix.record_row({**row, "extract": {"ok": True, "rows_whole_in_order": True}}, str(key), tmp_path)
+    (recorded,) = matrix.recorded_rows(tmp_path)
+    assert recorded["run_with"].startswith("an earlier check (20"), recorded
+    assert recorded["run_with"].endswith("): no call over max_num_seqs"), recorded
+    run = load_runs(tmp_path)["0.32.0"]
+    assert run.stale and not run.ok
+    # an extraction that did not finish (its error is the row) and a leave-one-out row are not held to it
+    failed = {**row, "apply": "exit 0, changed", "extract": {"error": "RuntimeError in init: ..."}}
+    assert row_is_current(failed)
+    left = {**row, "left_out": "v11", "extract": {"ok": False, "rows_whole_in_order": False}}
+    left = {**left, "selected": expected_selection(left)}
+    left["patch_set_hash"] = row_key("0.32.0", left["selected"], row_versions(left))
+    assert row_is_current(left) and matrix.row_passed(left)
 
 
 def test_check_upstream_reads_a_release_without_a_cpu_build_as_its_apply_and_rollback(tmp_path):

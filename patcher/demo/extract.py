@@ -3,7 +3,7 @@ transformers' output_hidden_states of the same weights.
 
 Runs INSIDE the demo environment (vLLM, speculators, transformers, torch), as a script:
 
-    python extract.py --model DIR [--reference DIR] [--report PATH] [--calls all|...] [--noise]
+    python extract.py --model DIR [--reference DIR] [--report PATH] [--calls all|N,N:K,...] [--noise]
 
 One process, one generator, several generate() calls whose batches are what real training data
 looks like and what broke 0.3.0 on newer vLLM:
@@ -12,7 +12,9 @@ looks like and what broke 0.3.0 on newer vLLM:
     calls, and a prompt repeated from an earlier call;
   - a batch of eleven prompts of 900-1000 tokens (over 10,000 tokens in all, more than the
     step's token budget of max(8192, max_model_len) that speculators 0.3.0 sets), so that vLLM
-    splits a prompt across scheduler steps.
+    splits a prompt across scheduler steps;
+  - a batch of seventy short prompts, more than twice the generator's max_num_seqs (32: the
+    requests vLLM's scheduler runs at once), so that one call needs three rounds of requests.
 
 For every prompt and requested layer: the result must have the prompt's full length, carry the
 prompt's own input_ids, and match transformers within TOLERANCE. speculators captures
@@ -21,7 +23,8 @@ non-final layer; for the final layer transformers returns the state after the mo
 the capture is compared after applying that norm.
 
 The report is JSON, printed as the last line of stdout (and written to --report if given):
-{"ok": bool, "tolerance", "max_abs_diff", "max_rel_diff", "scale", "timings",
+{"ok": bool, "tolerance", "max_abs_diff", "max_rel_diff", "scale", "timings", "prompts_per_call",
+ "max_num_seqs" (the generator's scheduler's, once it is built),
  "calls": [{"call": n, "prompts": [{"prompt_tokens", "rows" (one per layer), "max_abs_diff",
  "max_rel_diff", "input_ids_ok", "status" (ok, short, short-wrong, long, wrong), "rows_belong_to"
  (another prompt of the call whose rows these are, if any)}]}],
@@ -105,7 +108,12 @@ def make_batches(tokenizer, vocab_size: int, seed: int = 7) -> list[list[list[in
         call1[1],  # repeated again, after the long batch
         call3[1][:64],  # a prefix of a long prompt of call 3
     ]
-    return [call1, call2, call3, call4]
+    # Seventy short prompts: more than twice the 32 requests the generator's scheduler runs at once
+    # (its max_num_seqs), so the call is done in three rounds; drawn after calls 1-4, which stay as
+    # they were (the patches' declared symptoms name them).
+    call5 = [(template + rand(rng.randint(1, 24))) if i % 4 == 0 else rand(rng.randint(3, 40)) for i in range(70)]
+    call5[40] = call1[3]  # repeated from call 1, in the second round
+    return [call1, call2, call3, call4, call5]
 
 
 def tiny_marker(model: str) -> dict:
@@ -412,8 +420,10 @@ def run(args) -> dict:
         batches = make_batches(tokenizer, vocab_size)
         numbers = list(range(1, len(batches) + 1))
         if args.calls != "all":
-            numbers = [int(i) for i in args.calls.split(",")]
-            batches = [batches[i - 1] for i in numbers]
+            # "N" is call N; "N:K" its first K prompts (5:33: one prompt past max_num_seqs)
+            chosen = [item.partition(":") for item in args.calls.split(",")]
+            numbers = [int(number) for number, _, _ in chosen]
+            batches = [batches[int(n) - 1][: int(k)] if k else batches[int(n) - 1] for n, _, k in chosen]
         report["call_numbers"] = numbers
         report["planned_calls"] = len(batches)
         report["prompts_per_call"] = [len(b) for b in batches]
@@ -433,6 +443,9 @@ def run(args) -> dict:
             tensor_parallel_size=args.tensor_parallel_size,
         )
         report["timings"]["init_s"] = round(time.monotonic() - t0, 2)
+        # what a call must exceed to need more than one round of requests (speculators' MAX_NUM_SEQS)
+        scheduler_config = getattr(getattr(generator, "vllm_config", None), "scheduler_config", None)
+        report["max_num_seqs"] = getattr(scheduler_config, "max_num_seqs", None)
 
         outputs = []
         for number, prompts in zip(numbers, batches):
@@ -511,7 +524,11 @@ def main() -> int:
         default=1,
         help="ranks the model is split over: GPUs, or CPU processes on the CPU build (default 1)",
     )
-    parser.add_argument("--calls", default="all", help="which calls to run, e.g. 1,2 (default all)")
+    parser.add_argument(
+        "--calls",
+        default="all",
+        help="which calls to run, in this order, e.g. 1,2; N:K is call N's first K prompts (default all)",
+    )
     parser.add_argument(
         "--reference",
         help="transformers checkpoint of the same weights (default: the model's own, or the one its "
