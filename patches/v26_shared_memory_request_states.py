@@ -84,6 +84,13 @@ def _write_request_states(worker, path, mapped_buffer):
     for step in captured[0]:
         step_starts.append(total)
         total += step.shape[0]
+    step_rows = [step.shape[0] for step in captured[0]]
+    for number, steps in enumerate(captured):
+        if [step.shape[0] for step in steps] != step_rows:  # each step captures every layer at once
+            raise RuntimeError(
+                f"captured layer {number} has steps of {[step.shape[0] for step in steps]} rows, "
+                f"the first layer {step_rows}: not one capture of every layer per step"
+            )
     cuts = {}
     current = 0
     for metadata in getattr(worker, "_request_metadata", None) or []:
