@@ -579,36 +579,58 @@ def generator_config(record: dict, **changes) -> dict:
     return {"model": record["model"], **record["config"], **changes}
 
 
-def run_with(bench: Bench, record: dict, phases: list[str], dumps: Path) -> None:
-    """The phases that run with every patch applied, into record["phases"]."""
+# A generator phase's name: "generator", then "-speculators-V" where the phase ran another
+# speculators release than the record's own (bench/gpu/extract_gpu.py runs 0.4.0.1 beside 0.3.0 on
+# the same prompts), then "-without-vN" where it ran without that patch.
+GENERATOR_PHASE = re.compile(r"generator(?P<release>-speculators-[0-9][0-9.]*)?(?:-without-(?P<patch>v[0-9]+))?")
+
+
+def release_suffix(speculators: str | None) -> str:
+    """The phase-name suffix of a generator phase run with that speculators release ("" for the
+    record's own)."""
+    return f"-speculators-{speculators}" if speculators else ""
+
+
+def run_with(bench: Bench, record: dict, phases: list[str], dumps: Path, speculators: str | None = None) -> None:
+    """The phases that run with every patch applied, into record["phases"]; with speculators, the
+    generator phase is that release's (installed and patched by the caller)."""
     label, config = record["label"], generator_config(record)
+    suffix = release_suffix(speculators)
     if "generator" in phases:
-        dump = str(dumps / f"{label}-with.pt")
-        record["phases"]["generator"] = bench.phase("generator", dict(config, dump=dump), f"{label}-generator")
+        dump = str(dumps / f"{label}{suffix}-with.pt")
+        record["phases"]["generator" + suffix] = bench.phase(
+            "generator", dict(config, dump=dump), f"{label}-generator{suffix}"
+        )
     for name, settings in (("vllm-eager", "generator"), ("vllm-default", "default")):
         if name in phases:
             record["phases"][name] = bench.phase("vllm", dict(config, settings=settings), f"{label}-{name}")
 
 
-def run_without(bench: Bench, record: dict, dumps: Path) -> None:
-    """The generator with record's leave_out patch left out (Bench.without must be in force), and
-    the equality check against the run with every patch."""
-    label, patch = record["label"], record["config"]["leave_out"]
+def run_without(
+    bench: Bench, record: dict, dumps: Path, speculators: str | None = None, patch: str | None = None
+) -> None:
+    """The generator with `patch` (default: record's leave_out) left out (Bench.without must be in
+    force), and the equality check against the run with every patch (record["equality"], or
+    "equality-speculators-V" for another release's)."""
+    label, patch = record["label"], patch or record["config"]["leave_out"]
+    suffix = release_suffix(speculators)
     prompts = min(record["config"]["prompts"], record["config"].get("leave_out_prompts") or 10**9)
-    dump = dumps / f"{label}-without.pt"
+    dump = dumps / f"{label}{suffix}-without.pt"
     # a short warm-up: the old path has no buffer to size, and each call costs seconds there
     config = generator_config(record, prompts=prompts, dump=str(dump), warmup_prompts=4)
-    record["phases"][f"generator-without-{patch}"] = bench.phase(
-        "generator", config, f"{label}-generator-without-{patch}"
+    record["phases"][f"generator{suffix}-without-{patch}"] = bench.phase(
+        "generator", config, f"{label}-generator{suffix}-without-{patch}"
     )
-    with_dump = dumps / f"{label}-with.pt"
+    with_dump = dumps / f"{label}{suffix}-with.pt"
     if with_dump.is_file() and dump.is_file():
-        record["equality"] = bench.phase("compare", {"with": str(with_dump), "without": str(dump)}, f"{label}-compare")
+        record["equality" + suffix] = bench.phase(
+            "compare", {"with": str(with_dump), "without": str(dump)}, f"{label}{suffix}-compare"
+        )
 
 
 def finish(record: dict) -> dict:
-    record["ratios"] = ratios(record["phases"], record["config"].get("leave_out", ""))
-    record["passed"] = passed(record, record["config"].get("leave_out", ""))
+    record["ratios"] = ratios(record["phases"])
+    record["passed"] = passed(record)
     return record
 
 
@@ -619,27 +641,41 @@ def write_record(record: dict, out: Path) -> str:
     return text
 
 
-def ratios(phases: dict, leave_out: str) -> dict:
+def ratios(phases: dict) -> dict:
+    """Each generator phase with every patch against vLLM's prefill; against its own run without a
+    patch (tokens/s, and the transfer's time per token: transfer-without-vN/transfer); and
+    another release's against the record's own (generator-speculators-V/generator)."""
+
     def rate(name: str) -> float | None:
         phase = phases.get(name) or {}
         return phase.get("tokens_per_s") if phase.get("ok") else None
 
     out = {}
-    generator = rate("generator")
-    for baseline in ("vllm-eager", "vllm-default"):
-        if generator and rate(baseline):
-            out[f"generator/{baseline}"] = round(generator / rate(baseline), 3)
-    old = rate(f"generator-without-{leave_out}") if leave_out else None
-    if old and rate("vllm-eager"):
-        out[f"generator-without-{leave_out}/vllm-eager"] = round(old / rate("vllm-eager"), 3)
-    if old and generator:
-        out[f"generator/generator-without-{leave_out}"] = round(generator / old, 2)
-    # the transfer alone (the captured states' RPC, per token: the phases may run different prompts)
-    new_transfer, old_transfer = (
-        transfer_s_per_token(phases.get(name) or {}) for name in ("generator", f"generator-without-{leave_out}")
-    )
-    if leave_out and new_transfer and old_transfer:
-        out[f"transfer-without-{leave_out}/transfer"] = round(old_transfer / new_transfer, 2)
+    named = {name: GENERATOR_PHASE.fullmatch(name) for name in phases}
+    for name, match in named.items():
+        if match is None or match["patch"]:
+            continue
+        release = match["release"] or ""
+        generator = rate(name)
+        for baseline in ("vllm-eager", "vllm-default"):
+            if generator and rate(baseline):
+                out[f"{name}/{baseline}"] = round(generator / rate(baseline), 3)
+        if release and generator and rate("generator"):
+            out[f"{name}/generator"] = round(generator / rate("generator"), 3)
+        for without, other in named.items():
+            if other is None or not other["patch"] or (other["release"] or "") != release:
+                continue
+            old = rate(without)
+            if old and rate("vllm-eager"):
+                out[f"{without}/vllm-eager"] = round(old / rate("vllm-eager"), 3)
+            if old and generator:
+                out[f"{name}/{without}"] = round(generator / old, 2)
+            # the transfer alone (the captured states' RPC, per token: the phases may run different prompts)
+            new_transfer, old_transfer = transfer_s_per_token(phases[name]), transfer_s_per_token(phases[without])
+            if new_transfer and old_transfer:
+                out[f"transfer{release}-without-{other['patch']}/transfer{release}"] = round(
+                    old_transfer / new_transfer, 2
+                )
     return out
 
 
@@ -666,12 +702,14 @@ def markdown(record: dict) -> str:
             f"{memory.get('peak_mib')} ({memory.get('peak_extra_mib')}) | {split} |"
         )
     lines += ["", "ratios: " + ", ".join(f"{k} = {v}" for k, v in record["ratios"].items())]
-    if "equality" in record:
-        lines += ["", "equality: `" + json.dumps(record["equality"]) + "`"]
+    for key in sorted(k for k in record if k.startswith("equality")):
+        lines += ["", f"{key}: `" + json.dumps(record[key]) + "`"]
     return "\n".join(lines) + "\n"
 
 
-def passed(record: dict, leave_out: str) -> bool:
+def passed(record: dict) -> bool:
+    """Every phase ran, every generator phase returned every prompt whole and in order, and each
+    run without a patch gave the same tensors within the spread."""
     ok = all(phase.get("ok") for phase in record["phases"].values())
     # every prompt of every generator phase whole and in the caller's order
     ok = ok and all(
@@ -679,8 +717,10 @@ def passed(record: dict, leave_out: str) -> bool:
         for name, phase in record["phases"].items()
         if name.startswith("generator")
     )
-    if leave_out:
-        ok = ok and bool(record.get("equality", {}).get("equal_within_spread"))
+    for name in record["phases"]:
+        match = GENERATOR_PHASE.fullmatch(name)
+        if match and match["patch"]:
+            ok = ok and bool(record.get("equality" + (match["release"] or ""), {}).get("equal_within_spread"))
     return ok
 
 
