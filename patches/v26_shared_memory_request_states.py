@@ -499,6 +499,16 @@ PATCH = Patch(
                 "vllm.v1.executor.multiproc_executor",
                 "MultiprocExecutor.collective_rpc",
                 "unique_reply_rank",
+                # the callable is handed vLLM's wrapper of the worker: the states are read from,
+                # and cleared on, the worker it wraps (_capturing_worker)
+                needs=(
+                    Fact(
+                        "defines",
+                        ("vllm.v1.worker.worker_base", "vllm.worker.worker_base"),
+                        "WorkerWrapperBase",
+                        "worker",
+                    ),
+                ),
             ),
         ),
     ),
