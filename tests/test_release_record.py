@@ -150,6 +150,30 @@ def test_a_rows_speculators_is_in_its_key_and_a_row_without_it_ran_0_3_0():
     )
 
 
+def test_a_row_is_keyed_by_the_source_its_patches_write_from_outside_patches(monkeypatch, tmp_path):
+    # v26 writes patcher/shared_states.py's source into the generator: an edit of that code is an
+    # edit of what the row ran, its docstring is not
+    from patcher.upstream import runs
+
+    row = row_of("0.16.0", apply="exit 0, changed")
+    row["versions_detected"]["speculators"] = "0.4.0.1"
+    row["selected"] = expected_selection(row)
+    assert "v26" in row["selected"]
+    key = row_key("0.16.0", row["selected"], row_versions(row))
+    real = runs._imported_module_path
+    helper = real(ROOT / "patches", "patcher.shared_states")
+    edited = tmp_path / "shared_states.py"
+    monkeypatch.setattr(
+        runs,
+        "_imported_module_path",
+        lambda folder, module: edited if module == "patcher.shared_states" else real(folder, module),
+    )
+    edited.write_text(helper.read_text().replace("min(8, os.cpu_count()", "min(4, os.cpu_count()"))
+    assert row_key("0.16.0", row["selected"], row_versions(row)) != key
+    edited.write_text(helper.read_text().replace("The host buffer that carries", "The buffer that carries"))
+    assert row_key("0.16.0", row["selected"], row_versions(row)) == key
+
+
 def test_a_leave_one_out_row_is_kept_beside_the_releases_own(tmp_path):
     own = row_of("0.33.0", apply="exit 0, changed")
     key = str(row_key("0.33.0", own["selected"], row_versions(own)))

@@ -99,7 +99,8 @@ class _Shared:
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """sha256 of every line of code that can change a transform's result: the patch package,
-    the transform engine, and libcst's installed version."""
+    the transform engine, the source patches write (shared_states.py), and libcst's installed
+    version."""
     import hashlib
     import importlib.util
 
@@ -115,6 +116,7 @@ def code_fingerprint() -> str:
         "shapes.py",
         "model.py",
         "transform/outcomes.py",
+        "shared_states.py",
     )
     for path in [*sorted(patches_dir.rglob("*.py")), *(top / name for name in engine)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")

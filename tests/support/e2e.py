@@ -33,8 +33,14 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# The target files of each throwaway target with another speculators release than 0.3.0, as pip
+# installed them (rolled_back_overlay): it is pristine when its files are these.
+INSTALLED: dict[Path, dict[str, str]] = {}
+
+
 def pristine(target: Path) -> bool:
-    return all(sha(site_file(target, rel)) == digest for rel, digest in PRISTINE.items())
+    expected = INSTALLED.get(target, PRISTINE)
+    return all(sha(site_file(target, rel)) == digest for rel, digest in expected.items())
 
 
 def patch_as(target: Path, *skip: str) -> dict[str, str]:
@@ -56,6 +62,8 @@ def rolled_back_overlay(folder: Path, base_python: Path, speculators: str = "0.3
     """A throwaway target over a real vLLM environment (workbench.envs.overlay_env), its python;
     whatever happened, its speculators files end as pip installed them."""
     python = overlay_env(folder, base_python, speculators=speculators)
+    if speculators != "0.3.0":  # 0.3.0's are known (PRISTINE)
+        INSTALLED[python] = {rel: sha(site_file(python, rel)) for rel in PRISTINE}
     try:
         yield python
     finally:
