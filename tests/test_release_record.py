@@ -150,6 +150,30 @@ def test_a_rows_speculators_is_in_its_key_and_a_row_without_it_ran_0_3_0():
     )
 
 
+def test_a_row_is_keyed_by_the_source_its_patches_write_from_outside_patches(monkeypatch, tmp_path):
+    # v26 writes patcher/shared_states.py's source into the generator: an edit of that code is an
+    # edit of what the row ran, its docstring is not
+    from patcher.upstream import runs
+
+    row = row_of("0.16.0", apply="exit 0, changed")
+    row["versions_detected"]["speculators"] = "0.4.0.1"
+    row["selected"] = expected_selection(row)
+    assert "v26" in row["selected"]
+    key = row_key("0.16.0", row["selected"], row_versions(row))
+    real = runs._imported_module_path
+    helper = real(ROOT / "patches", "patcher.shared_states")
+    edited = tmp_path / "shared_states.py"
+    monkeypatch.setattr(
+        runs,
+        "_imported_module_path",
+        lambda folder, module: edited if module == "patcher.shared_states" else real(folder, module),
+    )
+    edited.write_text(helper.read_text().replace("min(8, os.cpu_count()", "min(4, os.cpu_count()"))
+    assert row_key("0.16.0", row["selected"], row_versions(row)) != key
+    edited.write_text(helper.read_text().replace("The host buffer that carries", "The buffer that carries"))
+    assert row_key("0.16.0", row["selected"], row_versions(row)) == key
+
+
 def test_a_leave_one_out_row_is_kept_beside_the_releases_own(tmp_path):
     own = row_of("0.33.0", apply="exit 0, changed")
     key = str(row_key("0.33.0", own["selected"], row_versions(own)))
@@ -259,8 +283,13 @@ def test_a_runs_exit_says_whether_every_row_it_ran_passed():
     # a leave-one-out row proves a patch's need by failing: only its rollback must hold
     left_out = {**passing, "left_out": "v12", "apply": "exit 1, rolled-back", "extract": {"skipped": "apply failed"}}
     assert matrix.row_passed(left_out) and not matrix.row_passed({**left_out, "rollback_identical": False})
-    # every row recorded today passes by that rule
-    assert all(matrix.row_passed(r) for r in matrix.recorded_rows() + matrix.recorded_rows(left_out=True))
+    # every row that speaks for today's patches passes by that rule; a row recorded before it (four
+    # calls, none past max_num_seqs) or with other patches reads as run with an earlier check
+    from patcher.upstream.runs import row_is_current
+
+    rows = matrix.recorded_rows() + matrix.recorded_rows(left_out=True)
+    assert all(matrix.row_passed(r) for r in rows if row_is_current(r) is not False)
+    assert all("run_with" in r for r in rows if row_is_current(r) is False)
 
 
 def test_a_row_without_a_call_past_max_num_seqs_does_not_pass_and_is_not_current(tmp_path):

@@ -71,7 +71,9 @@ def recorded_rows(record: Path = RECORD, left_out: bool = False) -> list[dict]:
             )
         rows.append(row)
     return sorted(
-        rows, key=lambda r: (Version(r["release"]), Version(speculators_of(r)), r.get("left_out", "")), reverse=True
+        rows,
+        key=lambda r: (Version(r["release"]), Version(speculators_of(r)), tensor_parallel_of(r), r.get("left_out", "")),
+        reverse=True,
     )
 
 
@@ -79,11 +81,17 @@ def speculators_of(row: dict) -> str:
     return str(row.get("speculators") or DEFAULT_SPECULATORS)  # rows before the column ran 0.3.0
 
 
+def tensor_parallel_of(row: dict) -> int:
+    return int(row.get("tensor_parallel") or 1)  # rows before the column ran at 1
+
+
 def row_name(row: dict) -> str:
     speculators = speculators_of(row)
+    ranks = tensor_parallel_of(row)
     return (
         row["release"]
         + (f"-speculators-{speculators}" if speculators != DEFAULT_SPECULATORS else "")
+        + (f"-tp{ranks}" if ranks != 1 else "")
         + (f"-without-{row['left_out']}" if row.get("left_out") else "")
     )
 

@@ -356,6 +356,43 @@ def error_record(exc: BaseException, phase: str) -> dict:
     }
 
 
+def transfer_of(generator) -> dict:
+    """How the captured states reached the generator: through the shared buffer (v21) in every
+    call, or vLLM's RPC queue."""
+    state = generator.__dict__.get("_shared_states")
+    if not state or not state.get("calls"):
+        return {"path": "RPC queue"}
+    return {"path": "shared memory", "calls": state["calls"]}
+
+
+def cpu_thread_binding(tensor_parallel_size: int, cpus: list[int] | None = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for vLLM's CPU build at this tensor parallel size: the CPUs this
+    process may run on (os.sched_getaffinity), one contiguous share a rank, shared in turn where
+    there are fewer CPUs than ranks. vLLM's default ("auto") binds rank N to NUMA node N, and a
+    machine with fewer nodes than ranks fails its assertion."""
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    ranks = tensor_parallel_size
+    if len(cpus) >= ranks:
+        share = len(cpus) // ranks
+        groups = [cpus[rank * share : (rank + 1) * share] for rank in range(ranks)]
+    else:
+        groups = [[cpus[rank % len(cpus)]] for rank in range(ranks)]
+    return "|".join(",".join(str(cpu) for cpu in group) for group in groups)
+
+
+def bind_cpu_threads(tensor_parallel_size: int) -> str | None:
+    """Set VLLM_CPU_OMP_THREADS_BIND for several ranks on a host without CUDA, unless the caller
+    set it; the value set, or None."""
+    if tensor_parallel_size < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(tensor_parallel_size)
+    return os.environ["VLLM_CPU_OMP_THREADS_BIND"]
+
+
 def run(args) -> dict:
     report: dict = {
         "ok": False,
@@ -397,6 +434,7 @@ def run(args) -> dict:
 
         report["timings"]["import_s"] = round(time.monotonic() - started, 2)
         phase = "init"
+        report["cpu_thread_binding"] = bind_cpu_threads(args.tensor_parallel_size)
         t0 = time.monotonic()
         generator = VllmHiddenStatesGenerator(
             args.model,
@@ -422,6 +460,7 @@ def run(args) -> dict:
 
             torch.save({"batches": batches, "outputs": outputs}, args.dump)
 
+        report["transfer"] = transfer_of(generator)
         # vLLM's idle worker polls its queue and would slow the reference down: stop it first.
         phase = "shutdown"
         t0 = time.monotonic()
@@ -481,7 +520,10 @@ def main() -> int:
         "free device memory (host memory on the CPU build, with v9); 0.1 is ample for the demo",
     )
     parser.add_argument(
-        "--tensor-parallel-size", type=int, default=1, help="GPUs the model is split over (CUDA builds; default 1)"
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="ranks the model is split over: GPUs, or CPU processes on the CPU build (default 1)",
     )
     parser.add_argument(
         "--calls",

@@ -212,9 +212,15 @@ def _code_key(path: Path, edits: Sequence[str] | None = None, roots: Sequence[st
     )
 
 
+# Modules outside patches/ whose code a patch writes into its target (patcher/shared_states.py:
+# the source v26 injects); the engine's own modules (codemod, shapes, model) are not keyed.
+WRITTEN_HELPERS = ("patcher.shared_states",)
+
+
 def _sibling_imports(path: Path) -> dict[str, tuple[str, ...]]:
     """The patch modules a patch module imports names from (`from .v9_device_memory import X`),
-    with those names: their code runs in the patch's codemods too."""
+    and the WRITTEN_HELPERS it imports from, with those names: their code runs in the patch's
+    codemods too, or is what they write."""
     import ast
 
     from .facts import parse
@@ -222,9 +228,22 @@ def _sibling_imports(path: Path) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     tree = parse(path.read_text(encoding="utf-8"))
     for node in tree.body if isinstance(tree, ast.Module) else []:
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module and node.module[:1] == "v":
+        if not (isinstance(node, ast.ImportFrom) and node.module):
+            continue
+        if (node.level == 1 and node.module[:1] == "v") or (node.level == 0 and node.module in WRITTEN_HELPERS):
             out[node.module] = tuple(sorted({*out.get(node.module, ()), *(a.name for a in node.names)}))
     return out
+
+
+def _imported_module_path(folder: Path, module: str) -> Path:
+    """Where a name of _sibling_imports lives: a patch module beside the patch, or a helper."""
+    if "." not in module:
+        return folder / f"{module}.py"
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
+    return Path(spec.origin)
 
 
 def _patches_folder() -> Path | None:
@@ -266,7 +285,7 @@ def row_key(release: str, selected: Sequence[str], versions: dict[str, str]) -> 
         path = folder / f"{patch.module_name}.py"
         code = _code_key(path, edits)
         for module, names in sorted(_sibling_imports(path).items()):
-            code += f"\0{module}:" + _code_key(folder / f"{module}.py", None, names)
+            code += f"\0{module}:" + _code_key(_imported_module_path(folder, module), None, names)
         spec = dataclasses.asdict(patch.spec())
         for gate in GATE_KEYWORDS:
             spec.pop(gate, None)
