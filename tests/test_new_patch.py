@@ -122,5 +122,5 @@ def test_a_new_patch_module_is_all_a_patch_author_writes(tree: Path):
     assert evidence.returncode == 1, evidence.stdout[-2000:]
     assert (
         "no recorded row 0.33.5-without-v98: python bench/releases.py --release 0.33.5 --speculators 0.3.0 "
-        "--leave-out v98" in evidence.stdout
+        "--tensor-parallel 1 --leave-out v98" in evidence.stdout
     )
