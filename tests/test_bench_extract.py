@@ -17,6 +17,22 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def engine_cannot_start_here(stdout: str) -> bool:
+    """Whether the run's vLLM baselines failed because vLLM's CPU attention refuses this host's CPU
+    (their phase logs say so), the generator phases having run."""
+    import re
+
+    found = re.search(r"phase logs: (\S+)", stdout)
+    if not found or "vllm-eager: FAILED" not in stdout or "tiny-quick-generator: FAILED" in stdout:
+        return False
+    logs = Path(found.group(1))
+    return logs.is_dir() and any(
+        "Unsupported CPU attention configuration" in f.read_text(errors="replace")
+        for f in logs.glob("*")
+        if f.is_file()
+    )
+
+
 def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "extract.py"), "--quick", "--leave-out", "v21", "--out", str(tmp_path)],
@@ -25,6 +41,12 @@ def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
         timeout=1800,
         cwd=str(ROOT),
     )
+    if done.returncode != 0 and engine_cannot_start_here(done.stdout):
+        pytest.skip(
+            "vLLM 0.16's own engine cannot start on this host's CPU (its logs: 'Unsupported CPU attention "
+            "configuration: head_dim=64 isa=0', seen on CPUs with AMX): the vllm-eager and vllm-default "
+            "baselines cannot run here"
+        )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((tmp_path / "extract-tiny-quick.json").read_text())
     phases = record["phases"]
