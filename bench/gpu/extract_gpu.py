@@ -138,17 +138,7 @@ class Installed:
         done = self.run.step(
             f"install-speculators-{version}",
             [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-index",
-                "--no-deps",
-                "--no-compile",
-                "--disable-pip-version-check",
-                "--target",
-                str(gpu_run.SITE),
+                *gpu_run.PIP_INSTALL,
                 str(wheel),
             ],
         )

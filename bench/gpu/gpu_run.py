@@ -46,6 +46,20 @@ MODEL = Path("/tmp/model")  # the tiny Llama; the others under MODELS/<name>
 MODELS = Path("/tmp/models")
 EXTRA = Path("/tmp/gpu-extra")  # reports that do not come back as files of their own
 HERE = Path(__file__).resolve().parent
+# Wheels into SITE as carried: no index (the machine has no network), no dependencies (each list is whole)
+PIP_INSTALL = (
+    sys.executable,
+    "-m",
+    "pip",
+    "install",
+    "-q",
+    "--no-index",
+    "--no-deps",
+    "--no-compile",
+    "--disable-pip-version-check",
+    "--target",
+    str(SITE),
+)
 MOE_KINDS = ("deepseek-v3", "kimi-k25", "kimi-k25-int4")
 
 
@@ -140,17 +154,7 @@ def install(run: Run, stage: Path, release: str | None, run_dir: Path, speculato
     done = run.step(
         "install",
         [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-index",
-            "--no-deps",
-            "--no-compile",
-            "--disable-pip-version-check",
-            "--target",
-            str(SITE),
+            *PIP_INSTALL,
             *map(str, wheels),
         ],
     )
