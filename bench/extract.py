@@ -2,14 +2,17 @@
 
     python bench/extract.py [--quick] [--shape tiny|llama-1b|wide-7168] [--prompts N] [--prompt-len L]
                             [--per-call K] [--layers 1,2,3] [--leave-out v21] [--out DIR]
-                            [--target PYTHON --patcher 'CMD'] [--model DIR] [--phases ...]
+                            [--speculators 0.4.0.1] [--target PYTHON --patcher 'CMD'] [--model DIR]
+                            [--phases ...]
 
 One run, the same prompts (random token ids, fixed seed) for every phase, each phase a process of
 its own in the target interpreter (vLLM, torch and the patched speculators):
 - `generator`: speculators' VllmHiddenStatesGenerator.generate(), K prompts a call; wall time of
   the calls after one warm-up call of K prompts (4 without v21), split into execute (executor.execute_model), sample
   (executor.sample_tokens), transfer (the captured states' collective_rpc), schedule, other RPCs,
-  and assemble (the rest: slicing and cloning each prompt's rows, bookkeeping);
+  and assemble (the rest: slicing and cloning each prompt's rows, bookkeeping); every prompt's
+  result is checked whole and in the caller's order (its input_ids, and as many rows as it has
+  tokens in every layer), outside the timed wall;
 - `vllm-eager`: vLLM's LLM.generate(prompts, SamplingParams(max_tokens=1)) with the generator's
   own engine settings (enforce_eager=True, max_num_seqs=32, max_num_batched_tokens=max(8192,
   max_model_len), prefix caching off), all prompts in one call, after one warm-up call;
@@ -20,24 +23,30 @@ its own in the target interpreter (vLLM, torch and the patched speculators):
   method extract_hidden_states and ExampleHiddenStatesConnector (a tmpfs), each prompt's states
   loaded as CPU tensors inside the timed call: the alternative to the forward wrapper that
   speculators' worker (and v27 on Model Runner V2) uses;
-- with --leave-out v21: `patcher rollback`, `patcher apply --skip v21`, the generator again (its old
-  throughput; --leave-out-prompts of them), then the patches are put back as they were;
+- with --leave-out v21 (speculators 0.3.0; v26 for 0.4.x): `patcher rollback`, `patcher apply
+  --skip v21`, the generator again (its old throughput; --leave-out-prompts of them), then the
+  patches are put back as they were;
 - the equality check: each generator phase keeps the results of its first call (the same prompts,
-  the same batch) and of the same call made once more at the end; the tensors with v21 are
+  the same batch) and of the same call made once more at the end; the tensors with the patch are
   compared with those without it, against the unpatched generator's own run-to-run spread.
 Peak host memory: the largest sum of Pss (/proc/PID/smaps_rollup: shared pages counted once) over
 the phase's process and its children, sampled every 0.1 s, before and during the timed calls; the
 generator phase drops each call's results once counted, so the peak is one call's results plus
 what the transfer holds.
 
-Ratio = the generator's tokens/s over vLLM's (eager, the generator's settings; default beside it).
+Ratio = the generator's tokens/s over vLLM's (eager, the generator's settings; default beside it);
+with --leave-out, the generator's over its own without the patch, and the transfer's time per token
+without the patch over its time with it (transfer-without-vN/transfer: how many times faster).
 Nothing here asserts speed: the figures go to DIR/extract-<label>.json and .md, and the table is
-printed. Exit 0 when every phase ran (and, with --leave-out, the tensors were equal within the
-spread), 1 otherwise, 2 for a command line it refuses.
+printed. Exit 0 when every phase ran, every generator phase returned every prompt whole and in
+order (and, with --leave-out, the tensors were equal within the spread), 1 otherwise, 2 for a
+command line it refuses.
 
 Without --target (this machine): the demo environment (vLLM 0.16 CPU, patcher.demo) with a
-throwaway target on top (its own speculators 0.3.0, all patches applied, then rolled back), and
-the tiny model, as tests/test_e2e_vllm.py uses them. bench/gpu/extract_gpu.py runs the GPU form.
+throwaway target on top (its own speculators, 0.3.0 or --speculators, all patches applied, then
+rolled back), and the tiny model, as tests/test_e2e_vllm.py uses them. The transfer's speed
+against the RPC queue's in one run: `--leave-out v21`, or `--speculators 0.4.0.1 --leave-out v26`.
+bench/gpu/extract_gpu.py runs the GPU form.
 """
 
 from __future__ import annotations
@@ -86,7 +95,8 @@ SHAPES = {
 PHASE_NAMES = ("generator", "vllm-eager", "vllm-default", "vllm-aux")
 # vllm-aux is asked for by name (--phases): it needs vLLM 0.17+ (extract_hidden_states) and a GPU
 DEFAULT_PHASES = ("generator", "vllm-eager", "vllm-default")
-MAX_NUM_SEQS = 32  # speculators 0.3.0's generator: MAX_NUM_SEQS
+SPECULATORS = ("0.3.0", "0.4.0.1")  # the releases a target of this machine can have (--speculators)
+MAX_NUM_SEQS = 32  # speculators 0.3.0's and 0.4.x's generator: MAX_NUM_SEQS
 MIN_BATCHED_TOKENS = 8192  # and max_num_batched_tokens = max(8192, max_model_len)
 
 
@@ -253,9 +263,35 @@ def _timed(method, key, times: dict):
     return wrapper
 
 
+# The captured states' RPC: speculators' own, v21's write (0.3.0), v26's (0.4.x)
+TRANSFER_RPCS = ("_get_captured_states", "_write_captured_states", "_write_request_states")
+
+
 def _rpc_kind(target) -> str:
     name = target if isinstance(target, str) else getattr(target, "__name__", "callable")
-    return "transfer" if name in ("_get_captured_states", "_write_captured_states") else "rpc_other"
+    return "transfer" if name in TRANSFER_RPCS else "rpc_other"
+
+
+def transfer_path(generator) -> str:
+    """Which path the captured states took: the shared buffer (named by the patch whose source is
+    in the generator's module) or vLLM's RPC queue."""
+    import sys
+
+    shared = getattr(generator, "__dict__", {}).get("_shared_states")
+    if not (shared and shared.get("calls")):
+        return "RPC queue"
+    module = sys.modules[type(generator).__module__]
+    return "shared memory (v26)" if hasattr(module, "_write_request_states") else "shared memory (v21)"
+
+
+def whole_in_order(batch: list[list[int]], results: list[dict]) -> int:
+    """How many of the batch's prompts came back whole and in place: the result at the prompt's
+    position has its input_ids, and as many rows as it has tokens in every layer."""
+    return sum(
+        1
+        for ids, result in zip(batch, results)
+        if result["input_ids"].tolist() == ids and all(h.shape[0] == len(ids) for h in result["hidden_states"])
+    )
 
 
 def phase_generator(config: dict) -> dict:
@@ -295,10 +331,15 @@ def phase_generator(config: dict) -> dict:
     tokens = 0
     result_bytes = 0
     transfers = []
+    whole = 0
+    checking = 0.0
     with HostMemory() as memory:
         t0 = time.perf_counter()
         for number, batch in enumerate(calls):
             results = generator.generate(batch)
+            checked = time.perf_counter()
+            whole += whole_in_order(batch, results) if len(results) == len(batch) else 0
+            checking += time.perf_counter() - checked
             tokens += sum(len(r["input_ids"]) for r in results)
             result_bytes = max(
                 result_bytes, sum(h.numel() * h.element_size() for r in results for h in r["hidden_states"])
@@ -309,7 +350,7 @@ def phase_generator(config: dict) -> dict:
             if last:
                 transfers.append(last)
             del results
-        wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0 - checking
         times.pop("_depth", None)
         split = {key: round(value, 3) for key, value in sorted(times.items())}
         split["assemble"] = round(wall - sum(times.values()), 3)
@@ -322,12 +363,14 @@ def phase_generator(config: dict) -> dict:
         "tokens": tokens,
         "calls": len(calls),
         "per_call": per_call,
+        "prompts": len(prompts),
+        "prompts_whole_in_order": whole,
         "seconds": round(wall, 3),
         "tokens_per_s": round(tokens / wall, 1),
         "split_s": split,
         "host_memory": memory.figures(),
         "largest_call_results_mib": round(result_bytes / 2**20, 1),
-        "transfer": "shared memory (v21)" if shared and shared.get("calls") else "RPC queue",
+        "transfer": transfer_path(generator),
         "import_s": round(import_s, 1),
         "init_s": round(init_s, 1),
         "warmup_s": round(warmup_s, 3),
@@ -573,7 +616,7 @@ def summary_line(result: dict) -> str:
 
 def new_record(label: str, model: str, settings: dict) -> dict:
     """settings: prompts, prompt_len, per_call, layers, max_model_len, gpu_memory_utilization,
-    dump_prompts, leave_out, leave_out_prompts."""
+    dump_prompts, leave_out, leave_out_prompts (and speculators, where the bench made the target)."""
     return {"label": label, "model": model, "config": dict(settings), "phases": {}}
 
 
@@ -581,36 +624,58 @@ def generator_config(record: dict, **changes) -> dict:
     return {"model": record["model"], **record["config"], **changes}
 
 
-def run_with(bench: Bench, record: dict, phases: list[str], dumps: Path) -> None:
-    """The phases that run with every patch applied, into record["phases"]."""
+# A generator phase's name: "generator", then "-speculators-V" where the phase ran another
+# speculators release than the record's own (bench/gpu/extract_gpu.py runs 0.4.0.1 beside 0.3.0 on
+# the same prompts), then "-without-vN" where it ran without that patch.
+GENERATOR_PHASE = re.compile(r"generator(?P<release>-speculators-[0-9][0-9.]*)?(?:-without-(?P<patch>v[0-9]+))?")
+
+
+def release_suffix(speculators: str | None) -> str:
+    """The phase-name suffix of a generator phase run with that speculators release ("" for the
+    record's own)."""
+    return f"-speculators-{speculators}" if speculators else ""
+
+
+def run_with(bench: Bench, record: dict, phases: list[str], dumps: Path, speculators: str | None = None) -> None:
+    """The phases that run with every patch applied, into record["phases"]; with speculators, the
+    generator phase is that release's (installed and patched by the caller)."""
     label, config = record["label"], generator_config(record)
+    suffix = release_suffix(speculators)
     if "generator" in phases:
-        dump = str(dumps / f"{label}-with.pt")
-        record["phases"]["generator"] = bench.phase("generator", dict(config, dump=dump), f"{label}-generator")
+        dump = str(dumps / f"{label}{suffix}-with.pt")
+        record["phases"]["generator" + suffix] = bench.phase(
+            "generator", dict(config, dump=dump), f"{label}-generator{suffix}"
+        )
     for name, settings in (("vllm-eager", "generator"), ("vllm-default", "default"), ("vllm-aux", "aux")):
         if name in phases:
             record["phases"][name] = bench.phase("vllm", dict(config, settings=settings), f"{label}-{name}")
 
 
-def run_without(bench: Bench, record: dict, dumps: Path) -> None:
-    """The generator with record's leave_out patch left out (Bench.without must be in force), and
-    the equality check against the run with every patch."""
-    label, patch = record["label"], record["config"]["leave_out"]
+def run_without(
+    bench: Bench, record: dict, dumps: Path, speculators: str | None = None, patch: str | None = None
+) -> None:
+    """The generator with `patch` (default: record's leave_out) left out (Bench.without must be in
+    force), and the equality check against the run with every patch (record["equality"], or
+    "equality-speculators-V" for another release's)."""
+    label, patch = record["label"], patch or record["config"]["leave_out"]
+    suffix = release_suffix(speculators)
     prompts = min(record["config"]["prompts"], record["config"].get("leave_out_prompts") or 10**9)
-    dump = dumps / f"{label}-without.pt"
+    dump = dumps / f"{label}{suffix}-without.pt"
     # a short warm-up: the old path has no buffer to size, and each call costs seconds there
     config = generator_config(record, prompts=prompts, dump=str(dump), warmup_prompts=4)
-    record["phases"][f"generator-without-{patch}"] = bench.phase(
-        "generator", config, f"{label}-generator-without-{patch}"
+    record["phases"][f"generator{suffix}-without-{patch}"] = bench.phase(
+        "generator", config, f"{label}-generator{suffix}-without-{patch}"
     )
-    with_dump = dumps / f"{label}-with.pt"
+    with_dump = dumps / f"{label}{suffix}-with.pt"
     if with_dump.is_file() and dump.is_file():
-        record["equality"] = bench.phase("compare", {"with": str(with_dump), "without": str(dump)}, f"{label}-compare")
+        record["equality" + suffix] = bench.phase(
+            "compare", {"with": str(with_dump), "without": str(dump)}, f"{label}{suffix}-compare"
+        )
 
 
 def finish(record: dict) -> dict:
-    record["ratios"] = ratios(record["phases"], record["config"].get("leave_out", ""))
-    record["passed"] = passed(record, record["config"].get("leave_out", ""))
+    record["ratios"] = ratios(record["phases"])
+    record["passed"] = passed(record)
     return record
 
 
@@ -621,52 +686,92 @@ def write_record(record: dict, out: Path) -> str:
     return text
 
 
-def ratios(phases: dict, leave_out: str) -> dict:
+def ratios(phases: dict) -> dict:
+    """Each generator phase with every patch against vLLM's prefill; against its own run without a
+    patch (tokens/s, and the transfer's time per token: transfer-without-vN/transfer); and
+    another release's against the record's own (generator-speculators-V/generator)."""
+
     def rate(name: str) -> float | None:
         phase = phases.get(name) or {}
         return phase.get("tokens_per_s") if phase.get("ok") else None
 
     out = {}
-    generator = rate("generator")
-    for baseline in ("vllm-eager", "vllm-default", "vllm-aux"):
-        if generator and rate(baseline):
-            out[f"generator/{baseline}"] = round(generator / rate(baseline), 3)
-    old = rate(f"generator-without-{leave_out}") if leave_out else None
-    if old and rate("vllm-eager"):
-        out[f"generator-without-{leave_out}/vllm-eager"] = round(old / rate("vllm-eager"), 3)
-    if old and generator:
-        out[f"generator/generator-without-{leave_out}"] = round(generator / old, 2)
+    named = {name: GENERATOR_PHASE.fullmatch(name) for name in phases}
+    for name, match in named.items():
+        if match is None or match["patch"]:
+            continue
+        release = match["release"] or ""
+        generator = rate(name)
+        for baseline in ("vllm-eager", "vllm-default", "vllm-aux"):
+            if generator and rate(baseline):
+                out[f"{name}/{baseline}"] = round(generator / rate(baseline), 3)
+        if release and generator and rate("generator"):
+            out[f"{name}/generator"] = round(generator / rate("generator"), 3)
+        for without, other in named.items():
+            if other is None or not other["patch"] or (other["release"] or "") != release:
+                continue
+            old = rate(without)
+            if old and rate("vllm-eager"):
+                out[f"{without}/vllm-eager"] = round(old / rate("vllm-eager"), 3)
+            if old and generator:
+                out[f"{name}/{without}"] = round(generator / old, 2)
+            # the transfer alone (the captured states' RPC, per token: the phases may run different prompts)
+            new_transfer, old_transfer = transfer_s_per_token(phases[name]), transfer_s_per_token(phases[without])
+            if new_transfer and old_transfer:
+                out[f"transfer{release}-without-{other['patch']}/transfer{release}"] = round(
+                    old_transfer / new_transfer, 2
+                )
     return out
+
+
+def transfer_s_per_token(phase: dict) -> float | None:
+    seconds = (phase.get("split_s") or {}).get("transfer")
+    return seconds / phase["tokens"] if phase.get("ok") and seconds and phase.get("tokens") else None
 
 
 def markdown(record: dict) -> str:
     lines = [f"## {record['label']}", "", f"config: `{json.dumps(record['config'])}`", ""]
-    lines += ["| phase | tokens/s | seconds | peak host MiB (extra) | split (s) |", "|---|---:|---:|---:|---|"]
+    lines += [
+        "| phase | tokens/s | seconds | whole, in order | peak host MiB (extra) | split (s) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     for name, phase in record["phases"].items():
         if not phase.get("ok"):
-            lines.append(f"| {name} | FAILED | | | {str(phase.get('error'))[:200]} |")
+            lines.append(f"| {name} | FAILED | | | | {str(phase.get('error'))[:200]} |")
             continue
         memory = phase.get("host_memory", {})
         split = ", ".join(f"{k} {v}" for k, v in phase.get("split_s", {}).items())
+        whole = f"{phase['prompts_whole_in_order']}/{phase['prompts']}" if "prompts" in phase else ""
         lines.append(
-            f"| {name} | {phase['tokens_per_s']:,.0f} | {phase['seconds']} | "
+            f"| {name} | {phase['tokens_per_s']:,.0f} | {phase['seconds']} | {whole} | "
             f"{memory.get('peak_mib')} ({memory.get('peak_extra_mib')}) | {split} |"
         )
     lines += ["", "ratios: " + ", ".join(f"{k} = {v}" for k, v in record["ratios"].items())]
-    if "equality" in record:
-        lines += ["", "equality: `" + json.dumps(record["equality"]) + "`"]
+    for key in sorted(k for k in record if k.startswith("equality")):
+        lines += ["", f"{key}: `" + json.dumps(record[key]) + "`"]
     return "\n".join(lines) + "\n"
 
 
-def passed(record: dict, leave_out: str) -> bool:
+def passed(record: dict) -> bool:
+    """Every phase ran, every generator phase returned every prompt whole and in order, and each
+    run without a patch gave the same tensors within the spread."""
     ok = all(phase.get("ok") for phase in record["phases"].values())
-    if leave_out:
-        ok = ok and bool(record.get("equality", {}).get("equal_within_spread"))
+    # every prompt of every generator phase whole and in the caller's order
+    ok = ok and all(
+        phase.get("prompts_whole_in_order") == phase.get("prompts")
+        for name, phase in record["phases"].items()
+        if name.startswith("generator")
+    )
+    for name in record["phases"]:
+        match = GENERATOR_PHASE.fullmatch(name)
+        if match and match["patch"]:
+            ok = ok and bool(record.get("equality" + (match["release"] or ""), {}).get("equal_within_spread"))
     return ok
 
 
-def cpu_target(work: Path, log) -> tuple[str, str]:
-    """This machine: a throwaway target over the demo environment, and the tiny model."""
+def cpu_target(work: Path, log, speculators: str = "0.3.0") -> tuple[str, str]:
+    """This machine: a throwaway target over the demo environment (speculators on top), and the
+    tiny model."""
     sys.path.insert(0, str(ROOT))
     from patcher.demo.environment import build_demo_env
     from patcher.demo.overlay import make_overlay
@@ -675,7 +780,7 @@ def cpu_target(work: Path, log) -> tuple[str, str]:
 
     demo = build_demo_env(progress=log)
     model = ensure_tiny_model(demo, progress=log)
-    wheel = download_wheel("speculators", "0.3.0", cache_dir() / "wheels")
+    wheel = download_wheel("speculators", speculators, cache_dir() / "wheels")
     return str(make_overlay(demo, work / "overlay", str(wheel))), str(model)
 
 
@@ -685,6 +790,12 @@ def main() -> int:
     parser.add_argument("--phase-config", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="the suite's short form: 8 prompts of 64 tokens, 4 a call")
     parser.add_argument("--target", help="python with vLLM and speculators (default: a target over the demo env)")
+    parser.add_argument(
+        "--speculators",
+        default="0.3.0",
+        choices=SPECULATORS,
+        help="the speculators release of the default target (0.4.0.1: its transfer is v26's)",
+    )
     parser.add_argument("--patcher", default="", help="patcher's command line, for --leave-out (default: this one's)")
     parser.add_argument("--model", help="model folder (default: made from --shape)")
     parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES), help="model made when --model is not given")
@@ -717,7 +828,11 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="extract-bench-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
-    label = args.label or args.shape + ("-quick" if args.quick else "")
+    label = args.label or (
+        args.shape
+        + (f"-speculators-{args.speculators}" if args.speculators != "0.3.0" and args.target is None else "")
+        + ("-quick" if args.quick else "")
+    )
 
     def log(text: str) -> None:
         print(text, flush=True)
@@ -730,7 +845,7 @@ def main() -> int:
     bench = None
     try:
         if own_target:
-            target, model = cpu_target(work, log)
+            target, model = cpu_target(work, log, args.speculators)
             bench = Bench(target, patcher, logs, env, log)
             bench.patch("apply", "--no-verify")
         else:
@@ -756,6 +871,8 @@ def main() -> int:
             "leave_out": args.leave_out,
             "leave_out_prompts": args.leave_out_prompts,
         }
+        if own_target:
+            settings["speculators"] = args.speculators
         record = new_record(label, model, settings)
         run_with(bench, record, args.phases, work)
         if args.leave_out:

@@ -229,7 +229,8 @@ class LeaveOneOut:
     row of the release matrix (bench/results/releases/<vllm>-without-vN-*.json); on CUDA by the
     GPU run's record (bench/gpu/results/<vllm>-*/e2e-without-vN.json, or `record`). `speculators`
     is the release on top: a run on another than 0.3.0 (the end-to-end tests') is the matrix's
-    recorded row (bench/results/releases/<vllm>-speculators-<V>-without-vN-*.json), on any release.
+    recorded row (bench/results/releases/<vllm>-speculators-<V>-without-vN-*.json), on any release;
+    so is a run at `tensor_parallel` 2 or more on the CPU build (`<vllm>[-speculators-<V>]-tpN-without-vN`).
     """
 
     vllm: str  # the vLLM release, e.g. "0.16.0"
@@ -239,10 +240,15 @@ class LeaveOneOut:
     also_skip: tuple[str, ...] = ()  # short ids left out with it (v1's symptom shows only without v6)
     record: str = ""  # the record that shows it, where it is not at the default place (a file under bench/)
     speculators: str = "0.3.0"  # the speculators release on top
+    # ranks the model is split over: a patch that only several ranks need declares its run at 2 or
+    # more (on the CPU build, the release matrix's `-tpN` row: bench/releases.py --tensor-parallel)
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"leave-one-out device {self.device!r}: one of {', '.join(DEVICES)}")
+        if not (isinstance(self.tensor_parallel, int) and self.tensor_parallel >= 1):
+            raise ValueError(f"leave-one-out tensor_parallel={self.tensor_parallel!r}: a number of ranks, 1 or more")
         if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?", self.vllm):
             raise ValueError(f"leave-one-out vllm={self.vllm!r}: a vLLM release, e.g. 0.16.0")
 
@@ -255,7 +261,7 @@ class Patch:
     Required: id (`vN-slug`, in a module named `vN_slug.py`), title, target, requires, edits
     (each with `when`, `answers` and `fact`), examples, satisfied, upstream. Expected of every
     module in patches/ (the patch reference fails without them): without_it, leave_one_out.
-    Optional: fixed_in, on_fixed_in, attribute_calls, needs, since, withdrawn.
+    Optional: fixed_in, on_fixed_in, attribute_calls, needs, since, near_misses.
     """
 
     id: str
@@ -289,6 +295,9 @@ class Patch:
     # the runs that show it is needed (or not) on named releases: the end-to-end tests run them,
     # or the records under bench/ hold them (tests/test_declarations.py checks each)
     leave_one_out: tuple[LeaveOneOut, ...] = ()
+    # sources that look like its anchor but must be left alone: each reads "anchor not found" and
+    # keeps its bytes (tests/test_patch_examples.py)
+    near_misses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"patch {self.id}"

@@ -22,7 +22,7 @@ from .plan.planning import (
     unpatched_path,
     verify_spec,
 )
-from .plan.target_plan import Mode, plan_target
+from .plan.target_plan import Mode, plan_target, target_file_limit_bytes
 from .report import TargetReport
 from .transport.interface import AgentFailure, Transport, TransportError
 
@@ -68,7 +68,12 @@ class RunOptions:
 
     def write_call(self, request: Mapping[str, Any]) -> tuple[dict, dict]:
         """A writing request (apply, forget) with its time limits, and the call's own arguments."""
-        request = {**request, "lock_timeout": self.lock_timeout, "time_limit": self.write_timeout}
+        request = {
+            **request,
+            "lock_timeout": self.lock_timeout,
+            "time_limit": self.write_timeout,
+            "file_limit": target_file_limit_bytes(),
+        }
         budget = self.lock_timeout + self.write_timeout
         limit = f"--lock-timeout {self.lock_timeout:g} + --write-timeout {self.write_timeout:g}"
         if request.get("verify"):
@@ -159,7 +164,9 @@ def _detect(
     # A run that may write takes the target's lock before it reads anything and keeps it to the
     # end of its transaction: it plans on exactly what it writes over. status and plan wait
     # for a writer to finish (a shared lock) rather than report its work half done.
-    writes = options.command in ("apply", "rollback", "forget")
+    # Check mode (Ansible's --check) plans what apply or rollback would do and writes nothing, not
+    # even the lock and the folders it lives in: it reads as status does.
+    writes = options.command in ("apply", "rollback", "forget") and not options.check
     request: FactsRequest = {
         "op": "facts",
         "names": detected_names(patches),
@@ -169,6 +176,7 @@ def _detect(
         "lock_timeout": options.lock_timeout,
         # The wait for the lock comes first, then the facts' own limit.
         "time_limit": options.facts_timeout + options.lock_timeout,
+        "file_limit": target_file_limit_bytes(),
     }
     facts: Facts = transport.call(
         request,

@@ -11,16 +11,17 @@ transformers, vLLM and speculators only in its child processes:
    whether there is memory for the run (MEMORY_NEEDED_MIB, measured, see docs/run-check.md);
 2. `tiny_model.py DIR/model`: a tiny random Llama and its tokenizer, made with the target's
    transformers and tokenizers (nothing downloaded);
-3. `extract.py --model DIR/model`: speculators' VllmHiddenStatesGenerator through vLLM on four
+3. `extract.py --model DIR/model`: speculators' VllmHiddenStatesGenerator through vLLM on five
    generate() calls (a shared chat-template prefix within and across calls, repeated prompts,
-   eleven ~1000-token prompts over the step's 8192-token budget), compared row by row with
+   eleven ~1000-token prompts over the step's 8192-token budget, seventy short prompts: more than
+   twice the 32 requests the generator's scheduler runs at once), compared row by row with
    transformers in float32 (tolerance: extract.TOLERANCE, justified there).
 
 With `--model DIR` (`patcher verify --run --model DIR`): the user's checkpoint, already on the
 target's disk, instead of step 2, at `--tensor-parallel N`. Checked before anything runs (a
 `usage_error` line, exit 2 at the controller): DIR exists, holds config.json, and N (a positive
 integer) is at most the devices vLLM can split it over (CUDA: the GPUs torch sees; the CPU build:
-the CPUs this process may run on). Then the same four calls; every row must come back whole, in
+the CPUs this process may run on). Then the same five calls; every row must come back whole, in
 order, with the prompt's own input_ids, and finite. transformers' float32 reference is loaded
 only where it fits in host memory (reference_memory(): its parameters counted from the
 safetensors headers, against MemAvailable, which `--memory-cap-mib` may only lower); otherwise,
@@ -47,7 +48,8 @@ import subprocess
 import sys
 import time
 
-# Measured on vLLM 0.16.0 CPU (docs/run-check.md): the largest process peaks at 1.3 GiB resident; the
+# Measured on vLLM 0.16.0 CPU (docs/run-check.md): the largest process peaks at 1.4 GiB resident
+# (1442-1451 MiB with the fifth call, 1444 without: 70 short prompts add nothing measurable); the
 # extraction runs two of that size at once (the driver with transformers' reference, vLLM's
 # engine core), so 4 GiB available is asked, with margin.
 MEMORY_NEEDED_MIB = 4096
@@ -90,6 +92,13 @@ HINTS = (
     (
         "No common block size",
         ("vLLM 0.32's CPU attention needs another block size: the CPU block size patch is not applied"),
+    ),
+    (
+        "not found in captured states",
+        (
+            "a call of more prompts than the generator's max_num_seqs (32): speculators 0.4 lets no request "
+            "go before its loop ends, so the rest never run; the patch that releases prefilled requests is not applied"
+        ),
     ),
 )
 

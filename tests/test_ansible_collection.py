@@ -27,6 +27,7 @@ import pytest
 from patcher.patchset.registry import load_patches
 from patcher.transport.ansible_task import COMMANDS, OPTIONS
 from tests.support.files import GENERATOR
+from tests.test_hostile_answers import answers_changed
 from workbench.ansible_test_sanity import SHORT_FORM, run_sanity
 from workbench.envs import light_env, site_file
 from workbench.release_files import cache_dir
@@ -335,6 +336,8 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
     """Each host of one play gets one bad input (local connection: no sshd needed); each fails
     with a one-line message saying what to do, and the play exits 2 (Ansible's failed hosts)."""
     good = light_env(tmp_path / "good")
+    odd = light_env(tmp_path / "odd")
+    answers_changed(odd, "[o]")  # a .pth there makes each of the agent's answers a list
     hosts = {
         "windows-shell": f"ansible_shell_type=powershell ansible_python_interpreter={good}",
         "no-python-pipelined": "ansible_python_interpreter=/nonexistent/bin/python3",
@@ -343,6 +346,8 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
         "bad-command": f"ansible_python_interpreter={good} patcher_command=upgrade",
         "unknown-patch": f"ansible_python_interpreter={good} patcher_only=v999",
         "no-target": f"ansible_python_interpreter={sys.executable}",
+        "lock-forever": f"ansible_python_interpreter={good} patcher_lock_timeout=inf",
+        "odd-answers": f"ansible_python_interpreter={odd}",
     }
     inventory = tmp_path / "hosts.ini"
     inventory.write_text(
@@ -354,6 +359,7 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
         "    - patcher.fleet.patch:\n"
         "        command: \"{{ patcher_command | default('status') }}\"\n"
         '        only: "{{ [patcher_only] if patcher_only is defined else omit }}"\n'
+        '        lock_timeout: "{{ patcher_lock_timeout | default(10) }}"\n'
     )
     done = subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", str(inventory), "-f", str(len(hosts)), str(book)],
@@ -383,7 +389,68 @@ def test_bad_inputs_fail_the_host_with_what_to_do(collections, tmp_path: Path):
         f"speculators is not installed in {sys.executable}; name the environment's interpreter with python: "
         "(or ansible_python_interpreter)"
     ), messages["no-target"]
+    forever = messages["lock-forever"]
+    assert forever == "lock_timeout: 'inf' is not a number of seconds from 0 to 604800 (7 days)", forever
+    assert messages["odd-answers"].startswith(
+        "odd-answers: the target answered something that is not patcher's protocol (to the facts request: answer "
+        f"is a list, not an object); something in {odd} (a .pth file"
+    ), messages["odd-answers"]
     assert all("\n" not in m for m in messages.values()), messages
+
+
+def test_check_mode_writes_nothing_in_the_target(collections, tmp_path: Path):
+    """Ansible's check mode (apply or rollback) plans and reports: no file, no folder, not even
+    patcher's lock is created or changed (it once made share/, share/patcher/ and lock)."""
+    python = light_env(tmp_path / "host")
+    prefix = python.parent.parent
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(f"[gpus]\nhost ansible_connection=local ansible_python_interpreter={python}\n")
+    env = ansible_env(tmp_path, collections)
+
+    def tree() -> dict[str, tuple[int, int, bytes]]:
+        return {
+            str(path.relative_to(prefix)): (path.stat().st_mode, path.stat().st_mtime_ns, path.read_bytes())
+            for path in prefix.rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts
+        } | {
+            str(path.relative_to(prefix)): (path.stat().st_mode, 0, b"") for path in prefix.rglob("*") if path.is_dir()
+        }
+
+    before = tree()
+    code, results, output = play(tmp_path, inventory, env, "apply", "--check")
+    assert code == 0 and results["host"]["status"] == "changed", output
+    assert results["host"]["patcher"]["exit_code"] == 6, output
+    assert not (prefix / "share").exists(), sorted(p.name for p in (prefix / "share").rglob("*"))
+    assert tree() == before
+    code, results, output = play(tmp_path, inventory, env, "apply")
+    assert code == 0 and results["host"]["status"] == "changed", output
+    before = tree()
+    code, results, output = play(tmp_path, inventory, env, "rollback", "--check")
+    assert code == 0 and results["host"]["status"] == "changed", output
+    assert tree() == before
+
+
+def test_a_python_in_the_home_folder_as_on_the_command_line(collections, tmp_path: Path):
+    """`python: ~/...` is the (become) user's home, as `--python ~/...` is patcher's (it was taken
+    as a folder named `~`)."""
+    python = light_env(tmp_path / "home" / "host")
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("[gpus]\nhost ansible_connection=local\n")
+    book = tmp_path / "home.yml"
+    book.write_text(
+        "- hosts: gpus\n  gather_facts: false\n  tasks:\n"
+        f"    - patcher.fleet.patch:\n        python: ~/{python.relative_to(tmp_path / 'home')}\n"
+    )
+    done = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-v", "-i", str(inventory), str(book)],
+        capture_output=True,
+        text=True,
+        env={**ansible_env(tmp_path, collections), "HOME": str(tmp_path / "home")},
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert '"versions": {"speculators": "0.3.0", "vllm": "0.16.0"}' in done.stdout, done.stdout
 
 
 def test_rollback_with_force_restores_an_original_pips_record_does_not_vouch_for(collections, tmp_path: Path):

@@ -17,6 +17,22 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def engine_cannot_start_here(stdout: str) -> bool:
+    """Whether the run's vLLM baselines failed because vLLM's CPU attention refuses this host's CPU
+    (their phase logs say so), the generator phases having run."""
+    import re
+
+    found = re.search(r"phase logs: (\S+)", stdout)
+    if not found or "vllm-eager: FAILED" not in stdout or "tiny-quick-generator: FAILED" in stdout:
+        return False
+    logs = Path(found.group(1))
+    return logs.is_dir() and any(
+        "Unsupported CPU attention configuration" in f.read_text(errors="replace")
+        for f in logs.glob("*")
+        if f.is_file()
+    )
+
+
 def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "extract.py"), "--quick", "--leave-out", "v21", "--out", str(tmp_path)],
@@ -25,6 +41,12 @@ def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
         timeout=1800,
         cwd=str(ROOT),
     )
+    if done.returncode != 0 and engine_cannot_start_here(done.stdout):
+        pytest.skip(
+            "vLLM 0.16's own engine cannot start on this host's CPU (its logs: 'Unsupported CPU attention "
+            "configuration: head_dim=64 isa=0', seen on CPUs with AMX): the vllm-eager and vllm-default "
+            "baselines cannot run here"
+        )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((tmp_path / "extract-tiny-quick.json").read_text())
     phases = record["phases"]
@@ -50,3 +72,38 @@ def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
     assert record["passed"]
     assert "v21-shared-memory-states" in record["applied"]  # put back after the leave-one-out
     assert (tmp_path / "extract-tiny-quick.md").read_text().startswith("## tiny-quick")
+
+
+def test_the_short_form_shows_0_4_0_1s_transfer_against_the_rpc_queue_in_one_run(tmp_path: Path):
+    # speculators 0.4.0.1 on the same environment: the generator with v26 and without it, every
+    # prompt whole and in order, the ratios (the transfer's alone too) and bit-equal tensors
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "extract.py"),
+            "--quick",
+            "--speculators",
+            "0.4.0.1",
+            "--leave-out",
+            "v26",
+            "--phases",
+            "generator",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=str(ROOT),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "extract-tiny-speculators-0.4.0.1-quick.json").read_text())
+    phases = record["phases"]
+    assert set(phases) == {"generator", "generator-without-v26"}, phases
+    assert all(p["ok"] and p["prompts_whole_in_order"] == p["prompts"] == 8 for p in phases.values()), phases
+    assert phases["generator"]["transfer"] == "shared memory (v26)", phases["generator"]
+    assert phases["generator-without-v26"]["transfer"] == "RPC queue", phases["generator-without-v26"]
+    assert set(record["ratios"]) == {"generator/generator-without-v26", "transfer-without-v26/transfer"}, record
+    assert record["equality"]["bit_equal"], record["equality"]
+    assert record["config"]["speculators"] == "0.4.0.1" and record["passed"]
+    assert "v26-shared-memory-request-states" in record["applied"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from tests.support.cli import patcher, patcher_argv, patcher_env
@@ -21,10 +22,10 @@ def noisy_python(tmp_path: Path, python: Path, where: str) -> Path:
     return wrapper
 
 
-def peak_rss_mib(*args: str) -> tuple[int, int]:
+def peak_rss_mib(*args: str, env: dict | None = None) -> tuple[int, int]:
     """(exit code, the controller's peak resident memory in MiB)."""
     proc = subprocess.Popen(
-        patcher_argv(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=patcher_env()
+        patcher_argv(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=patcher_env(env)
     )
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -32,10 +33,12 @@ def peak_rss_mib(*args: str) -> tuple[int, int]:
 
 
 def test_a_huge_line_before_python_starts_costs_the_controller_one_chunk(tmp_path: Path, host_env):
+    """On stderr it is drained and the run goes on; on stdout, where only answers belong, the
+    session ends at the noise limit (PATCHER_NOISE_LIMIT_MIB, 1 MiB): exit 2."""
     python = host_env()
-    for where in ("stdout", "stderr"):
+    for where, exit_code in (("stdout", 2), ("stderr", 0)):
         code, peak = peak_rss_mib("status", "--python", str(noisy_python(tmp_path, python, where)))
-        assert code == 0
+        assert code == exit_code, where
         assert peak < 200, f"{where}: the controller peaked at {peak} MiB for a {LINE // 10**6} MB line"
 
 
@@ -45,3 +48,79 @@ def test_an_answer_over_the_limit_is_one_line_with_the_way_to_raise_it(host_env)
     assert code == 2, err
     last = err.strip().splitlines()[-1]
     assert "the agent's answer is over 0.0625 MiB (the limit)" in last and "PATCHER_ANSWER_LIMIT_MIB" in last, err
+
+
+def printing_python(tmp_path: Path, python: Path, printer: str) -> Path:
+    """A --python that runs `printer` (a shell pipeline writing to stdout), then the real python."""
+    wrapper = tmp_path / "printing-python"
+    wrapper.write_text(f'#!/bin/sh\n{printer}\nexec {python} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_lines_over_the_noise_limit_are_one_line_naming_the_limit(tmp_path: Path, host_env):
+    """Lines that are not answers (a .pth's, a wrapper's, a login's) past PATCHER_NOISE_LIMIT_MIB
+    end the session: one line naming the variable, exit 2, not minutes of reading."""
+    python = printing_python(tmp_path, host_env(), "yes 'not an answer' | head -n 100000")
+    code, _, err = patcher("status", "--python", str(python), env={"PATCHER_NOISE_LIMIT_MIB": "0.25"})
+    assert code == 2, err
+    last = err.strip().splitlines()[-1]
+    assert "printed over 0.25 MiB that is not an answer (the limit; its last line: 'not an answer')" in last, err
+    assert "set PATCHER_NOISE_LIMIT_MIB to a larger number of MiB" in last, err
+
+
+def test_the_deadline_holds_whatever_the_target_prints(tmp_path: Path, host_env):
+    """A target printing lines faster than they are read, for longer than the time limit (the
+    noise limit raised out of the way): timed out at the limit, memory flat; the lines were once
+    all queued and the deadline looked at only when the queue ran dry."""
+    python = printing_python(tmp_path, host_env(), "yes | head -n 5000000")
+    started = time.monotonic()
+    code, peak = peak_rss_mib(
+        "apply",
+        "--no-verify",
+        "--facts-timeout",
+        "1",
+        "--lock-timeout",
+        "0",
+        "--python",
+        str(python),
+        env={"PATCHER_NOISE_LIMIT_MIB": "100000"},
+    )
+    took = time.monotonic() - started
+    # timed out (4), or, where the flood ended early enough on a loaded machine for the agent to
+    # answer, done (0): either way within the limit, never after reading every line first
+    assert code in (0, 4), code
+    assert took < 6, f"took {took:.1f}s for --facts-timeout 1"
+    assert peak < 200, f"the controller peaked at {peak} MiB"
+
+
+def test_a_long_transform_holds_no_other_hosts_transform(tmp_path: Path, host_env):
+    """Transforms shared by a fleet's hosts (shared_transforms) run side by side: a host whose file
+    takes long to transform holds only the hosts with that same file. Under one lock for all, a
+    healthy host waited out another's whole parse (64 s behind a 2 MB file)."""
+    import threading
+
+    from patcher.patchset.registry import load_patches
+    from patcher.transform.transforms import shared_transforms, transform_source
+    from tests.support.files import GENERATOR, WORKER
+    from workbench.envs import site_file
+
+    python = host_env()
+    patches = load_patches()
+
+    def steps(rel: str) -> list:
+        return [(p, p.edits) for p in patches if p.target.path == rel]
+
+    transform_source("x = 0\n", steps(GENERATOR), "warm.py")  # libcst imported before anything is watched
+    fillers = "".join(f"\ndef filler_{i}(a, b):\n    return a + b * {i}\n" for i in range(150))
+    long = site_file(python, GENERATOR).read_text() + fillers
+    done: dict[str, bool] = {}
+    with shared_transforms():
+        slow = threading.Thread(target=lambda: done.setdefault("slow", bool(transform_source(long, steps(GENERATOR)))))
+        slow.start()
+        time.sleep(0.2)  # the slow host's transform is under way
+        transform_source(site_file(python, WORKER).read_text(), steps(WORKER), WORKER)  # another host's file
+        still_running = slow.is_alive()
+        slow.join()
+    assert done == {"slow": True}
+    assert still_running, "the other host's transform waited for the long one to end"

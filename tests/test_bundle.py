@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from patcher.patchset.registry import load_patches
+from patcher.transport.bundle import PROGRAM_MARK, program_of, reseal
 from tests.support.cli import patcher
 from tests.support.files import GENERATOR
 from workbench.envs import demo_env, light_env, site_file
@@ -49,7 +50,9 @@ def bundle(tmp_path_factory) -> Path:
 def test_the_bundle_is_standard_library_only(bundle: Path):
     source = bundle.read_text()
     assert source.startswith("#!/usr/bin/env python3\n")
-    imports = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
+    loader = [line.strip() for line in source.split(PROGRAM_MARK)[0].splitlines()]  # one indented statement
+    lines = [*loader, *program_of(source).splitlines()]
+    imports = {line.split()[1].split(".")[0] for line in lines if line.startswith(("import ", "from "))}
     assert imports <= {"__future__", "argparse", "base64", "hashlib", "json", "re", "sys", "zlib"}
     assert os.access(bundle, os.X_OK)
 
@@ -119,7 +122,7 @@ def _embedded(bundle: Path, name: str) -> dict:
     import base64
     import zlib
 
-    source = bundle.read_text()
+    source = program_of(bundle.read_text())
     start = source.index(f'\n{name} = """') + len(f'\n{name} = """')
     return zlib.decompress(base64.b64decode(source[start : source.index('"""', start)]))
 
@@ -291,7 +294,7 @@ def test_interpreters_are_found_by_running_them(tmp_path: Path):
 def test_a_vllm_version_outside_what_it_carries_is_refused(tmp_path: Path, bundle: Path):
     """Selections the bundle holds no bytes for are refused, not guessed (here: a bundle whose
     data lost a selection, as if made before a patch's new edit existed)."""
-    source = bundle.read_text()
+    source = program_of(bundle.read_text())
     start = source.index('DATA = """') + len('DATA = """')
     end = source.index('"""', start)
     import base64
@@ -302,7 +305,8 @@ def test_a_vllm_version_outside_what_it_carries_is_refused(tmp_path: Path, bundl
     raw = json.dumps(data).encode()
     blob = base64.b64encode(zlib.compress(raw)).decode()
     trimmed = tmp_path / "trimmed.py"
-    trimmed.write_text(with_digest(source[:start] + blob + source[end:], "DATA", hashlib.sha256(raw).hexdigest()))
+    program = with_digest(source[:start] + blob + source[end:], "DATA", hashlib.sha256(raw).hexdigest())
+    trimmed.write_text(reseal(bundle.read_text(), program))
     target = light_env(tmp_path)
     pristine = files(target)
     code, doc, err = run_bundle(trimmed, target, "apply", "--no-verify", "--json")
@@ -341,19 +345,26 @@ def _blob_text(source: str, name: str) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("name", ["DATA", "MODULES"])
-def test_a_damaged_bundle_is_one_line_and_exit_2(bundle: Path, tmp_path: Path, name: str):
+@pytest.mark.parametrize("trailer", ["kept", "made to match"])
+def test_a_damaged_bundle_is_one_line_and_exit_2(bundle: Path, tmp_path: Path, name: str, trailer: str):
+    """One base64 character changed in a blob: the file no longer matches its last line's sha256,
+    and where that was made to match too, the blob no longer matches its own."""
     target = light_env(tmp_path / "t")
     pristine = files(target)
-    source = bundle.read_text()
+    source = program_of(bundle.read_text())
     start, _ = _blob_text(source, name)
-    middle = start + 150  # one base64 character changed, well inside the blob
+    middle = start + 150  # well inside the blob
     flipped = "A" if source[middle] != "A" else "B"
     damaged = tmp_path / "damaged.py"
-    damaged.write_text(source[:middle] + flipped + source[middle + 1 :])
+    text = reseal(bundle.read_text(), source[:middle] + flipped + source[middle + 1 :])
+    if trailer == "kept":
+        text = text[: text.rindex(" ") + 1] + bundle.read_text()[text.rindex(" ") + 1 :]
+    damaged.write_text(text)
     for command in ("status", "apply"):
         code, _, err = run_bundle(damaged, target, command, "--no-verify" if command == "apply" else "--quiet")
         assert code == 2, err
         assert err.strip().splitlines() == [err.strip()] and "this bundle is damaged" in err, err
+        assert ("blob does not" in err) == (trailer == "made to match"), err
     assert files(target) == pristine
 
 
@@ -364,7 +375,7 @@ def test_a_patched_file_swapped_under_its_key_is_refused(bundle: Path, tmp_path:
 
     target = light_env(tmp_path / "t")
     pristine = files(target)
-    source = bundle.read_text()
+    source = program_of(bundle.read_text())
     data = json.loads(_embedded(bundle, "DATA"))
     first, second = sorted(data["blobs"])[:2]
     data["blobs"][first] = data["blobs"][second]
@@ -376,7 +387,8 @@ def test_a_patched_file_swapped_under_its_key_is_refused(bundle: Path, tmp_path:
     assert digests is not None
     old_digest = json.loads(digests.group(1))["DATA"]
     swapped = tmp_path / "swapped.py"
-    swapped.write_text((source[:start] + wrapped + "\n" + source[end:]).replace(old_digest, digest))
+    program = (source[:start] + wrapped + "\n" + source[end:]).replace(old_digest, digest)
+    swapped.write_text(reseal(bundle.read_text(), program))
     code, _, err = run_bundle(swapped, target, "apply", "--no-verify")
     assert code == 2, err
     assert f"the patched file {first[:12]} does not match its sha256" in err
@@ -411,3 +423,70 @@ def test_root_on_a_user_owned_environment_leaves_state_the_owner_can_roll_back(b
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert files(shared_env) == pristine
+
+
+def test_a_bundle_cut_short_is_one_line_and_exit_2(bundle: Path, tmp_path: Path):
+    """A copy that stopped early (scp interrupted, a full disk) proves nothing: the bundle checks that
+    it is whole (its last line, the sha256 of the rest) before it does anything. Cut inside its
+    opening statement it does not compile; cut anywhere after, it says so in one line, exit 2."""
+    target = light_env(tmp_path / "t")
+    pristine = files(target)
+    raw = bundle.read_bytes()
+    newlines = [i + 1 for i, byte in enumerate(raw) if byte == ord("\n")]
+    cuts = {
+        "its last line": newlines[-2],
+        "its last two lines": newlines[-3],
+        "mid-line near the end": len(raw) - 100,
+        "in the middle": len(raw) // 2,
+        "at a line in the middle": newlines[len(newlines) // 2],
+    }
+    for where, at in cuts.items():
+        cut = tmp_path / "cut.py"
+        cut.write_bytes(raw[:at])
+        code, _, err = run_bundle(cut, target, "apply", "--no-verify")
+        assert code == 2, (where, err)
+        assert err.strip().splitlines() == [err.strip()] and "this bundle is incomplete" in err, (where, err)
+        assert files(target) == pristine, where
+    opening = raw.index(b"\nfinally:\n    ...") + len(b"\nfinally:\n    ...")  # its first statement's end
+    cut = tmp_path / "cut.py"
+    cut.write_bytes(raw[:opening])
+    code, _, err = run_bundle(cut, target, "apply", "--no-verify")
+    assert code == 2 and "this bundle is incomplete" in err, err
+    for at in (newlines[1], newlines[3], opening - 20, opening - 5, opening - 2, opening - 1):  # inside it
+        cut = tmp_path / "cut.py"
+        cut.write_bytes(raw[:at])
+        code, _, err = run_bundle(cut, target, "apply", "--no-verify")
+        assert code == 1 and re.search(r"^(Syntax|Indentation)Error: ", err, re.MULTILINE), (at, err)
+        assert files(target) == pristine
+
+
+def test_a_lock_timeout_that_is_not_a_finite_bounded_number_is_a_usage_error(bundle: Path, tmp_path: Path):
+    """The bundle's --lock-timeout follows patcher's rule (patcher/core/errors.py time_limit_problem)."""
+    target = light_env(tmp_path / "t")
+    pristine = files(target)
+    for value in ("inf", "nan", "-1", "1e300"):
+        code, _, err = run_bundle(bundle, target, "apply", "--no-verify", "--lock-timeout", value)
+        assert code == 2, (value, err)
+        assert f"argument --lock-timeout: {value!r} is not a number of seconds from 0 to" in err, err
+    assert files(target) == pristine
+    assert run_bundle(bundle, target, "status", "--lock-timeout", "0")[0] == 0
+
+
+def test_a_fifo_or_a_byte_that_is_not_utf8_is_refused_naming_the_file(bundle: Path, tmp_path: Path):
+    """As patcher refuses them (tests/test_target_files.py): exit 3, the file named, nothing written."""
+    from tests.support.files import WORKER
+
+    target = light_env(tmp_path / "t")
+    worker = site_file(target, WORKER)
+    worker.unlink()
+    os.mkfifo(worker)
+    generator = site_file(target, GENERATOR)
+    generator.write_bytes(b"\xfe" + generator.read_bytes())
+    before = generator.read_bytes()
+    code, doc, err = run_bundle(bundle, target, "apply", "--no-verify", "--json")
+    assert code == 3, err
+    assert doc is not None
+    problems = doc["targets"][0]["problems"]
+    assert f"{generator} is not UTF-8 text (byte 0xfe at offset 0)" in " ".join(problems), problems
+    assert f"{worker} is not a regular file (a fifo)" in " ".join(problems), problems
+    assert generator.read_bytes() == before

@@ -72,6 +72,7 @@ def test_leave_one_out_declarations_refuse_what_no_test_could_check():
         (lambda: Symptom("init"), "names a part of its message"),
         (lambda: LeaveOneOut("0.16", None), "a vLLM release"),
         (lambda: LeaveOneOut("0.16.0", None, device="tpu"), "device 'tpu'"),
+        (lambda: LeaveOneOut("0.16.0", None, tensor_parallel=0), "tensor_parallel=0"),
     ):
         with pytest.raises(ValueError, match=message.replace("(", r"\(")):
             make()

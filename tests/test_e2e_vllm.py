@@ -74,8 +74,9 @@ def test_all_patches_extract_correct_hidden_states(target: Path, model: Path):
     report = extract(target, model, "all", "all patches")
     assert_all_correct(report)
     # The batches are the ones the issue asks for.
-    assert len(report["calls"]) == 4 and report["prompts_per_call"][2] > 10
+    assert len(report["calls"]) == 5 and report["prompts_per_call"][2] > 10
     assert report["tokens_per_call"][2] > 8192  # more than one step's token budget
+    assert report["prompts_per_call"][4] > 2 * report["max_num_seqs"] == 64  # three rounds of requests
     assert 0 in report["layer_ids"] and 3 in report["layer_ids"]  # non-final and final layers
     FIGURES["all patches"] = (
         f"{report['prompts_checked']} prompts in {len(report['calls'])} calls, layers {report['layer_ids']}, "

@@ -108,7 +108,7 @@ def test_remote_command_quotes_every_word():
     assert argv[-3:-1] == ["--", "gpu.lab"] and ["-p", "2222"] == argv[argv.index("-p") : argv.index("-p") + 2]
     words = shlex.split(argv[-1])
     assert words[:4] == ["sudo", "-n", "--", "/opt/my env/$(reboot)/python3"]
-    assert words[4] == "-c" and words[5].startswith("import sys\n")
+    assert words[4] == "-c" and words[5].startswith("import sys;") and "\n" not in argv[-1]  # tcsh reads it too
     assert argv.index("BatchMode=yes") < argv.index("StrictHostKeyChecking=accept-new")
     home = SshTransport(parse_host("gpu.lab"), "~/ml-env/bin/python3", SshSettings()).remote_command()
     assert home.startswith('"$HOME"/ml-env/bin/python3 -c ')

@@ -34,15 +34,24 @@ def test_every_patch_declares_where_its_need_is_shown():
 
 
 @pytest.mark.parametrize(
-    "patch,run", RECORDED_ON_CPU, ids=[f"{r.vllm}-{r.speculators}-{run_id(p, r)}" for p, r in RECORDED_ON_CPU]
+    "patch,run",
+    RECORDED_ON_CPU,
+    ids=[f"{r.vllm}-{r.speculators}-tp{r.tensor_parallel}-{run_id(p, r)}" for p, r in RECORDED_ON_CPU],
 )
 def test_a_recorded_row_shows_the_declared_symptom(patch, run):
     assert not run.also_skip, f"{patch.id}: bench/releases.py leaves out one patch; run it on {' or '.join(END_TO_END)}"
-    name = matrix.row_name({"release": run.vllm, "speculators": run.speculators, "left_out": patch.short_id})
+    name = matrix.row_name(
+        {
+            "release": run.vllm,
+            "speculators": run.speculators,
+            "tensor_parallel": run.tensor_parallel,
+            "left_out": patch.short_id,
+        }
+    )
     rows = [r for r in matrix.recorded_rows(left_out=True) if matrix.row_name(r) == name]
     assert rows, (
         f"no recorded row {name}: python bench/releases.py --release {run.vllm} --speculators {run.speculators} "
-        f"--leave-out {patch.short_id}"
+        f"--tensor-parallel {run.tensor_parallel} --leave-out {patch.short_id}"
     )
     (row,) = rows
     assert row["rollback_identical"], row
@@ -63,12 +72,13 @@ def test_a_gpu_record_shows_the_declared_symptom(patch, run):
 
 
 def test_every_recorded_leave_one_out_row_is_declared():
-    declared = {(run.vllm, run.speculators, left_out(p, run)) for p, run in DECLARED}
+    declared = {(run.vllm, run.speculators, run.tensor_parallel, left_out(p, run)) for p, run in DECLARED}
     for row in matrix.recorded_rows(left_out=True):
-        speculators = matrix.speculators_of(row)
-        assert (row["release"], speculators, (row["left_out"],)) in declared, (
+        speculators, ranks = matrix.speculators_of(row), matrix.tensor_parallel_of(row)
+        assert (row["release"], speculators, ranks, (row["left_out"],)) in declared, (
             f"{matrix.row_name(row)} is recorded but no patch declares "
-            f"LeaveOneOut({row['release']!r}, ..., speculators={speculators!r}) for {row['left_out']}"
+            f"LeaveOneOut({row['release']!r}, ..., speculators={speculators!r}, tensor_parallel={ranks}) "
+            f"for {row['left_out']}"
         )
 
 

@@ -1,5 +1,6 @@
 """Every patch's own examples, run automatically (Fixit-style): before -> after, after is a
-fixed point, "already satisfied" sources are left alone, unrelated code is reported."""
+fixed point, "already satisfied" sources are left alone, unrelated code is reported, and code that
+looks like the anchor but is not it (a patch's near_misses) is reported and left alone."""
 
 import pytest
 
@@ -48,3 +49,18 @@ def test_unrelated_source_reports_anchor_missing(patch):
     assert outcome.outcome == "anchor-missing"
     assert "anchor not found: expected" in outcome.message
     assert result.result == source  # never a partial edit
+
+
+NEAR_MISSES = [
+    pytest.param(patch, source, id=f"{patch.id}-{i}") for patch in PATCHES for i, source in enumerate(patch.near_misses)
+]
+
+
+@pytest.mark.parametrize("patch,source", NEAR_MISSES)
+def test_a_near_miss_is_left_alone(patch, source):
+    # code that looks like the anchor but is not the shape the patch was written for
+    result = run(patch, source)
+    outcome = result.outcome(patch.id)
+    assert outcome.outcome == "anchor-missing", (outcome.outcome, outcome.message)
+    assert "anchor not found: expected" in outcome.message
+    assert result.result == source

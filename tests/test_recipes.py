@@ -79,7 +79,13 @@ def test_a_row_is_stale_only_when_its_own_patches_or_recipe_differ(tmp_path):
         "release": "0.32.0",
         "apply": "exit 0, changed",
         "rollback_identical": True,
-        "extract": {"ok": True, "max_rel_diff": 0.01, "rows_whole_in_order": True},
+        "extract": {
+            "ok": True,
+            "max_rel_diff": 0.01,
+            "rows_whole_in_order": True,
+            "prompts_per_call": [7, 5, 11, 4, 70],
+            "max_num_seqs": 32,
+        },
         "versions_detected": {"speculators": "0.3.0", "vllm": "0.32.0", "transformers": "5.19.0"},
     }
     row["selected"] = expected_selection(row)

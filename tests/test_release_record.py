@@ -24,6 +24,8 @@ from patcher.upstream.runs import (
 from workbench import release_matrix as matrix
 
 ROOT = Path(__file__).resolve().parent.parent
+# What the driver's five calls hold (patcher/demo/extract.py), as a row records them
+FIVE_CALLS = {"prompts_per_call": [7, 5, 11, 4, 70], "max_num_seqs": 32}
 
 
 @pytest.mark.parametrize("left_out", [False, True], ids=["releases", "leave-one-out"])
@@ -148,6 +150,30 @@ def test_a_rows_speculators_is_in_its_key_and_a_row_without_it_ran_0_3_0():
     )
 
 
+def test_a_row_is_keyed_by_the_source_its_patches_write_from_outside_patches(monkeypatch, tmp_path):
+    # v26 writes patcher/shared_states.py's source into the generator: an edit of that code is an
+    # edit of what the row ran, its docstring is not
+    from patcher.upstream import runs
+
+    row = row_of("0.16.0", apply="exit 0, changed")
+    row["versions_detected"]["speculators"] = "0.4.0.1"
+    row["selected"] = expected_selection(row)
+    assert "v26" in row["selected"]
+    key = row_key("0.16.0", row["selected"], row_versions(row))
+    real = runs._imported_module_path
+    helper = real(ROOT / "patches", "patcher.shared_states")
+    edited = tmp_path / "shared_states.py"
+    monkeypatch.setattr(
+        runs,
+        "_imported_module_path",
+        lambda folder, module: edited if module == "patcher.shared_states" else real(folder, module),
+    )
+    edited.write_text(helper.read_text().replace("min(8, os.cpu_count()", "min(4, os.cpu_count()"))
+    assert row_key("0.16.0", row["selected"], row_versions(row)) != key
+    edited.write_text(helper.read_text().replace("The host buffer that carries", "The buffer that carries"))
+    assert row_key("0.16.0", row["selected"], row_versions(row)) == key
+
+
 def test_a_leave_one_out_row_is_kept_beside_the_releases_own(tmp_path):
     own = row_of("0.33.0", apply="exit 0, changed")
     key = str(row_key("0.33.0", own["selected"], row_versions(own)))
@@ -173,7 +199,7 @@ def test_check_upstream_reads_a_rows_own_finish_time(tmp_path):
         "0.32.0",
         apply="exit 0, changed",
         rollback_identical=True,
-        extract={"ok": True, "max_rel_diff": 0.07, "rows_whole_in_order": True},
+        extract={"ok": True, "max_rel_diff": 0.07, "rows_whole_in_order": True, **FIVE_CALLS},
         finished="2026-12-01T10:00:00Z",
     )
     (tmp_path / f"0.32.0-{row_key('0.32.0', row['selected'], row_versions(row))}.json").write_text(json.dumps(row))
@@ -204,7 +230,7 @@ def test_every_row_run_with_other_patches_says_so():
         assert current is not None, matrix.row_name(row)
         assert ("run_with" not in row) == current, (matrix.row_name(row), row.get("run_with"))
         if not current:
-            assert row["run_with"].startswith("an earlier patch set ("), row["run_with"]
+            assert row["run_with"].startswith(("an earlier patch set (", "an earlier check (")), row["run_with"]
             first, speculators = matrix.cell(row)[:2]
             line = next(x for x in page.splitlines() if x.startswith(f"| {first} | {speculators} |"))
             assert row["run_with"] in line, line
@@ -243,7 +269,7 @@ def test_a_runs_exit_says_whether_every_row_it_ran_passed():
     passing = {
         "release": "0.32.0",
         "apply": "exit 0, changed",
-        "extract": {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07},
+        "extract": {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07, **FIVE_CALLS},
         "rollback_identical": True,
     }
     assert matrix.row_passed(passing)
@@ -257,8 +283,48 @@ def test_a_runs_exit_says_whether_every_row_it_ran_passed():
     # a leave-one-out row proves a patch's need by failing: only its rollback must hold
     left_out = {**passing, "left_out": "v12", "apply": "exit 1, rolled-back", "extract": {"skipped": "apply failed"}}
     assert matrix.row_passed(left_out) and not matrix.row_passed({**left_out, "rollback_identical": False})
-    # every row recorded today passes by that rule
-    assert all(matrix.row_passed(r) for r in matrix.recorded_rows() + matrix.recorded_rows(left_out=True))
+    # every row that speaks for today's patches passes by that rule; a row recorded before it (four
+    # calls, none past max_num_seqs) or with other patches reads as run with an earlier check
+    from patcher.upstream.runs import row_is_current
+
+    rows = matrix.recorded_rows() + matrix.recorded_rows(left_out=True)
+    assert all(matrix.row_passed(r) for r in rows if row_is_current(r) is not False)
+    assert all("run_with" in r for r in rows if row_is_current(r) is False)
+
+
+def test_a_row_without_a_call_past_max_num_seqs_does_not_pass_and_is_not_current(tmp_path):
+    # speculators 0.4.0.1 passed every row of the driver's first four calls (11 prompts at most) and
+    # failed past 32 prompts a call: a row must have had a call of more prompts than its
+    # generator's scheduler runs at once, as the driver reports both
+    row = row_of("0.32.0", apply="exit 0, changed", rollback_identical=True)
+    key = row_key("0.32.0", row["selected"], row_versions(row))
+    row = {**row, "patch_set_hash": key}
+    full = {**row, "extract": {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07, **FIVE_CALLS}}
+    assert matrix.row_passed(full) and row_is_current(full)
+    four_calls = {"prompts_per_call": [7, 5, 11, 4], "max_num_seqs": 32}
+    for extract in (
+        {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07},  # recorded before the fifth call
+        {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07, **four_calls},
+        {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07, **FIVE_CALLS, "max_num_seqs": 70},
+        {"ok": True, "rows_whole_in_order": True, "max_rel_diff": 0.07, **FIVE_CALLS, "max_num_seqs": None},
+    ):
+        short = {**row, "extract": extract}
+        assert not matrix.row_passed(short), extract
+        assert row_is_current(short) is False, extract
+    # the record says so: its run_with column names the earlier check, check-upstream marks it stale
+    matrix.record_row({**row, "extract": {"ok": True, "rows_whole_in_order": True}}, str(key), tmp_path)
+    (recorded,) = matrix.recorded_rows(tmp_path)
+    assert recorded["run_with"].startswith("an earlier check (20"), recorded
+    assert recorded["run_with"].endswith("): no call over max_num_seqs"), recorded
+    run = load_runs(tmp_path)["0.32.0"]
+    assert run.stale and not run.ok
+    # an extraction that did not finish (its error is the row) and a leave-one-out row are not held to it
+    failed = {**row, "apply": "exit 0, changed", "extract": {"error": "RuntimeError in init: ..."}}
+    assert row_is_current(failed)
+    left = {**row, "left_out": "v11", "extract": {"ok": False, "rows_whole_in_order": False}}
+    left = {**left, "selected": expected_selection(left)}
+    left["patch_set_hash"] = row_key("0.32.0", left["selected"], row_versions(left))
+    assert row_is_current(left) and matrix.row_passed(left)
 
 
 def test_check_upstream_reads_a_release_without_a_cpu_build_as_its_apply_and_rollback(tmp_path):

@@ -190,7 +190,14 @@ def test_release_matrix_results_shown_and_never_run_named(index, tmp_path):
                 "release": "0.17.0",
                 "apply": "exit 0, changed",
                 "rollback_identical": True,
-                "extract": {"ok": True, "max_rel_diff": 0.02, "rows_whole_in_order": True, "prompts": 27},
+                "extract": {
+                    "ok": True,
+                    "max_rel_diff": 0.02,
+                    "rows_whole_in_order": True,
+                    "prompts": 97,
+                    "prompts_per_call": [7, 5, 11, 4, 70],
+                    "max_num_seqs": 32,
+                },
             }
         )
     )

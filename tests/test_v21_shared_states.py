@@ -13,82 +13,29 @@ SIGINT to starts with it default-handled (sigint_as_at_a_terminal), however the 
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.e2e import patch_as, rolled_back_overlay
+from tests.support.shared_states import (
+    DRIVER,
+    Leftovers,
+    drive,
+    equal_in_target,
+    interrupt_a_loop,
+)
 from tests.support.shared_states_driver import MOMENTS
-from tests.support.terminal import sigint_as_at_a_terminal
 
 pytestmark = pytest.mark.vllm
-
-DRIVER = Path(__file__).resolve().parent / "support" / "shared_states_driver.py"
-REPORT = "SHARED-STATES-REPORT "
-FOLDERS = ("/dev/shm", tempfile.gettempdir())
 
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory, demo_python: Path):
     with rolled_back_overlay(tmp_path_factory.mktemp("v21"), demo_python) as python:
         yield python
-
-
-def transfer_files() -> set[str]:
-    """The transfer's files (v21 names them speculators-states-*), in both folders it may use."""
-    return {str(p) for folder in FOLDERS if os.path.isdir(folder) for p in Path(folder).glob("speculators-states-*")}
-
-
-def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
-class Leftovers:
-    """What a block leaves behind: transfer files and /dev/shm entries that were not there before."""
-
-    def __enter__(self) -> Leftovers:
-        self.files, self.shm = transfer_files(), shm_entries()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.new_files = transfer_files() - self.files
-        self.new_shm = shm_entries() - self.shm
-
-
-def drive(target: Path, model: Path, mode: str, *extra: str) -> dict:
-    done = subprocess.run(
-        [str(target), str(DRIVER), mode, "--model", str(model), *extra],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=str(target.parent.parent),
-        preexec_fn=sigint_as_at_a_terminal,  # the sigint mode interrupts itself
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith(REPORT)]
-    assert lines, f"no report (exit {done.returncode}); stderr:\n{done.stderr[-3000:]}"
-    report = json.loads(lines[-1][len(REPORT) :])
-    report["stderr"] = done.stderr
-    return report
-
-
-def equal_in_target(target: Path, a: Path, b: Path) -> dict:
-    code = (
-        "import json, sys, torch\n"
-        "a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])\n"
-        "pairs = [(x, y) for la, lb in zip(a, b) for x, y in zip(la, lb)]\n"
-        "print(json.dumps({'tensors': len(pairs), 'same_count': len(a) == len(b),\n"
-        "    'bit_equal': all(torch.equal(x, y) for x, y in pairs),\n"
-        "    'max_abs': max(float((x.float() - y.float()).abs().max()) for x, y in pairs)}))\n"
-    )
-    done = subprocess.run([str(target), "-c", code, str(a), str(b)], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -183,52 +130,8 @@ def test_a_sigint_during_the_transfer_leaves_nothing(interrupted: dict, moment: 
 
 def test_ctrl_c_in_a_loop_of_calls_leaves_nothing(target: Path, model: Path):
     patch_as(target)
-    with Leftovers() as left:
-        proc = subprocess.Popen(
-            [str(target), str(DRIVER), "loop", "--model", str(model)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=str(target.parent.parent),
-            start_new_session=True,  # its own process group: the test cleans up only what it started
-            preexec_fn=sigint_as_at_a_terminal,  # noqa: PLW1509
-        )
-        calls: list[dict] = []
-        stderr: list[str] = []
-        readers = [
-            threading.Thread(target=read_calls, args=(proc.stdout, calls), daemon=True),
-            threading.Thread(target=stderr.extend, args=(proc.stderr,), daemon=True),
-        ]
-        for reader in readers:
-            reader.start()
-        try:
-            # after two calls (the buffer made, then reused), SIGINT as soon as a transfer is in
-            # flight: its file's name exists only while a call's reply is on its way
-            deadline = time.monotonic() + 600
-            while len(calls) < 2:
-                assert proc.poll() is None, "".join(stderr)[-3000:]
-                assert time.monotonic() < deadline, "no second call in 10 minutes"
-                time.sleep(0.05)
-            before = transfer_files()
-            while not transfer_files() - before:
-                assert proc.poll() is None, "".join(stderr)[-3000:]
-                assert time.monotonic() < deadline, "no transfer file seen in 10 minutes"
-                time.sleep(0.0005)  # a transfer's file lives for milliseconds: look often
-            proc.send_signal(signal.SIGINT)
-            code = proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for reader in readers:
-            reader.join(30)
-    assert calls and calls[-1]["path"] == "shared memory", calls
-    assert code != 0  # KeyboardInterrupt
+    run = interrupt_a_loop(target, model)
+    assert run["calls"] and run["calls"][-1]["path"] == "shared memory", run["calls"]
+    assert run["code"] != 0  # KeyboardInterrupt
+    left = run["left"]
     assert not left.new_files and not left.new_shm, (left.new_files, left.new_shm)
-
-
-def read_calls(stdout, calls: list[dict]) -> None:
-    """The loop's "calls N {transfer}" lines, as they come."""
-    for line in stdout:
-        if line.startswith("calls "):
-            calls.append(json.loads(line.split(" ", 2)[2]))

@@ -15,7 +15,13 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from patcher.upstream.runs import DEFAULT_SPECULATORS, bench_row_passed, row_is_current
+from patcher.upstream.runs import (
+    DEFAULT_SPECULATORS,
+    bench_row_passed,
+    row_filled_the_scheduler,
+    row_is_current,
+    row_patches_current,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 # One file per row, committed: the docs' release pages and check-upstream's shipped record are made from it
@@ -49,17 +55,25 @@ def releases_to_run(available: list[str]) -> list[str]:
 def recorded_rows(record: Path = RECORD, left_out: bool = False) -> list[dict]:
     """Every release's recorded row (or, with left_out, every leave-one-out row), newest release
     first, each with its 'run with' column: these patches, or the earlier patch set (and its day)
-    it ran with until it runs again."""
+    it ran with, or the earlier check (the driver's calls before one past max_num_seqs), until it
+    runs again."""
     rows = []
     for file in record.glob("*.json"):
         row = json.loads(file.read_text())
         if bool(row.get("left_out")) != left_out:
             continue
         if row_is_current(row) is False:
-            row["run_with"] = f"an earlier patch set ({str(row.get('finished', '?'))[:10]})"
+            day = str(row.get("finished", "?"))[:10]
+            row["run_with"] = (
+                f"an earlier check ({day}): no call over max_num_seqs"
+                if row_patches_current(row) and not row_filled_the_scheduler(row)
+                else f"an earlier patch set ({day})"
+            )
         rows.append(row)
     return sorted(
-        rows, key=lambda r: (Version(r["release"]), Version(speculators_of(r)), r.get("left_out", "")), reverse=True
+        rows,
+        key=lambda r: (Version(r["release"]), Version(speculators_of(r)), tensor_parallel_of(r), r.get("left_out", "")),
+        reverse=True,
     )
 
 
@@ -67,11 +81,17 @@ def speculators_of(row: dict) -> str:
     return str(row.get("speculators") or DEFAULT_SPECULATORS)  # rows before the column ran 0.3.0
 
 
+def tensor_parallel_of(row: dict) -> int:
+    return int(row.get("tensor_parallel") or 1)  # rows before the column ran at 1
+
+
 def row_name(row: dict) -> str:
     speculators = speculators_of(row)
+    ranks = tensor_parallel_of(row)
     return (
         row["release"]
         + (f"-speculators-{speculators}" if speculators != DEFAULT_SPECULATORS else "")
+        + (f"-tp{ranks}" if ranks != 1 else "")
         + (f"-without-{row['left_out']}" if row.get("left_out") else "")
     )
 
@@ -130,8 +150,9 @@ def table(rows: list[dict]) -> str:
 
 
 def row_passed(row: dict) -> bool:
-    """A release's row passes by check-upstream's rule (patcher.upstream.runs.bench_row_passed); a
-    leave-one-out row is evidence whatever its verdict, so only its byte-identical rollback must hold."""
+    """A release's row passes by check-upstream's rule (patcher.upstream.runs.bench_row_passed: its
+    extraction, where it has one, with a call past the generator's max_num_seqs); a leave-one-out
+    row is evidence whatever its verdict, so only its byte-identical rollback must hold."""
     if row.get("left_out"):
         return bool(row.get("rollback_identical"))
     return bench_row_passed(row)

@@ -1,6 +1,7 @@
 """On the GPU machine: bench/extract.py's extraction speed, in one call, with patcher's own install.
 
     python3 bench/gpu/extract_gpu.py --stage /tmp/stage --run-dir .gpu/run --out "$OUT" [--budget-s 520]
+                                     [--also-speculators 0.4.0.1|'']
 
 Runs under the machine's own python3 (its torch, CUDA build), from the checkout the device tool
 sends; standard library only here (the phases run in bench/extract.py, in that python3 with
@@ -10,22 +11,33 @@ PYTHONPATH=/tmp/site). Steps, most telling first, each result saved as soon as i
 3. the models, random weights, in one process: `llama-1b` (issue 26's: hidden 2048, 16 layers,
    bf16), `wide-7168` (Kimi-K2.5's hidden size, 4 layers) and the demo's tiny model;
 4. llama-1b, 512 prompts of 1024 tokens, 64 a call, layers 1,2,3: the generator (v21), vLLM's own
-   prefill with the generator's settings (with --aux, vLLM's own aux hidden-state route too); then with every patch but v21 (old throughput, 64
-   prompts, and the same first call for the equality check against the v21 run);
-5. wide-7168, 128 prompts of 1024 tokens: the generator, vLLM's prefill with its settings;
-6. the end-to-end check of gpu_run.py (patcher/demo/extract.py against transformers, TP 1);
-7. llama-1b with vLLM's defaults (the longest start: compilation and CUDA graphs);
-8. wide-7168 without v21 (old throughput, 64 prompts; equality);
-9. `patcher rollback`: every target file's sha256 equal to its pristine one.
+   prefill with the generator's settings (with --aux, vLLM's own aux hidden-state route too);
+5. the second install, in the same call (--also-speculators, default 0.4.0.1: its wheel in
+   --run-dir, `fetch.py --run-only --speculators 0.4.0.1`): `patcher rollback` (every target file
+   back to its pristine bytes, checked), that release in place of the staged one, `patcher apply`
+   with verification (v26 applied required); its generator on the same prompts, 64 a call, each
+   prompt checked whole and in order (phase generator-speculators-0.4.0.1, and the ratio
+   generator-speculators-0.4.0.1/generator: issue 39 asks for 0.9 or more); the same without v26
+   (the RPC queue, 64 prompts) and the equality check; rolled back and checked; then 0.3.0 again
+   (rollback, the staged wheel, apply) for what follows, where the budget leaves room;
+6. llama-1b without v21 (old throughput, 64 prompts, and the same first call for the equality
+   check against the v21 run);
+7. wide-7168, 128 prompts of 1024 tokens: the generator, vLLM's prefill with its settings;
+8. the end-to-end check of gpu_run.py (patcher/demo/extract.py against transformers, TP 1);
+9. llama-1b with vLLM's defaults (the longest start: compilation and CUDA graphs);
+10. wide-7168 without v21 (old throughput, 64 prompts; equality);
+11. `patcher rollback`: every target file's sha256 equal to its pristine one.
 A phase that cannot start before --budget-s has passed is skipped (and named so); the rollback and
 the summary always run. $OUT gets at most 8 files: log.txt, summary.json, extract-<model>.json and
-.md for each model, phases.tar.gz (every phase's output), e2e-tp1.json.
+.md for each model (the second release's phases are in llama-1b's, on the same prompts),
+phases.tar.gz (every phase's output), e2e-tp1.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import shutil
 import sys
 import tarfile
 import time
@@ -70,6 +82,78 @@ SETTINGS = {
 }
 
 
+# What each speculators release's patch set must have applied for its generator to be the one measured
+FAST_PATH = {"0.3.0": "v21-shared-memory-states", "0.4.0.1": "v26-shared-memory-request-states"}
+
+
+class Installed:
+    """The speculators release in SITE now, its target files' pristine sha256 (from `patcher
+    status` before apply) and every rollback's verdict so far (summary["rollbacks"], in order)."""
+
+    def __init__(self, run: gpu_run.Run, version: str) -> None:
+        self.run = run
+        self.version = version
+        self.pristine: dict[str, str] = {}
+
+    def apply(self) -> bool:
+        """status (the pristine hashes), then apply with verification; True when it exited 0 and
+        the release's fast path is applied. The patch states go to summary["patches"] (0.3.0's)
+        or summary["patches-speculators-V"]."""
+        suffix = "" if self.version == "0.3.0" else f"-speculators-{self.version}"
+        code, status = gpu_run.patcher_json(self.run, "status" + suffix, "status")
+        self.pristine = gpu_run.target_hashes(status)
+        code, applied = gpu_run.patcher_json(self.run, "apply" + suffix, "apply")
+        states = {p["id"]: p["state"] for p in (applied or {}).get("targets", [{}])[0].get("patches", [])}
+        self.run.summary["patches" + suffix] = states
+        ok = code == 0 and states.get(FAST_PATH[self.version]) == "applied"
+        self.run.summary["apply_ok" + suffix] = ok
+        self.run.save()
+        if not ok:
+            self.run.say(f"apply failed (exit {code}) or {FAST_PATH[self.version]} not applied: {states}")
+        return ok
+
+    def rollback(self) -> bool:
+        """patcher rollback; True when every target file is back to its pristine bytes (and to the
+        wheel's RECORD)."""
+        code, _ = gpu_run.patcher_json(self.run, f"rollback-speculators-{self.version}", "rollback")
+        after = {path: gpu_run.sha256(gpu_run.SITE / path) for path in self.pristine}
+        identical = (
+            code == 0
+            and after == self.pristine
+            and bool(self.pristine)
+            and gpu_run.pristine_matches_record(self.pristine)
+        )
+        self.run.summary.setdefault("rollbacks", []).append({"speculators": self.version, "identical": identical})
+        self.run.save()
+        return identical
+
+    def replace_with(self, version: str, wheel: Path) -> bool:
+        """Roll back, then `version` (its wheel) in place of the installed speculators; True when
+        both worked (apply() is the caller's)."""
+        if not self.rollback():
+            self.run.say(f"rollback of speculators {self.version} not byte-identical: not replaced")
+            return False
+        for old in [gpu_run.SITE / "speculators", *gpu_run.SITE.glob("speculators-*.dist-info")]:
+            shutil.rmtree(old, ignore_errors=True)
+        done = self.run.step(
+            f"install-speculators-{version}",
+            [
+                *gpu_run.PIP_INSTALL,
+                str(wheel),
+            ],
+        )
+        if done.returncode != 0:
+            self.run.say(done.stderr[-3000:])
+            return False
+        self.version = version
+        return True
+
+
+def wheel_of(folder: Path, version: str) -> Path | None:
+    found = sorted(folder.glob(f"speculators-{version}-*.whl"))
+    return found[0] if found else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", type=Path, required=True, help="folder holding manifest.json and the staged folders")
@@ -92,7 +176,22 @@ def main() -> int:
         "models, right after each one's generator: the forward wrapper (speculators, v27 on Model Runner V2) "
         "against the model's aux outputs, same prompts, same settings",
     )
+    parser.add_argument(
+        "--also-speculators",
+        default="0.4.0.1",
+        choices=["0.4.0.1", ""],
+        help="the release whose generator also runs on llama-1b's prompts, a second install in the same call "
+        "(its wheel in --run-dir: fetch.py --run-only --speculators 0.4.0.1); '' for 0.3.0 alone",
+    )
     args = parser.parse_args()
+    also = args.also_speculators
+    if also and wheel_of(args.run_dir, also) is None:
+        print(
+            f"--also-speculators {also}: no speculators-{also}-*.whl in {args.run_dir} "
+            f"(python bench/gpu/fetch.py --run-only --speculators {also}; or --also-speculators '')",
+            file=sys.stderr,
+        )
+        return 2
     global MODELS, LOGS
     # read by gpu_run's Run (PYTHONPATH), install, its end-to-end check and the rollback check
     gpu_run.SITE, gpu_run.WHEELS, gpu_run.MODEL = args.work / "site", args.work / "wheels", args.work / "model"
@@ -102,8 +201,6 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     LOGS.mkdir(parents=True, exist_ok=True)
     run = gpu_run.Run(args.out)
-
-    import shutil
 
     import torch  # the machine's own
 
@@ -115,18 +212,11 @@ def main() -> int:
         "dev_shm_free_gib": round(shm.free / 2**30, 1) if shm else None,
     }
     run.say(f"machine: {run.summary['machine']}")
-    if not gpu_run.install(run, args.stage, args.release, args.run_dir):
+    if not gpu_run.install(run, args.stage, args.release, args.run_dir, None):
         return 1
-    code, status = gpu_run.patcher_json(run, "status", "status")
-    pristine = gpu_run.target_hashes(status)
-    code, applied = gpu_run.patcher_json(run, "apply", "apply")
-    states = {p["id"]: p["state"] for p in (applied or {}).get("targets", [{}])[0].get("patches", [])}
-    run.summary["patches"] = states
-    run.summary["apply_ok"] = code == 0 and states.get("v21-shared-memory-states") == "applied"
-    run.save()
-    if not run.summary["apply_ok"]:
-        run.say(f"apply failed (exit {code}) or v21 not applied: {states}")
-        gpu_run.patcher_json(run, "rollback", "rollback")
+    installed = Installed(run, "0.3.0")
+    if not installed.apply():
+        installed.rollback()
         return 1
 
     bench = extract.Bench(
@@ -143,7 +233,11 @@ def main() -> int:
         for record in records.values():
             extract.write_record(extract.finish(record), args.out)
         run.summary["records"] = {
-            shape: {"ratios": r.get("ratios"), "equality": r.get("equality"), "passed": r.get("passed")}
+            shape: {
+                "ratios": r.get("ratios"),
+                **{key: value for key, value in r.items() if key.startswith("equality")},
+                "passed": r.get("passed"),
+            }
             for shape, r in records.items()
         }
         run.save()
@@ -157,29 +251,46 @@ def main() -> int:
             one_b, wide = records["llama-1b"], records["wide-7168"]
             extract.run_with(bench, one_b, ["generator", "vllm-eager", *(["vllm-aux"] if args.aux else [])], LOGS)
             save()
-            with bench.without("v21"):
-                extract.run_without(bench, one_b, LOGS)
-            save()
-            extract.run_with(bench, wide, ["generator", "vllm-eager", *(["vllm-aux"] if args.aux else [])], LOGS)
-            save()
-            if deadline - time.monotonic() > 90:
-                left = int(min(300, deadline - time.monotonic()))
-                options = argparse.Namespace(parallel=1, noise=False, reference_device="cpu", timeout=left)
-                gpu_run.extract_all(run, [("tp1", gpu_run.MODEL, 1)], "all", args.out, options)
-            else:
-                run.say("e2e-tp1: skipped, out of time")
-            extract.run_with(bench, one_b, ["vllm-default"], LOGS)
-            save()
-            if deadline - time.monotonic() > 90:
+            if also:
+                # the second release on the same prompts: its generator, and without its transfer
+                staged = wheel_of(gpu_run.WHEELS, "0.3.0")
+                wheel = wheel_of(args.run_dir, also)
+                assert staged is not None and wheel is not None
+                if installed.replace_with(also, wheel) and installed.apply():
+                    extract.run_with(bench, one_b, ["generator"], LOGS, speculators=also)
+                    save()
+                    with bench.without("v26"):
+                        extract.run_without(bench, one_b, LOGS, speculators=also, patch="v26")
+                    save()
+                if deadline - time.monotonic() > 150 and installed.replace_with("0.3.0", staged):
+                    installed.apply()
+                else:
+                    run.say("0.3.0's other phases: skipped, out of time (or the switch back failed)")
+            if installed.version == "0.3.0" and run.summary.get("apply_ok"):
                 with bench.without("v21"):
-                    extract.run_without(bench, wide, LOGS)
-            else:
-                run.say("wide-7168 without v21: skipped, out of time")
-            save()
+                    extract.run_without(bench, one_b, LOGS)
+                save()
+                extract.run_with(bench, wide, ["generator", "vllm-eager", *(["vllm-aux"] if args.aux else [])], LOGS)
+                save()
+                if deadline - time.monotonic() > 90:
+                    left = int(min(300, deadline - time.monotonic()))
+                    options = argparse.Namespace(parallel=1, noise=False, reference_device="cpu", timeout=left)
+                    gpu_run.extract_all(run, [("tp1", gpu_run.MODEL, 1)], "all", args.out, options)
+                else:
+                    run.say("e2e-tp1: skipped, out of time")
+                extract.run_with(bench, one_b, ["vllm-default"], LOGS)
+                save()
+                if deadline - time.monotonic() > 90:
+                    with bench.without("v21"):
+                        extract.run_without(bench, wide, LOGS)
+                else:
+                    run.say("wide-7168 without v21: skipped, out of time")
+                save()
     finally:
-        code_back, _ = gpu_run.patcher_json(run, "rollback", "rollback")
-        after = {path: gpu_run.sha256(gpu_run.SITE / path) for path in pristine}
-        run.summary["rollback_identical"] = code_back == 0 and after == pristine and bool(pristine)
+        installed.rollback()
+        run.summary["rollback_identical"] = bool(run.summary.get("rollbacks")) and all(
+            r["identical"] for r in run.summary["rollbacks"]
+        )
         save()
         with tarfile.open(args.out / "phases.tar.gz", "w:gz") as tar:
             for path in sorted(LOGS.glob("*.log")):

@@ -47,6 +47,12 @@ PLATFORM = [
     "--platform",
     "manylinux_2_28_x86_64",
     "--platform",
+    "manylinux_2_27_x86_64",  # triton 3.8, nvidia-cudnn-cu13
+    "--platform",
+    "manylinux_2_24_x86_64",
+    "--platform",
+    "manylinux_2_18_x86_64",  # nvidia-nccl-cu13 2.30
+    "--platform",
     "manylinux_2_17_x86_64",
     "--platform",
     "manylinux2014_x86_64",

@@ -12,7 +12,7 @@ timed, each result written under --out (at most 8 files come back from the devic
 3. make the tiny models (--models: llama, patcher/demo/tiny_model.py; deepseek-v3, kimi-k25,
    kimi-k25-int4, patcher/demo/tiny_moe.py), random weights, no download;
 4. `patcher status`, then `patcher apply` WITH verification: exit 0 required, no hand edit;
-5. the end-to-end check of tests/test_e2e_vllm.py (patcher/demo/extract.py: four generate() calls,
+5. the end-to-end check of tests/test_e2e_vllm.py (patcher/demo/extract.py: five generate() calls,
    hidden states against transformers) for each model at each tensor parallel size, --parallel of
    them at once on the same GPUs (each vLLM takes a tenth of the memory); --noise adds
    transformers' own bfloat16-vs-float32 band on the same prompts;
@@ -47,6 +47,20 @@ MODEL = Path("/tmp/model")  # the tiny Llama; the others under MODELS/<name>
 MODELS = Path("/tmp/models")
 EXTRA = Path("/tmp/gpu-extra")  # reports that do not come back as files of their own
 HERE = Path(__file__).resolve().parent
+# Wheels into SITE as carried: no index (the machine has no network), no dependencies (each list is whole)
+PIP_INSTALL = (
+    sys.executable,
+    "-m",
+    "pip",
+    "install",
+    "-q",
+    "--no-index",
+    "--no-deps",
+    "--no-compile",
+    "--disable-pip-version-check",
+    "--target",
+    str(SITE),
+)
 MOE_KINDS = ("deepseek-v3", "kimi-k25", "kimi-k25-int4")
 
 
@@ -141,17 +155,7 @@ def install(run: Run, stage: Path, release: str | None, run_dir: Path, speculato
     done = run.step(
         "install",
         [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-index",
-            "--no-deps",
-            "--no-compile",
-            "--disable-pip-version-check",
-            "--target",
-            str(SITE),
+            *PIP_INSTALL,
             *map(str, wheels),
         ],
     )

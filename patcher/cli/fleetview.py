@@ -12,14 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..fleet.rollout import SKIPPED, TALLY_ORDER, FleetProgress, HostResult, succeeded, tally
-from .render import STATUS_STYLE, _console, render_reports
-
-
-def escape(text: str) -> str:
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(text)
-
+from .render import STATUS_STYLE, _console, render_reports, shown
 
 STYLE = {**STATUS_STYLE, SKIPPED: "yellow"}
 SHOWN_WHEN_NONE = {"ok", "changed", "failed", "unreachable", "rolled-back"}  # the others only when they occur
@@ -85,7 +78,7 @@ class LiveProgress(FleetProgress):
             rows = Table.grid(padding=(0, 2))
             now = time.monotonic()
             for name, (step, since) in list(self.active.items())[:12]:
-                rows.add_row(f"[bold]{escape(name)}[/]", f"{now - since:4.1f}s", escape(step))
+                rows.add_row(f"[bold]{shown(name)}[/]", f"{now - since:4.1f}s", shown(step))
             if len(self.active) > 12:
                 rows.add_row("", "", f"... and {len(self.active) - 12} more")
             parts: list = [bar, rows]
@@ -113,8 +106,8 @@ class LiveProgress(FleetProgress):
             self.done.append(result)
             style = STYLE.get(r.status, "")
             self.console.print(
-                f"[bold]{escape(result.host.name)}[/]  [{style}]{_label(r.status)}[/]"
-                + (f"  {escape(r.message)}" if r.message else ""),
+                f"[bold]{shown(result.host.name)}[/]  [{style}]{_label(r.status)}[/]"
+                + (f"  {shown(r.message)}" if r.message else ""),
                 highlight=False,
             )
 
@@ -143,11 +136,11 @@ def render_summary(command: str, results: list[HostResult]) -> None:
         for p in r.patches:
             states[p.state] = states.get(p.state, 0) + 1
         table.add_row(
-            escape(result.host.name),
+            shown(result.host.name),
             f"[{STYLE.get(r.status, '')}]{_label(r.status)}[/]",
             str(r.exit_code),
             ", ".join(f"{n} {s}" for s, n in states.items()),
-            escape(r.message),
+            shown(r.message),
         )
     console.print(table)
     counts = tally(results)

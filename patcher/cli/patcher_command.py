@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 import click
 
 from .. import __version__
+from ..core.errors import printable, time_limit_problem
 from ..fleet.options import DEFAULT_CONNECT_TIMEOUT, DEFAULT_FORKS, RemoteOptions
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ class Output:
         self._ticker: Ticker | None = None
 
     def _echo(self, message: str) -> None:
-        click.echo(message, err=True, color=_color())
+        # Every line on stderr may carry a target's words (a host's step, its failure): escaped.
+        click.echo(printable(message, keep_newlines=True), err=True, color=_color())
 
     def progress(self, message: str) -> None:
         if self.quiet:
@@ -48,7 +50,7 @@ class Output:
             from .ticker import Ticker
 
             self._ticker = Ticker(self._echo)
-        self._ticker.say(message)
+        self._ticker.say(printable(message, keep_newlines=True))
 
     def settle(self) -> None:
         """No more time shown: what follows (a report, a live fleet view) prints plainly."""
@@ -57,7 +59,11 @@ class Output:
 
     def error(self, message: str) -> None:
         self.settle()
-        click.echo(click.style("error: ", fg="red", bold=True) + message, err=True, color=_color())
+        click.echo(
+            click.style("error: ", fg="red", bold=True) + printable(message, keep_newlines=True),
+            err=True,
+            color=_color(),
+        )
 
 
 def _color() -> bool | None:
@@ -152,7 +158,17 @@ def _run_local(command: str, local, options, out: Output) -> None:
     sys.exit(code)
 
 
-python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP)
+def _an_interpreter(ctx, param, value: str | None) -> str | None:
+    """--python names one: '' (or blanks) once meant patcher's own interpreter, silently."""
+    if value is not None and not value.strip():
+        raise click.BadParameter(
+            f"{value!r} names no interpreter; leave --python out for the default (patcher's own, or python3 on "
+            "--host targets)"
+        )
+    return value
+
+
+python_option = click.option("--python", "python", metavar="PATH", help=PYTHON_HELP, callback=_an_interpreter)
 json_option = click.option(
     "--json", "json_mode", is_flag=True, help="print the JSON report (schema_version 1) on stdout"
 )
@@ -161,10 +177,34 @@ only_option = click.option("--only", multiple=True, metavar="ID", help="only thi
 skip_option = click.option(
     "--skip", multiple=True, metavar="ID", help="leave this patch out (vN or full id); repeatable"
 )
+
+
+class TimeLimit(click.ParamType):
+    """A time option's value: finite, more than 0 (or 0 too, where `zero_ok`), at most a week
+    (patcher/core/errors.py time_limit_problem, which a bundle and the Ansible task use too);
+    anything else is a usage error (exit 2), never an OverflowError or a wait of `nan` seconds."""
+
+    name = "seconds"
+
+    def __init__(self, zero_ok: bool = False) -> None:
+        self.zero_ok = zero_ok
+
+    def convert(self, value, param, ctx) -> float:
+        problem = time_limit_problem(value, self.zero_ok)
+        if problem:
+            self.fail(problem, param, ctx)
+        return float(value)
+
+
 lock_option = click.option(
-    "--lock-timeout", default=10.0, show_default=True, metavar="SECONDS", help="wait this long for another run's lock"
+    "--lock-timeout",
+    default=10.0,
+    show_default=True,
+    type=TimeLimit(zero_ok=True),
+    metavar="SECONDS",
+    help="wait this long for another run's lock (0: try once)",
 )
-_SECONDS = click.FloatRange(min=0, min_open=True)
+_SECONDS = TimeLimit()
 facts_timeout_option = click.option(
     "--facts-timeout",
     default=60.0,
@@ -279,7 +319,9 @@ REMOTE_OPTIONS = [
         "ssh_options",
         multiple=True,
         metavar="KEY=VALUE",
-        help="an ssh -o option, e.g. IdentityFile=~/.ssh/gpu; wins over patcher's defaults; repeatable",
+        help="an ssh -o option, e.g. IdentityFile=~/.ssh/gpu; wins over patcher's defaults; repeatable; "
+        "none that runs a local command or takes the session (ProxyCommand, LocalCommand, RemoteCommand, ...: "
+        "put those in an ssh configuration file)",
     ),
     click.option("--ssh-config", metavar="FILE", help="ssh -F FILE instead of ~/.ssh/config"),
     click.option(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..core.errors import EXIT_PENDING
+from ..core.errors import EXIT_PENDING, printable
 from ..plan.planning import readable_conditions
 
 STATE_STYLE = {
@@ -34,6 +34,14 @@ def outcome_label(status: str, exit_code: int) -> str:
     (changes pending) reads "pending", never "ok". The status word is the whole prefix: a failed
     target's line reads "failed: <message>", not "failed: error: <message>"."""
     return "pending" if exit_code == EXIT_PENDING else status
+
+
+def shown(text: str) -> str:
+    """Text for a rich console: what a target says escaped (core.errors.printable), then rich's
+    markup escaped, so neither a control character nor a `[style]` of theirs takes effect."""
+    from rich.markup import escape
+
+    return escape(printable(text))
 
 
 def _console():
@@ -85,7 +93,6 @@ def render_patch_list(patches) -> None:
 
 
 def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
     console = _console()
@@ -97,25 +104,25 @@ def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
                 for n, v in sorted(r.versions.items())
             )
             if versions or r.patches:  # a target that could not be read has neither: its error line says why
-                console.print(f"[bold]{escape(r.target)}[/bold]  {escape(versions)}")
+                console.print(f"[bold]{shown(r.target)}[/bold]  {shown(versions)}")
             if r.patches:
                 table = Table(show_header=True, box=None, pad_edge=False)
                 table.add_column("patch")
                 table.add_column("state")
                 table.add_column("why", overflow="fold")
                 for p in r.patches:
-                    table.add_row(p.id, f"[{STATE_STYLE.get(p.state, '')}]{p.state}[/]", escape(p.reason))
+                    table.add_row(shown(p.id), f"[{STATE_STYLE.get(p.state, '')}]{p.state}[/]", shown(p.reason))
                 console.print(table)
             for note in r.notes:
-                console.print(f"note: {escape(note)}")
+                console.print(f"note: {shown(note)}")
         if r.message:
             label, style = (
                 outcome_label(r.status, r.exit_code),
                 STATUS_STYLE.get(outcome_label(r.status, r.exit_code), style),
             )
-            console.print(f"[{style}]{label}[/]: {escape(r.message)}", markup=True)
+            console.print(f"[{style}]{label}[/]: {shown(r.message)}", markup=True)
         for problem in r.problems[1:] if r.message else r.problems:
-            console.print(f"  [red]-[/red] {escape(problem)}", markup=True)
+            console.print(f"  [red]-[/red] {shown(problem)}", markup=True)
         if show_diff:
             for f in r.files:
                 if f.get("diff"):

@@ -47,7 +47,8 @@ EXIT_MEANINGS = (
     (
         EXIT_CONFLICT,
         (
-            "conflict: a file changed by hand, an anchor missing, a damaged backup or state record, a state folder "
+            "conflict: a file changed by hand, an anchor missing, a target file that is not a regular file, over "
+            "the size limit or not UTF-8, a damaged backup or state record, a state folder "
             "another user owns or can write, a symbolic link on the way to a target file or among patcher's own "
             "entries, an original that is not the bytes pip's RECORD gives (`rollback --force`)"
         ),
@@ -118,6 +119,25 @@ AGENT_KINDS = (
 )
 
 
+# The longest time limit any option takes (7 days): each limit becomes `time.monotonic() + limit` and
+# a lock's or a pipe's wait, which overflow on inf or 1e300, and nan compares false with everything.
+MAX_SECONDS = 7 * 24 * 3600
+
+
+def time_limit_problem(value: object, zero_ok: bool = False) -> "str | None":
+    """Why `value` (an option's text, or a number) is not a time limit: a finite number of seconds,
+    more than 0 (or 0 too, where `zero_ok`: a lock tried once), at most MAX_SECONDS; None when it
+    is one. The one rule for patcher's options, a bundle's and the Ansible task's."""
+    try:
+        seconds = float(value) if not isinstance(value, bool) else float("nan")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if (seconds >= 0 if zero_ok else seconds > 0) and seconds <= MAX_SECONDS:  # nan fails both
+        return None
+    bounds = "from 0 to" if zero_ok else "more than 0 and at most"
+    return f"{value!r} is not a number of seconds {bounds} {MAX_SECONDS} (7 days)"
+
+
 class AgentError(Exception):
     """What the agent refuses or fails with: a kind of AGENT_KINDS and one line for the user (the
     agent answers it as {"ok": false, "error": {"kind", "message"}}; a bundle catches it)."""
@@ -136,3 +156,17 @@ def meaning(code: int) -> str:
 def outcome(kind: str) -> tuple[str, int]:
     """(status, exit code) a target ends with for an error of this kind."""
     return ERROR_KINDS.get(kind, ("failed", EXIT_FAILED))
+
+
+def printable(text: str, keep_newlines: bool = False) -> str:
+    """`text` with every character that a terminal or a line-based reader acts on written as its
+    Python escape (`\\x1b`, `\\r`, `\\x85`, `\\u2028`, bidi overrides): controls, line and paragraph
+    separators, format characters. What a target says can then neither move the operator's
+    cursor nor start a line in a file patcher writes (an inventory line in a retry file, say).
+    `keep_newlines`: a message of patcher's own made of several lines keeps its `\\n`."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch if ch.isprintable() or (keep_newlines and ch == "\n") else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         lock: NotRequired[Literal["exclusive", "shared"]]
         lock_timeout: NotRequired[float]
         time_limit: NotRequired[float]
+        file_limit: NotRequired[int]  # the largest target file read, in bytes (every request may carry it)
 
     class CleanupItem(TypedDict):
         """A target file whose folder holds temporary files an interrupted run left."""
@@ -103,6 +104,7 @@ if TYPE_CHECKING:
         force_restore: NotRequired[bool]  # rollback --force: restore originals RECORD does not vouch for
         lock_timeout: NotRequired[float]
         time_limit: NotRequired[float]
+        file_limit: NotRequired[int]
         fault: NotRequired[Fault]
 
     class ForgetRequest(TypedDict):
@@ -179,6 +181,9 @@ if TYPE_CHECKING:
         writable: NotRequired[bool]
         original: NotRequired[str | None]  # the pristine backup's text, when the record has one
         original_intact: NotRequired[bool]
+        # why patcher will not read it (not a regular file, over the size limit, not UTF-8): one
+        # line naming the file; the entry then has no content and planning touches nothing
+        refused: NotRequired[str]
 
     class PlanningFacts(TypedDict):
         """The part of Facts that planning reads (a bundle builds these for the files it carries)."""

@@ -3,7 +3,7 @@ transformers' output_hidden_states of the same weights.
 
 Runs INSIDE the demo environment (vLLM, speculators, transformers, torch), as a script:
 
-    python extract.py --model DIR [--reference DIR] [--report PATH] [--calls all|...] [--noise]
+    python extract.py --model DIR [--reference DIR] [--report PATH] [--calls all|N,N:K,...] [--noise]
 
 One process, one generator, several generate() calls whose batches are what real training data
 looks like and what broke 0.3.0 on newer vLLM:
@@ -12,7 +12,9 @@ looks like and what broke 0.3.0 on newer vLLM:
     calls, and a prompt repeated from an earlier call;
   - a batch of eleven prompts of 900-1000 tokens (over 10,000 tokens in all, more than the
     step's token budget of max(8192, max_model_len) that speculators 0.3.0 sets), so that vLLM
-    splits a prompt across scheduler steps.
+    splits a prompt across scheduler steps;
+  - a batch of seventy short prompts, more than twice the generator's max_num_seqs (32: the
+    requests vLLM's scheduler runs at once), so that one call needs three rounds of requests.
 
 For every prompt and requested layer: the result must have the prompt's full length, carry the
 prompt's own input_ids, and match transformers within TOLERANCE. speculators captures
@@ -21,7 +23,8 @@ non-final layer; for the final layer transformers returns the state after the mo
 the capture is compared after applying that norm.
 
 The report is JSON, printed as the last line of stdout (and written to --report if given):
-{"ok": bool, "tolerance", "max_abs_diff", "max_rel_diff", "scale", "timings",
+{"ok": bool, "tolerance", "max_abs_diff", "max_rel_diff", "scale", "timings", "prompts_per_call",
+ "max_num_seqs" (the generator's scheduler's, once it is built),
  "calls": [{"call": n, "prompts": [{"prompt_tokens", "rows" (one per layer), "max_abs_diff",
  "max_rel_diff", "input_ids_ok", "status" (ok, short, short-wrong, long, wrong), "rows_belong_to"
  (another prompt of the call whose rows these are, if any)}]}],
@@ -54,9 +57,10 @@ import traceback
 # build). So the tiny model's weights are bfloat16 (exactly the same weights on both sides) and
 # the reference is transformers in float32: the difference is vLLM's bfloat16 arithmetic.
 # The measure is per row: max_j |captured - reference| / max_j |reference|. Measured on vLLM
-# 0.16.0 CPU, every prompt and layer of the demo: at most 0.069 (median 0.02-0.04); transformers'
-# own bfloat16 run against its float32 run: at most 0.042. A row of another prompt (past their
-# shared prefix): at least 0.66. 0.25 sits between them with a factor of about 3 to each side.
+# 0.16.0 CPU, every prompt and layer of the demo: at most 0.069 to 0.076 on two machines (call 3;
+# the fifth call's 70 prompts 0.055), median 0.01-0.04; transformers' own bfloat16 run against its
+# float32 run: at most 0.042 to 0.055. A row of another prompt (past their shared prefix): at
+# least 0.66. 0.25 sits between them with a factor of about 3 to each side.
 TOLERANCE = 0.25
 TEMPLATE_TEXT = (
     "kalo mine rusa topo vide sa ba zi fe gu. mika lone ruto pasa deki viba zife gune. tokalo minesa rupo vi de po."
@@ -105,7 +109,12 @@ def make_batches(tokenizer, vocab_size: int, seed: int = 7) -> list[list[list[in
         call1[1],  # repeated again, after the long batch
         call3[1][:64],  # a prefix of a long prompt of call 3
     ]
-    return [call1, call2, call3, call4]
+    # Seventy short prompts: more than twice the 32 requests the generator's scheduler runs at once
+    # (its max_num_seqs), so the call is done in three rounds; drawn after calls 1-4, which stay as
+    # they were (the patches' declared symptoms name them).
+    call5 = [(template + rand(rng.randint(1, 24))) if i % 4 == 0 else rand(rng.randint(3, 40)) for i in range(70)]
+    call5[40] = call1[3]  # repeated from call 1, in the second round
+    return [call1, call2, call3, call4, call5]
 
 
 def tiny_marker(model: str) -> dict:
@@ -361,6 +370,41 @@ def model_runner_of(generator) -> str:
     except Exception as exc:  # noqa: BLE001  (a record without it is still a record)
         return f"unknown ({type(exc).__name__}: {exc})"
     return str(reply[0] if isinstance(reply, list) else reply)
+def transfer_of(generator) -> dict:
+    """How the captured states reached the generator: through the shared buffer (v21) in every
+    call, or vLLM's RPC queue."""
+    state = generator.__dict__.get("_shared_states")
+    if not state or not state.get("calls"):
+        return {"path": "RPC queue"}
+    return {"path": "shared memory", "calls": state["calls"]}
+
+
+def cpu_thread_binding(tensor_parallel_size: int, cpus: list[int] | None = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for vLLM's CPU build at this tensor parallel size: the CPUs this
+    process may run on (os.sched_getaffinity), one contiguous share a rank, shared in turn where
+    there are fewer CPUs than ranks. vLLM's default ("auto") binds rank N to NUMA node N, and a
+    machine with fewer nodes than ranks fails its assertion."""
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    ranks = tensor_parallel_size
+    if len(cpus) >= ranks:
+        share = len(cpus) // ranks
+        groups = [cpus[rank * share : (rank + 1) * share] for rank in range(ranks)]
+    else:
+        groups = [[cpus[rank % len(cpus)]] for rank in range(ranks)]
+    return "|".join(",".join(str(cpu) for cpu in group) for group in groups)
+
+
+def bind_cpu_threads(tensor_parallel_size: int) -> str | None:
+    """Set VLLM_CPU_OMP_THREADS_BIND for several ranks on a host without CUDA, unless the caller
+    set it; the value set, or None."""
+    if tensor_parallel_size < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(tensor_parallel_size)
+    return os.environ["VLLM_CPU_OMP_THREADS_BIND"]
 
 
 def run(args) -> dict:
@@ -391,8 +435,10 @@ def run(args) -> dict:
         batches = make_batches(tokenizer, vocab_size)
         numbers = list(range(1, len(batches) + 1))
         if args.calls != "all":
-            numbers = [int(i) for i in args.calls.split(",")]
-            batches = [batches[i - 1] for i in numbers]
+            # "N" is call N; "N:K" its first K prompts (5:33: one prompt past max_num_seqs)
+            chosen = [item.partition(":") for item in args.calls.split(",")]
+            numbers = [int(number) for number, _, _ in chosen]
+            batches = [batches[int(n) - 1][: int(k)] if k else batches[int(n) - 1] for n, _, k in chosen]
         report["call_numbers"] = numbers
         report["planned_calls"] = len(batches)
         report["prompts_per_call"] = [len(b) for b in batches]
@@ -402,6 +448,7 @@ def run(args) -> dict:
 
         report["timings"]["import_s"] = round(time.monotonic() - started, 2)
         phase = "init"
+        report["cpu_thread_binding"] = bind_cpu_threads(args.tensor_parallel_size)
         t0 = time.monotonic()
         generator = VllmHiddenStatesGenerator(
             args.model,
@@ -412,6 +459,9 @@ def run(args) -> dict:
         )
         report["timings"]["init_s"] = round(time.monotonic() - t0, 2)
         report["model_runner"] = model_runner_of(generator)
+        # what a call must exceed to need more than one round of requests (speculators' MAX_NUM_SEQS)
+        scheduler_config = getattr(getattr(generator, "vllm_config", None), "scheduler_config", None)
+        report["max_num_seqs"] = getattr(scheduler_config, "max_num_seqs", None)
 
         outputs = []
         for number, prompts in zip(numbers, batches):
@@ -425,6 +475,7 @@ def run(args) -> dict:
 
             torch.save({"batches": batches, "outputs": outputs}, args.dump)
 
+        report["transfer"] = transfer_of(generator)
         # vLLM's idle worker polls its queue and would slow the reference down: stop it first.
         phase = "shutdown"
         t0 = time.monotonic()
@@ -484,9 +535,16 @@ def main() -> int:
         "free device memory (host memory on the CPU build, with v9); 0.1 is ample for the demo",
     )
     parser.add_argument(
-        "--tensor-parallel-size", type=int, default=1, help="GPUs the model is split over (CUDA builds; default 1)"
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="ranks the model is split over: GPUs, or CPU processes on the CPU build (default 1)",
     )
-    parser.add_argument("--calls", default="all", help="which calls to run, e.g. 1,2 (default all)")
+    parser.add_argument(
+        "--calls",
+        default="all",
+        help="which calls to run, in this order, e.g. 1,2; N:K is call N's first K prompts (default all)",
+    )
     parser.add_argument(
         "--reference",
         help="transformers checkpoint of the same weights (default: the model's own, or the one its "

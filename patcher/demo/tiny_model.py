@@ -42,6 +42,16 @@ PARAMS: dict = {
     "torch_dtype": "bfloat16",
     "seed": 20240611,
 }
+# The same Llama with 8 attention and KV heads (head size 64, which vLLM's CPU attention needs):
+# tensor parallel 4 and 8 split its heads, its MLP and its vocabulary evenly (bench/releases.py
+# --tensor-parallel). The default model's 2 heads allow TP 2 at most.
+WIDE_PARAMS: dict = {
+    **PARAMS,
+    "hidden_size": 512,
+    "intermediate_size": 1024,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+}
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2
 COMPLETE_MARKER = ".patcher-demo-complete"
 
@@ -73,21 +83,25 @@ def ensure_tiny_model(
     python: Path | str,
     cache_root: Path | None = None,
     progress: Callable[[str], None] = print,
+    params: dict = PARAMS,
 ) -> Path:
     """Make (or reuse) the tiny model with the demo environment's `python`; return its directory."""
     from .environment import resolve_cache
 
     base = resolve_cache(cache_root) / "demo-model"
-    final = base / model_key()
+    final = base / model_key(params)
     if (final / COMPLETE_MARKER).is_file():
         progress(f"tiny model: reusing {final}")
         return final
     base.mkdir(parents=True, exist_ok=True)
-    progress(f"tiny model: making {final} (Llama, {PARAMS['num_hidden_layers']} layers, random weights)")
+    progress(
+        f"tiny model: making {final} (Llama, {params['num_hidden_layers']} layers, "
+        f"{params['num_attention_heads']} heads, random weights)"
+    )
 
     def make(folder: Path) -> None:
         proc = subprocess.run(
-            [str(python), str(Path(__file__).resolve()), str(folder)],
+            [str(python), str(Path(__file__).resolve()), str(folder), json.dumps(params)],
             capture_output=True,
             text=True,
             timeout=600,
@@ -95,7 +109,7 @@ def ensure_tiny_model(
         )
         if proc.returncode != 0:
             raise RuntimeError(f"making the tiny model failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-        (folder / COMPLETE_MARKER).write_text(json.dumps(PARAMS, sort_keys=True) + "\n")
+        (folder / COMPLETE_MARKER).write_text(json.dumps(params, sort_keys=True) + "\n")
 
     make_in_place(final, COMPLETE_MARKER, make)
     progress(f"tiny model: ready at {final}")
@@ -168,6 +182,6 @@ def build(out_dir: Path, params: dict = PARAMS) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT_DIR")
-    build(Path(sys.argv[1]))
+    if len(sys.argv) not in (2, 3):
+        sys.exit(f"usage: {sys.argv[0]} OUT_DIR [PARAMS_JSON]")
+    build(Path(sys.argv[1]), json.loads(sys.argv[2]) if len(sys.argv) == 3 else PARAMS)

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.errors import printable
 from ..transport.ssh import Host, HostError, check_address, check_port, check_remote_python, check_user, parse_host
 from .host_patterns import select
 from .inventory_files import Entry, Inventory, InventoryError, read_files
@@ -349,7 +350,8 @@ def write_retry_file(path: str | Path, command: str, hosts: list[tuple[Host, str
     path = Path(path)
     lines = [RETRY_HEADER + str(path), f"# command: patcher {command}"]
     for host, why in hosts:
-        lines.append(f"# {why}".replace("\n", " ")[:300])
+        # A target's words, escaped: no character of theirs may end the comment and start an inventory line.
+        lines.append(printable(f"# {why}")[:300])
         lines.append(inventory_line(host))
     data = ("\n".join(lines) + "\n").encode("utf-8")
     write_output_file(path, data)

@@ -790,6 +790,11 @@ def _file_work(d: Draft, target: TargetFile, force: bool) -> FileWork | None:
                 pid, "not-selected", sel.reason if not sel.selected else f"{rel} is not installed", rel
             )
         return None
+    if info.get("refused"):  # not a regular file, over the size limit, not UTF-8: nothing to plan on
+        d.conflicts.append(Conflict("modified", info["refused"]))
+        for pid in ids:
+            d.states[pid] = PatchState(pid, "modified", "not the package's file (see the problem)", rel)
+        return None
     record = d.facts["state"]["files"].get(rel)
     # Read under the lock, what a run left half done is an interrupted run's; read while
     # another run holds it (status after --lock-timeout), it may be that run's work.

@@ -15,6 +15,46 @@ if TYPE_CHECKING:
 
 Mode = Literal["apply", "rollback"]
 
+# The largest target file patcher reads and transforms: its target files are a few dozen KiB, and
+# the codemods' cost grows faster than the file (a 2 MB file once took a minute and 4 GB). The
+# agent refuses a larger one before reading it (remote/agent/writes.py: the same variable and
+# default, which the controller sends it as `file_limit`); planning refuses one here too, whatever
+# the target says.
+TARGET_FILE_LIMIT_VARIABLE = "PATCHER_TARGET_FILE_LIMIT_MIB"
+DEFAULT_TARGET_FILE_LIMIT_MIB = 0.25
+
+
+def target_file_limit_bytes() -> int:
+    import math
+    import os
+
+    try:
+        mib = float(os.environ.get(TARGET_FILE_LIMIT_VARIABLE, DEFAULT_TARGET_FILE_LIMIT_MIB))
+    except ValueError:
+        mib = DEFAULT_TARGET_FILE_LIMIT_MIB
+    if not (math.isfinite(mib) and 0 < mib < 2**20):
+        mib = DEFAULT_TARGET_FILE_LIMIT_MIB
+    return int(mib * 2**20)
+
+
+def within_limit(facts: PlanningFacts, limit: int) -> PlanningFacts:
+    """`facts`, with a file whose text (or pristine backup's) is over `limit` bytes refused as the
+    agent refuses it: one line naming the file and the limit, planning touches nothing there."""
+    files = dict(facts["files"])
+    for rel, info in facts["files"].items():
+        size = max(len((info.get("content") or "").encode("utf-8")), len((info.get("original") or "").encode("utf-8")))
+        if size > limit:
+            files[rel] = {
+                "exists": True,
+                "refused": f"{info.get('root', '?')}/{rel} is {size} bytes, over the {limit / 2**20:g} MiB a target "
+                "file may have (patcher's are a few dozen KiB): it is not the package's file; put the package's "
+                "own file back (pip install --force-reinstall the package), or set "
+                f"{TARGET_FILE_LIMIT_VARIABLE} to a larger number of MiB",
+            }
+            if "root" in info:
+                files[rel]["root"] = info["root"]
+    return {**facts, "files": files}
+
 
 def spec_of(patch: Patch) -> PatchSpec:
     """Kept for patcher/transport/bundle.py, which another branch reworks: elsewhere patch.spec()."""
@@ -47,6 +87,7 @@ def plan_target(
 ) -> TargetPlan:
     """The plan for one target: planning's draft, the codemods it asks for, planning's finish.
     `lines`: the release lines the target must fall in (patcher.patchset.registry.release_lines)."""
+    facts = within_limit(facts, target_file_limit_bytes())
     d = draft(
         facts, [p.spec() for p in patches], condition_holds, mode, only, skip, force, [x.as_json() for x in lines]
     )

@@ -52,24 +52,55 @@ def transform_source(
         return _transform(source, steps, filename)
     steps = [(patch, tuple(edits)) for patch, edits in steps]
     key = (source, filename, tuple((id(patch), tuple(map(id, edits))) for patch, edits in steps))
-    with _shared_lock:  # one transform at a time: under the GIL they would not run faster anyway
+    # The lock guards the table only: the first caller of a key runs its transform outside it,
+    # later callers of that key wait for that one result, and other keys run meanwhile. (Under
+    # one lock, a host with a huge file held every other host of the fleet for its whole parse.)
+    with _shared_lock:
         cache = _shared if _shared is not None else {}
-        hit = cache.get(key)
-        if hit is None:
-            result = _load_persisted(source, steps, filename) if _persist is not None else None
+        found: _Shared | None = cache.get(key)
+        first = found is None
+        entry = found if found is not None else _Shared(steps, persist=_persist)
+        cache[key] = entry  # the key's objects stay alive with it
+    if first:
+        entry.run(source, steps, filename)
+    return entry.wait()
+
+
+class _Shared:
+    """One transform's result, computed once by its first caller and waited for by the others."""
+
+    def __init__(self, steps, persist: Path | None) -> None:
+        self.steps, self.persist = steps, persist
+        self.done = threading.Event()
+        self.result: FileTransform | None = None
+        self.error: BaseException | None = None
+
+    def run(self, source: str, steps, filename: str) -> None:
+        try:
+            result = _load_persisted(source, steps, filename, self.persist) if self.persist is not None else None
             if result is None:
                 result = _transform(source, steps, filename)
-                if _persist is not None:
-                    _save_persisted(source, steps, filename, result)
-            hit = (steps, result)  # the key's objects stay alive with it
-            cache[key] = hit
-        return hit[1]
+                if self.persist is not None:
+                    _save_persisted(source, steps, filename, result, self.persist)
+            self.result = result
+        except BaseException as exc:  # noqa: BLE001 - the waiters get it too, as this caller does (wait())
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def wait(self) -> FileTransform:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
 
 
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """sha256 of every line of code that can change a transform's result: the patch package,
-    the transform engine, and libcst's installed version."""
+    the transform engine, the source patches write (shared_states.py), and libcst's installed
+    version."""
     import hashlib
     import importlib.util
 
@@ -85,6 +116,7 @@ def code_fingerprint() -> str:
         "shapes.py",
         "model.py",
         "transform/outcomes.py",
+        "shared_states.py",
     )
     for path in [*sorted(patches_dir.rglob("*.py")), *(top / name for name in engine)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
@@ -105,11 +137,10 @@ def _libcst_release() -> str:
     return found[-1] if found else "libcst without metadata"
 
 
-def _persist_path(source: str, steps, filename: str) -> Path:
+def _persist_path(source: str, steps, filename: str, persist: Path) -> Path:
     import hashlib
     import json
 
-    assert _persist is not None
     key = json.dumps(
         [
             hashlib.sha256(source.encode("utf-8")).hexdigest(),
@@ -118,15 +149,15 @@ def _persist_path(source: str, steps, filename: str) -> Path:
             code_fingerprint(),
         ]
     )
-    return _persist / (hashlib.sha256(key.encode("utf-8")).hexdigest() + ".json")
+    return persist / (hashlib.sha256(key.encode("utf-8")).hexdigest() + ".json")
 
 
-def _load_persisted(source: str, steps, filename: str) -> FileTransform | None:
+def _load_persisted(source: str, steps, filename: str, persist: Path) -> FileTransform | None:
     import json
 
     from ..cache import trusted
 
-    path = _persist_path(source, steps, filename)
+    path = _persist_path(source, steps, filename, persist)
     if not trusted(path):
         return None
     try:
@@ -137,13 +168,13 @@ def _load_persisted(source: str, steps, filename: str) -> FileTransform | None:
         return None
 
 
-def _save_persisted(source: str, steps, filename: str, result: FileTransform) -> None:
+def _save_persisted(source: str, steps, filename: str, result: FileTransform, persist: Path) -> None:
     import json
 
     from ..cache import write_cache_file
 
     data = {"result": result.result, "outcomes": [vars(o) for o in result.outcomes]}
-    write_cache_file(_persist_path(source, steps, filename), json.dumps(data).encode("utf-8"))
+    write_cache_file(_persist_path(source, steps, filename, persist), json.dumps(data).encode("utf-8"))
 
 
 def apply_patch(tree, patch: Patch, edits: Iterable[Edit], filename: str):

@@ -21,11 +21,14 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.errors import time_limit_problem
 from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
 from ..report import EXIT_OK, EXIT_PENDING
 from ..run import RunOptions, run_target
 from ..transform.transforms import code_fingerprint, shared_transforms
-from .interface import AgentFailure, TransportError, agent_texts, bootstrap
+from .answer_shape import checked_answer
+from .interface import AgentFailure, TransportError, agent_texts, one_line_bootstrap
+from .ssh import shell_python
 
 COMMANDS = ("status", "apply", "rollback")
 # the task's options: remote/ansible/plugins/action/patch.py (_VALID_ARGS) and the module's
@@ -83,7 +86,8 @@ class AnsibleTransport:
         # taken for it. A writing request's plan is checked under the lock (its "expect").
         mark = "patcher-answer:" + secrets.token_hex(12)
         payload = (json.dumps({**request, "agent": agent_texts(), "mark": mark}) + "\n").encode("utf-8")
-        command = f"{shlex.quote(self.python)} -c {shlex.quote(bootstrap())}"
+        # `~/` is the (become) user's home, as on patcher's command line; one line: a tcsh login reads it too
+        command = f"{shell_python(self.python)} -c {shlex.quote(one_line_bootstrap())}"
         # an unreachable host raises Ansible's own connection error here: Ansible reports it
         connection = self.action._connection
         if connection.is_pipelining_enabled():
@@ -97,10 +101,16 @@ class AnsibleTransport:
         stdout = done.get("stdout") or ""
         for line in stdout.splitlines():
             if line.startswith(mark + " "):
-                answer = json.loads(line[len(mark) + 1 :])
-                if not answer.get("ok"):
-                    error = answer.get("error", {})
-                    raise AgentFailure(error.get("kind", "unknown"), error.get("message", "agent failed"))
+                op = str(request.get("op", ""))
+                unknown = (
+                    f"; the outcome of this {op} on {self.label} is unknown: every file there is either its old or "
+                    "its new bytes (written atomically); run the task with command: status to see which"
+                )
+                answer = checked_answer(
+                    op, line[len(mark) + 1 :], self.label, self.python, unknown if op in ("apply", "forget") else ""
+                )
+                if not answer["ok"]:
+                    raise AgentFailure(answer["error"]["kind"], answer["error"]["message"])
                 return answer["result"]
         rc = done.get("rc")
         # with a tty (pipelining off) the command's stderr arrives on its stdout
@@ -135,7 +145,7 @@ def prepare() -> None:
     import happens in ansible-playbook's process; bench/ansible.py measures the difference)."""
     load_patches()
     agent_texts()
-    bootstrap()
+    one_line_bootstrap()
     code_fingerprint()
 
 
@@ -178,6 +188,9 @@ def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) 
     command = args.get("command", "status")
     if command not in COMMANDS:
         return {"failed": True, "msg": f"command={command!r}: one of {', '.join(COMMANDS)}"}
+    lock_problem = time_limit_problem(args.get("lock_timeout", 10), zero_ok=True)
+    if lock_problem:
+        return {"failed": True, "msg": f"lock_timeout: {lock_problem}"}
     patches = load_patches()
     try:
         only = resolve_ids(patches, list(args.get("only") or []))

@@ -404,20 +404,82 @@ def _render(data: dict) -> str:
             raise BundleError(f"bundle_runtime.py has no `{name} = None` line")
         wrapped = "\n".join(value[i : i + 100] for i in range(0, len(value), 100))
         runtime = runtime.replace(marker, f'\n{name} = """\n{wrapped}\n"""', 1)
-    header = (
+    program = runtime + '\n\nif __name__ == "__main__":\n    sys.exit(main())\n'
+    return seal(_header(data), program)
+
+
+# A bundle is Python whose every prefix is harmless: the loader below is one `try` statement (cut
+# anywhere inside it, the file does not compile and nothing runs), and the program it runs follows
+# as comment lines (cut anywhere there, the file still compiles, so the loader runs first and finds
+# the last line missing). The last line holds the sha256 of every byte above it; the loader reads
+# the file, checks it, and only then compiles the program from the lines it checked.
+PROGRAM_MARK = "# patcher bundle program (each line below, after its '# '):"
+TRAILER = "# end of patcher bundle, sha256 of every byte above: "
+_LOADER = """\
+    # The loader is one `try` statement: a bundle cut inside it does not compile, so none of it runs.
+    import sys
+
+    # Python puts this file's folder first on sys.path (unless -I or -P): a json.py beside it
+    # would run before the bundle's own code. Nothing is imported before that folder is gone.
+    if not (getattr(sys.flags, "isolated", 0) or getattr(sys.flags, "safe_path", 0)) and sys.path:
+        del sys.path[0]
+    import hashlib
+
+    def _refuse(why, fix="make a new one with `patcher bundle` and copy it whole"):
+        sys.stderr.write(f"error: this bundle {why}: {fix}\\n")
+        sys.exit(2)  # EXIT_USAGE (patcher/core/errors.py)
+
+    if not globals().get("__file__"):  # python3 - < bundle: nothing to read back
+        _refuse("cannot check its own bytes from standard input", "run it as a file: python3 patcher-bundle.py status")
+    with open(__file__, "rb") as _file:
+        _raw = _file.read()
+    _end = _raw.rfind(b"\\n" + TRAILER_BYTES) + 1
+    _trailer = _raw[_end + len(TRAILER_BYTES) :]
+    if not _end or len(_trailer) != 65 or not _trailer.endswith(b"\\n"):
+        _refuse("is incomplete (its last line, the sha256 of the rest, is missing: the copy was cut short)")
+    if hashlib.sha256(_raw[:_end]).hexdigest().encode() != _trailer[:64]:
+        _refuse("is damaged (its bytes do not match the sha256 its last line gives)")
+    _lines = _raw[:_end].decode("utf-8").split("\\n")
+    _first = _lines.index(PROGRAM_MARK) + 1
+    _program = "\\n" * _first + "\\n".join(line[2:] for line in _lines[_first:])
+    del _file, _raw, _end, _trailer, _lines
+    _code = compile(_program, __file__, "exec")  # line numbers are the file's: tracebacks point into it
+    exec(_code)  # noqa: S102 - the program this file carries, checked whole above
+finally:
+    ...  # `...`, not `pass`: a file cut inside `pass` would run a name and hide the refusal above
+"""
+
+
+def _header(data: dict) -> str:
+    """The shebang and the opening of the loader's statement, with what the file is."""
+    return (
         "#!/usr/bin/env python3\n"
-        f"# patcher bundle, made by patcher {data['patcher_version']} on {data['created']}.\n"
-        "# Run it with the target environment's Python, e.g.:\n"
-        "#   /root/ml-env/bin/python3 patcher-bundle.py status   (then plan, apply, rollback; info)\n"
-        "# Standard library only; nothing is installed. Generated: do not edit.\n"
-        "import sys\n"
-        "\n"
-        "# Python puts this file's folder first on sys.path (unless -I or -P): a json.py beside it\n"
-        "# would run before the bundle's own code. Nothing is imported before that folder is gone.\n"
-        "if not (getattr(sys.flags, 'isolated', 0) or getattr(sys.flags, 'safe_path', 0)) and sys.path:\n"
-        "    del sys.path[0]\n"
+        f"try:  # patcher bundle, made by patcher {data['patcher_version']} on {data['created']}.\n"
+        "    # Run it with the target environment's Python, e.g.:\n"
+        "    #   /root/ml-env/bin/python3 patcher-bundle.py status   (then plan, apply, rollback; info)\n"
+        "    # Standard library only; nothing is installed. Generated: do not edit.\n"
     )
-    return header + runtime + '\n\nif __name__ == "__main__":\n    sys.exit(main())\n'
+
+
+def seal(header: str, program: str) -> str:
+    """The bundle file: `header` (the shebang, `try:` and comments), the loader, `program` as comment
+    lines, and the trailer that proves the file whole."""
+    loader = _LOADER.replace("TRAILER_BYTES", repr(TRAILER.encode())).replace("PROGRAM_MARK", repr(PROGRAM_MARK))
+    body = header + loader + PROGRAM_MARK + "\n"
+    body += "".join(f"# {line}\n" if line else "#\n" for line in program.split("\n"))
+    return body + TRAILER + hashlib.sha256(body.encode("utf-8")).hexdigest() + "\n"
+
+
+def program_of(source: str) -> str:
+    """The program a bundle file carries (for the tests, which edit it and seal it again: `reseal`)."""
+    lines = source.split("\n")
+    body = lines[lines.index(PROGRAM_MARK) + 1 : -2]
+    return "\n".join(line[2:] for line in body)
+
+
+def reseal(source: str, program: str) -> str:
+    """`source`, a bundle file, carrying `program` instead, with a trailer that matches it."""
+    return seal(source[: source.index(_LOADER.split("\n", 1)[0])], program)
 
 
 def write(output: Path, source: str) -> None:

@@ -126,7 +126,7 @@ def check_known(data: dict, facts: "Facts", selection: dict) -> None:
     for target in data["files"]:
         rel = target["path"]
         info = facts["files"].get(rel, {"exists": False})
-        if not info.get("exists"):
+        if not info.get("exists") or info.get("refused"):  # refused: planning says why
             continue
         current, known = info["sha256"], data["originals"].get(rel, {})
         record: Mapping = facts["state"]["files"].get(rel) or {}
@@ -350,6 +350,14 @@ def info() -> None:
         print(f"  {p['id']}: {p.get('title', '')} ({conditions})")
 
 
+def _lock_timeout(text: str) -> float:
+    """--lock-timeout's value, by patcher's own rule (finite, 0 to a week): else a usage error, exit 2."""
+    problem = ERRORS.time_limit_problem(text, zero_ok=True)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return float(text)
+
+
 def main(argv: "list | None" = None) -> int:
     parser = argparse.ArgumentParser(
         prog="patcher-bundle",
@@ -365,7 +373,9 @@ def main(argv: "list | None" = None) -> int:
         help="rollback: restore a kept original even where pip's RECORD gives other bytes and the record does not "
         "say it was adopted with apply --force (as patcher rollback --force)",
     )
-    parser.add_argument("--lock-timeout", type=float, default=10.0, metavar="SECONDS")
+    parser.add_argument(
+        "--lock-timeout", type=_lock_timeout, default=10.0, metavar="SECONDS", help="wait this long for the lock"
+    )
     parser.add_argument("--quiet", "-q", action="store_true")
     args = parser.parse_args(argv)
     if args.force and args.command != "rollback":

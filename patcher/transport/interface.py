@@ -82,3 +82,15 @@ def bootstrap() -> str:
     module texts, with `"session": true` for a session: then one request per line, one answer
     each, until the end of input."""
     return agent_bootstrap().BOOTSTRAP
+
+
+def one_line_bootstrap() -> str:
+    """bootstrap() as one line of words every common login shell reads alike inside single quotes
+    (sh, bash, zsh, ksh, tcsh, fish): no newline (tcsh refuses a quoted one, "Unmatched '''."), no
+    quote of its own, no backslash, no `!` or `$`: the program base64-encoded. As in BOOTSTRAP,
+    the current folder leaves sys.path before the first import (binascii: a binascii.py planted
+    in the login home never runs)."""
+    import base64
+
+    encoded = base64.b64encode(bootstrap().encode("utf-8")).decode("ascii")
+    return f'import sys;sys.path[:1]==[""]and sys.path.pop(0);import binascii;exec(binascii.a2b_base64("{encoded}"))'

@@ -5,7 +5,9 @@ that keeps it from blocking on a target that does not read, its end. Transports 
 
 from __future__ import annotations
 
+import collections
 import json
+import math
 import os
 import queue
 import secrets
@@ -17,6 +19,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from .answer_shape import checked_answer
 from .interface import DEFAULT_CALL_TIMEOUT, AgentFailure, TransportError, agent_texts
 
 
@@ -54,12 +57,28 @@ ANSWER_LIMIT_VARIABLE = "PATCHER_ANSWER_LIMIT_MIB"
 DEFAULT_ANSWER_LIMIT_MIB = 256  # an answer carries target files' bytes: a few MiB at most in practice
 
 
-def answer_limit_bytes() -> int:
+# What a target prints on stdout that is not an answer (a login banner, a wrapper's or a .pth
+# file's lines): a few lines in practice. Past the limit the session ends: a target printing
+# millions of lines would otherwise keep the controller reading (and, once, queueing) them.
+NOISE_LIMIT_VARIABLE = "PATCHER_NOISE_LIMIT_MIB"
+DEFAULT_NOISE_LIMIT_MIB = 1
+
+
+def _mib(variable: str, default: float) -> int:
+    """The limit a variable sets in MiB, in bytes (one chunk at least); not a finite number: the default."""
     try:
-        mib = float(os.environ.get(ANSWER_LIMIT_VARIABLE, DEFAULT_ANSWER_LIMIT_MIB))
+        mib = float(os.environ.get(variable, default))
     except ValueError:
-        mib = DEFAULT_ANSWER_LIMIT_MIB
-    return max(CHUNK, int(mib * 2**20))
+        mib = default
+    return max(CHUNK, int((mib if math.isfinite(mib) else default) * 2**20))
+
+
+def answer_limit_bytes() -> int:
+    return _mib(ANSWER_LIMIT_VARIABLE, DEFAULT_ANSWER_LIMIT_MIB)
+
+
+def noise_limit_bytes() -> int:
+    return _mib(NOISE_LIMIT_VARIABLE, DEFAULT_NOISE_LIMIT_MIB)
 
 
 class TooLong:
@@ -67,6 +86,10 @@ class TooLong:
 
     def __init__(self, size: int) -> None:
         self.size = size
+
+
+class TooNoisy:
+    """Put on the answers' queue once the target printed more than the noise limit (then unread)."""
 
 
 def _drain_line(stream) -> None:
@@ -120,7 +143,8 @@ class AgentProcess:
         self.answered = False  # anything was answered on this session
         self._interrupted = False
         self.proc: subprocess.Popen | None = None
-        self._noise: list[str] = []  # the last lines on stdout that were not answers
+        # the last lines on stdout that were not answers (kept by the reader, for messages)
+        self._noise: collections.deque[str] = collections.deque(maxlen=5)
 
     # -------------------------------------------------------------- the session
 
@@ -154,9 +178,14 @@ class AgentProcess:
         # Both pumps read in chunks, so a target printing a huge line (before Python starts, say)
         # costs the controller at most one chunk of it: only answers are kept whole, up to a limit.
         mark = self.mark.encode("ascii") + b" "
-        answer_limit = answer_limit_bytes()
+        answer_limit, noise_limit = answer_limit_bytes(), noise_limit_bytes()
+        noise = self._noise
 
         def pump_out() -> None:
+            # Only answers go on the queue: noise is counted and its last lines kept, so what a
+            # target prints costs the controller a bounded amount of memory and never delays the
+            # caller's deadline (it waits on answers alone).
+            noisy = 0
             while chunk := out.readline(CHUNK):
                 if chunk.startswith(mark):
                     parts, size = [chunk], len(chunk)
@@ -170,10 +199,16 @@ class AgentProcess:
                         parts.append(more)
                     if parts:
                         lines.put(b"".join(parts))
-                else:
-                    lines.put(chunk)  # noise: its first chunk only
-                    if not chunk.endswith(b"\n"):
-                        _drain_line(out)
+                    continue
+                noisy += len(chunk)
+                text = chunk.decode("utf-8", "replace").strip()
+                if text:
+                    noise.append(text)  # its first chunk only
+                while not chunk.endswith(b"\n") and noisy <= noise_limit and (chunk := out.readline(CHUNK)):
+                    noisy += len(chunk)
+                if noisy > noise_limit:
+                    lines.put(TooNoisy())
+                    return  # unread from here: the caller ends the session
             lines.put(None)
 
         def pump_err() -> None:
@@ -237,39 +272,39 @@ class AgentProcess:
         self._in_flight = self.op
         self._send(request)
         deadline = time.monotonic() + wait
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self._end_session()
-                raise TransportError("timeout", self._no_answer(via, timeout, limit)) from None
-            if line is None:
-                if self._interrupted:
-                    raise TransportError("interrupted", self.interrupted_message(via))
-                raise self._ended(via)
-            if isinstance(line, TooLong):
-                self._end_session()
-                raise TransportError(
-                    "usage",
-                    f"{via.label}: the agent's answer is over {answer_limit_bytes() / 2**20:g} MiB (the limit); "
-                    f"set {ANSWER_LIMIT_VARIABLE} to a larger number of MiB to allow it",
-                )
-            text = line.decode("utf-8", "replace").rstrip("\r\n")
-            if text.startswith(self.mark + " "):
-                break
-            if text.strip():
-                self._noise = (self._noise + [text.strip()])[-5:]
+        try:
+            line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            self._end_session()
+            raise TransportError("timeout", self._no_answer(via, timeout, limit)) from None
+        if line is None:
+            if self._interrupted:
+                raise TransportError("interrupted", self.interrupted_message(via))
+            raise self._ended(via)
+        if isinstance(line, TooLong):
+            self._end_session()
+            raise TransportError(
+                "usage",
+                f"{via.label}: the agent's answer is over {answer_limit_bytes() / 2**20:g} MiB (the limit); "
+                f"set {ANSWER_LIMIT_VARIABLE} to a larger number of MiB to allow it",
+            )
+        if isinstance(line, TooNoisy):
+            self._end_session()
+            raise TransportError(
+                "usage",
+                f"{via.label}: the target printed over {noise_limit_bytes() / 2**20:g} MiB that is not an answer "
+                f"(the limit; its last line: {self._noise[-1][:200] if self._noise else ''!r}): something in "
+                f"{self.python} or the login prints it (a .pth file, a wrapper, a shell's startup file); "
+                f"remove it, or set {NOISE_LIMIT_VARIABLE} to a larger number of MiB{self.outcome_hint(via)}",
+            )
+        text = line.decode("utf-8", "replace").rstrip("\r\n")  # an answer: only answers are queued (pump_out)
         self._in_flight = ""
         self.answered = True
-        try:
-            answer = json.loads(text[len(self.mark) + 1 :])
-        except ValueError:
-            raise TransportError("usage", f"{via.label}: the agent's answer is not JSON: {text[:200]}") from None
         if self.op in ("apply", "forget"):
-            self._wrote = True
-        if not answer.get("ok"):
-            error = answer.get("error", {})
-            raise via.agent_failure(error.get("kind", "unknown"), error.get("message", "agent failed"))
+            self._wrote = True  # answered: whatever its shape, the agent had the request
+        answer = checked_answer(self.op, text[len(self.mark) + 1 :], via.label, self.python, self.outcome_hint(via))
+        if not answer["ok"]:
+            raise via.agent_failure(answer["error"]["kind"], answer["error"]["message"])
         return answer["result"]
 
     def interrupt(self) -> None:
@@ -299,7 +334,7 @@ class AgentProcess:
     def _ended(self, via: Explainer) -> TransportError:
         """The agent ended before answering: why, from its exit status and messages."""
         returncode = self._reap(timeout=30)
-        return via.ended(returncode, b"".join(self._stderr), self._noise, self.outcome_hint(via))
+        return via.ended(returncode, b"".join(self._stderr), list(self._noise), self.outcome_hint(via))
 
     def _reap(self, timeout: float) -> int:
         """Wait for the agent to exit (kill it after `timeout`), collect its pipes; its status."""

@@ -27,7 +27,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass, field
 
-from .interface import AgentFailure, TransportError, bootstrap
+from .interface import AgentFailure, TransportError, one_line_bootstrap
 from .process import AgentProcess, AgentSession
 
 DEFAULT_REMOTE_PYTHON = "python3"
@@ -107,10 +107,14 @@ def check_address(address: str) -> str:
             raise HostError(f"refusing host {address!r}: bad IPv6 zone")
         return address
     if not _HOSTNAME.match(address):
-        bad = sorted({c for c in address if not (c.isalnum() or c in "._-")})
+        # ASCII only: a fullwidth or other Unicode letter is alphanumeric to Python, not to DNS or ssh
+        bad = sorted({c for c in address if not (c.isascii() and c.isalnum() or c in "._-")})
+        named = ", ".join(repr(c) if c.isascii() else f"{c!r} (U+{ord(c):04X})" for c in bad)
+        if not bad:  # only a '.' first fails the pattern otherwise
+            named = f"{address[0]!r} first"
         raise HostError(
-            f"refusing host {address!r}: {' '.join(bad)} not allowed in a host name "
-            "(letters, digits, '.', '_' and '-' only)"
+            f"refusing host {address!r}: {named} not allowed in a host name "
+            "(ASCII letters, digits, '.', '_' and '-' only, not '.' or '-' first)"
         )
     return address
 
@@ -120,6 +124,15 @@ def check_port(port: str | int) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise HostError(f"refusing port {text!r}: a number from 1 to 65535")
     return int(text)
+
+
+def shell_python(python: str) -> str:
+    """The interpreter path as one word for the remote shell, quoted. A leading `~/` is the login
+    (or become) user's home, `"$HOME"/...` with the rest still quoted, in patcher's ssh command and
+    the Ansible task's alike."""
+    if python.startswith("~/") and len(python) > 2:
+        return '"$HOME"/' + shlex.quote(python[2:])
+    return shlex.quote(python)
 
 
 def check_remote_python(python: str) -> str:
@@ -167,16 +180,42 @@ def parse_host(text: str, *, name: str | None = None, python: str | None = None)
     return Host(name=name or raw, address=address, user=user, port=port, python=python)
 
 
+# ssh options patcher's command line never passes on: those that run a local command or load code
+# into ssh (a command line is often built by scripts from other input; a configuration file, an
+# inventory's ansible_ssh_common_args, is trusted as any ssh_config is), and those that would take
+# the session from patcher (prompting, a command or a tty of their own, ssh going to background).
+REFUSED_SSH_OPTIONS = {
+    "ProxyCommand": "runs a local command",
+    "LocalCommand": "runs a local command",
+    "PermitLocalCommand": "lets LocalCommand run a local command",
+    "KnownHostsCommand": "runs a local command",
+    "PKCS11Provider": "loads a local library into ssh",
+    "SecurityKeyProvider": "loads a local library into ssh",
+    "BatchMode": "would let ssh prompt, and patcher never does",
+    "RemoteCommand": "replaces the command patcher runs on the host",
+    "SessionType": "replaces the command patcher runs on the host",
+    "RequestTTY": "gives the session a tty, which mangles the agent's answers",
+    "StdinNull": "takes the agent's input away",
+    "ForkAfterAuthentication": "sends ssh to the background, away from patcher's session",
+}
+_REFUSED_BY_KEY = {key.lower(): key for key in REFUSED_SSH_OPTIONS}
+
+
 def check_ssh_option(option: str) -> str:
-    """`Key=Value` as for `ssh -o`."""
+    """`Key=Value` as for `ssh -o`, and none of REFUSED_SSH_OPTIONS."""
     key, sep, value = option.partition("=")
     key = key.strip()
     if not sep or not _OPTION_KEY.match(key) or option.startswith("-") or _CONTROL.search(option):
         raise HostError(
             f"refusing --ssh-option {option!r}: expected KEY=VALUE as for ssh -o, e.g. IdentityFile=~/.ssh/gpu"
         )
-    if key.lower() == "batchmode":
-        raise HostError("refusing --ssh-option BatchMode: patcher never lets ssh prompt")
+    refused = _REFUSED_BY_KEY.get(key.lower())
+    if refused is not None:
+        raise HostError(
+            f"refusing --ssh-option {refused}: it {REFUSED_SSH_OPTIONS[refused]}; patcher's command line takes none "
+            f"of {', '.join(REFUSED_SSH_OPTIONS)} (put one you trust in an ssh configuration file: --ssh-config "
+            "FILE, or ~/.ssh/config)"
+        )
     return f"{key}={value.strip()}"
 
 
@@ -285,12 +324,9 @@ class SshTransport(AgentSession):
         return args
 
     def remote_command(self) -> str:
-        """`PYTHON -c SESSION_BOOTSTRAP` for the remote shell, every word quoted. A leading `~/`
-        in the interpreter path is the login user's home (`"$HOME"/...`, the rest still quoted)."""
-        python = shlex.quote(self.python)
-        if self.python.startswith("~/") and len(self.python) > 2:
-            python = '"$HOME"/' + shlex.quote(self.python[2:])
-        words = [python, "-c", shlex.quote(bootstrap())]
+        """`PYTHON -c SESSION_BOOTSTRAP` for the remote shell, every word quoted (shell_python)."""
+        python = shell_python(self.python)
+        words = [python, "-c", shlex.quote(one_line_bootstrap())]  # one line: tcsh's and fish's too
         if self.sudo:
             words = ["sudo", "-n", "--", *words]
         return " ".join(words)

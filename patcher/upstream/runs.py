@@ -21,12 +21,14 @@ are read:
   ast.dump differs between Python releases: an installed patcher on another Python could not tell.
 
 A bench row is ok when apply exited 0 (verified), the extraction was ok with every row whole and
-in order (or, for a release without a CPU build, whose row is apply and verification only, was
-not run), and rollback was byte-identical; finished is the row's own (else the file's time). A
-row is marked stale when it no longer speaks for the patches here (row_is_current): today's
-declarations select other patches or edits on its versions, or what the ones it selected run, or
-its release's recipe, changed since it ran (a gate moved alone does not make it stale). The
-newest `finished` per release wins; a file that reads as neither is skipped.
+in order and had a call of more prompts than the generator's scheduler runs at once (or, for a
+release without a CPU build, whose row is apply and verification only, was not run), and rollback
+was byte-identical; finished is the row's own (else the file's time). A row is marked stale when
+it no longer speaks for the patches here (row_is_current): today's declarations select other
+patches or edits on its versions, or what the ones it selected run, or its release's recipe,
+changed since it ran (a gate moved alone does not make it stale), or its extraction had no call
+past the scheduler's max_num_seqs (the driver's calls before the fifth). The newest `finished` per
+release wins; a file that reads as neither is skipped.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ DESCRIPTIVE_KEYWORDS = frozenset(
         "leave_one_out",
         "examples",
         "satisfied",
+        "near_misses",
         "readme",
     }
 )
@@ -210,9 +213,15 @@ def _code_key(path: Path, edits: Sequence[str] | None = None, roots: Sequence[st
     )
 
 
+# Modules outside patches/ whose code a patch writes into its target (patcher/shared_states.py:
+# the source v26 injects); the engine's own modules (codemod, shapes, model) are not keyed.
+WRITTEN_HELPERS = ("patcher.shared_states",)
+
+
 def _sibling_imports(path: Path) -> dict[str, tuple[str, ...]]:
     """The patch modules a patch module imports names from (`from .v9_device_memory import X`),
-    with those names: their code runs in the patch's codemods too."""
+    and the WRITTEN_HELPERS it imports from, with those names: their code runs in the patch's
+    codemods too, or is what they write."""
     import ast
 
     from .facts import parse
@@ -220,9 +229,22 @@ def _sibling_imports(path: Path) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     tree = parse(path.read_text(encoding="utf-8"))
     for node in tree.body if isinstance(tree, ast.Module) else []:
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module and node.module[:1] == "v":
+        if not (isinstance(node, ast.ImportFrom) and node.module):
+            continue
+        if (node.level == 1 and node.module[:1] == "v") or (node.level == 0 and node.module in WRITTEN_HELPERS):
             out[node.module] = tuple(sorted({*out.get(node.module, ()), *(a.name for a in node.names)}))
     return out
+
+
+def _imported_module_path(folder: Path, module: str) -> Path:
+    """Where a name of _sibling_imports lives: a patch module beside the patch, or a helper."""
+    if "." not in module:
+        return folder / f"{module}.py"
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
+    return Path(spec.origin)
 
 
 def _patches_folder() -> Path | None:
@@ -264,7 +286,7 @@ def row_key(release: str, selected: Sequence[str], versions: dict[str, str]) -> 
         path = folder / f"{patch.module_name}.py"
         code = _code_key(path, edits)
         for module, names in sorted(_sibling_imports(path).items()):
-            code += f"\0{module}:" + _code_key(folder / f"{module}.py", None, names)
+            code += f"\0{module}:" + _code_key(_imported_module_path(folder, module), None, names)
         spec = dataclasses.asdict(patch.spec())
         for gate in GATE_KEYWORDS:
             spec.pop(gate, None)
@@ -310,11 +332,10 @@ def expected_selection(row: dict) -> list[str]:
         kept = fewer
 
 
-def row_is_current(row: dict, key: str | None = None) -> bool | None:
-    """Whether a recorded row speaks for today's patches: today's declarations select what it
-    selected on its versions, and what those patches run there (row_key) and its recipe are the
-    ones it ran with (`key`: the row's own, else its patch_set_hash). None where that cannot be
-    told here."""
+def row_patches_current(row: dict, key: str | None = None) -> bool | None:
+    """Whether a recorded row ran today's patches: today's declarations select what it selected on
+    its versions, and what those patches run there (row_key) and its recipe are the ones it ran
+    with (`key`: the row's own, else its patch_set_hash). None where that cannot be told here."""
     selected = list(row.get("selected") or [])
     current = row_key(str(row["release"]), selected, row_versions(row))
     if current is None:
@@ -322,9 +343,34 @@ def row_is_current(row: dict, key: str | None = None) -> bool | None:
     return current == (key or row.get("patch_set_hash")) and expected_selection(row) == selected
 
 
+def row_filled_the_scheduler(row: dict) -> bool:
+    """Whether a row's extraction, where one finished, had a generate() call of more prompts than
+    the generator's scheduler runs at once (its max_num_seqs, as the driver reports it): speculators
+    0.4 failed past 32 prompts a call while every row with the driver's first four calls (11 prompts
+    at most) passed. A row whose extraction did not finish (an error, none run) and a leave-one-out
+    row (evidence whatever it shows) are not held to it."""
+    extract = row.get("extract") or {}
+    if row.get("left_out") or "ok" not in extract:
+        return True
+    most = extract.get("max_num_seqs")
+    calls = extract.get("prompts_per_call") or []
+    return isinstance(most, int) and any(isinstance(n, int) and n > most for n in calls)
+
+
+def row_is_current(row: dict, key: str | None = None) -> bool | None:
+    """Whether a recorded row speaks for today's patches and today's check: it ran today's patches
+    (row_patches_current) and its extraction filled the scheduler (row_filled_the_scheduler). None
+    where that cannot be told here."""
+    patches = row_patches_current(row, key)
+    if patches is None:
+        return None
+    return patches and row_filled_the_scheduler(row)
+
+
 def bench_row_passed(data: dict) -> bool:
     """Whether a release's row of bench/releases.py passed: apply exited 0 (written and verified), the
-    extraction matched with every row whole and in order, and rollback was byte-identical. A release
+    extraction matched with every row whole and in order, with a call of more prompts than the
+    scheduler runs at once (row_filled_the_scheduler), and rollback was byte-identical. A release
     without a CPU build (its recipe says so: 0.33.0) runs no extraction; apply and rollback are its row."""
     from patcher.demo.recipes import RecipeError, recipe_for
 
@@ -333,7 +379,7 @@ def bench_row_passed(data: dict) -> bool:
         extracted = recipe_for(str(data.get("release"))).cpu_build
     except RecipeError:
         extracted = True  # no recipe says otherwise: the extraction is required
-    matched = bool(extract.get("ok")) and bool(extract.get("rows_whole_in_order"))
+    matched = bool(extract.get("ok")) and bool(extract.get("rows_whole_in_order")) and row_filled_the_scheduler(data)
     return (
         str(data.get("apply", "")).startswith("exit 0")
         and (matched or not extracted)

@@ -13,7 +13,7 @@ from patcher.core.errors import AgentError
 from . import answers
 from .answers import _ANSWER, WATCHDOG, answer_once, stop_now
 from .faults import FAULT, FAULT_POINTS
-from .writes import _LEFT_AS_IS
+from .writes import _LEFT_AS_IS, set_file_limit
 
 # The type checker's view only (typing itself is not imported: it costs start-up time).
 TYPE_CHECKING = False
@@ -44,6 +44,7 @@ def operation(name: str):
 def serve(req: dict) -> None:
     op = operation(req.get("op") or "")
     FAULT.update(req.get("fault") or {})
+    set_file_limit(req.get("file_limit"))
     limit = req.get("time_limit")
     if limit is not None and req.get("op") in ("apply", "forget"):
         seconds = float(limit) + float(req.get("lock_timeout", 10))  # re-armed for the writes once locked

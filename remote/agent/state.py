@@ -29,6 +29,53 @@ def environment_owner():
     return None if info.st_uid == 0 else (info.st_uid, info.st_gid)
 
 
+def user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+class NotYours(AgentError):
+    """A user other than root would write what another user owns: a file it replaces becomes its
+    writer's (only root can give a file away), and a state folder it creates is trusted by no
+    other user's run, so the owner could neither roll back nor run patcher there. Refused before
+    anything is written; said as not writable (exit 1), with the user to run patcher as."""
+
+    def __init__(self, what: str, owner: int) -> None:
+        you = user_name(os.geteuid())
+        super().__init__(
+            "not-writable",
+            f"{what} {user_name(owner)}'s, and written by {you} it would become {you}'s (only root can give a "
+            f"file back), which {user_name(owner)} could then neither roll back nor run patcher on; nothing was "
+            f"written: run patcher as {user_name(owner)}, or as root, which keeps every file's owner",
+        )
+
+
+def check_creator(path: str) -> None:
+    """Before a user other than root creates `path` (share/ or share/patcher) in an environment
+    another user owns: refuse (NotYours) where it could create it. Where it cannot, the create
+    fails as not writable, as before."""
+    if not hasattr(os, "geteuid") or os.geteuid() == 0:
+        return
+    owner = os.stat(sys.prefix).st_uid
+    if owner != os.geteuid() and os.access(os.path.dirname(path), os.W_OK):
+        raise NotYours(f"{path} would be created in {sys.prefix}, which is", owner)
+
+
+def make_folder(name: str, dir_fd=None) -> None:
+    """mkdir mode 0755 whatever the umask (022 for the call: the agent's one thread that
+    creates): under umask 000 root once made share/ 0777, and a third user could then replace
+    share/patcher or plant files there. FileExistsError when it exists."""
+    umask = os.umask(0o022)
+    try:
+        os.mkdir(name, 0o755, dir_fd=dir_fd)
+    finally:
+        os.umask(umask)
+
+
 _LINK_ADVICE = (
     "patcher never follows a link among its own files (whoever can write the environment could "
     "point one anywhere while root runs patcher); replace the link with the real file or folder "
@@ -82,14 +129,15 @@ class StateFolder:
         self.owner = environment_owner()
         if create:
             share = os.path.dirname(self.path)
-            if not os.path.lexists(share):
-                os.makedirs(share, exist_ok=True)  # share/, which may be a link
-                self._own(share)
-            try:
-                os.mkdir(self.path, 0o755)
-                self._own(self.path)
-            except FileExistsError:
-                pass
+            for folder in (share, self.path):  # share/ may be a link (then it exists)
+                if os.path.lexists(folder):
+                    continue
+                check_creator(folder)
+                try:
+                    make_folder(folder)
+                    self._own(folder)
+                except FileExistsError:
+                    pass
         self.fd = self._open_dir(self.path, None, self.path, missing_ok=not create)
 
     def check_trusted(self, fd: int, shown: str) -> None:
@@ -157,7 +205,7 @@ class StateFolder:
         if self._backups < 0 and self.fd >= 0:
             if create:
                 try:
-                    os.mkdir(where, 0o755, dir_fd=self.fd)
+                    make_folder(where, self.fd)
                     self._own(where, self.fd)
                 except FileExistsError:
                     pass
@@ -280,6 +328,11 @@ class HeldLock:
         try:
             if not self._open_lock_file(mode):
                 return False  # no state folder: nothing to wait for, and a reader creates nothing
+        except NotYours:
+            self.release()
+            if or_shared:
+                return self.acquire("shared", timeout)  # as for a user who cannot write: said at the first write
+            raise
         except FileNotFoundError:
             self.release()
             if mode != "exclusive":

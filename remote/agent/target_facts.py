@@ -10,7 +10,7 @@ from patcher.core.errors import AgentError
 from .detect import find_distributions
 from .record import backup_name, load_state, read_state_bytes
 from .state import HELD, StateFolder, state_dir
-from .target_paths import Declared, TargetPath
+from .target_paths import Declared, NotTextFile, TargetPath, not_utf8
 from .writes import sha256_bytes
 
 # The type checker's view only (typing itself is not imported: it costs start-up time).
@@ -108,9 +108,20 @@ def _file_facts(
             continue
         root = dist["location"]
         path = TargetPath(root, rel)
-        data = path.read()
+        try:
+            data = path.read()
+            content = None if data is None else data.decode("utf-8")
+        except NotTextFile as exc:  # said in its entry: every other file is still reported
+            data, content, refused = b"", None, exc.message
+        except UnicodeDecodeError as exc:
+            assert data is not None
+            content, refused = None, not_utf8(path.path, data, exc).message
         if data is None:
             files[rel] = {"exists": False, "root": root}
+            snapshot["files"][rel] = {"root": root, "sha256": None}
+            continue
+        if content is None:
+            files[rel] = {"exists": True, "root": root, "refused": refused}
             snapshot["files"][rel] = {"root": root, "sha256": None}
             continue
         snapshot["files"][rel] = {"root": root, "sha256": sha256_bytes(data)}
@@ -120,7 +131,7 @@ def _file_facts(
             "temporaries": path.temporaries(),
             "sha256": sha256_bytes(data),
             "record_sha256": dist["record"].get(rel),
-            "content": data.decode("utf-8"),
+            "content": content,
             "writable": path.writable(),
         }
         recorded = state["files"].get(rel)

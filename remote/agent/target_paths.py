@@ -10,7 +10,17 @@ from patcher.core.errors import AgentError
 
 from .detect import find_distributions
 from .state import HELD
-from .writes import _CLOEXEC, _LEFT_AS_IS, _NOFOLLOW, file_flags, replace_entry, sha256_bytes, write_failure
+from .writes import (
+    _CLOEXEC,
+    _LEFT_AS_IS,
+    _NOFOLLOW,
+    FILE_LIMIT_VARIABLE,
+    file_flags,
+    file_limit,
+    replace_entry,
+    sha256_bytes,
+    write_failure,
+)
 
 
 class Declared:
@@ -54,6 +64,24 @@ class Declared:
 
 
 _FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
+_REINSTALL = "put the package's own file back (pip install --force-reinstall the package) and run patcher again"
+
+
+class NotTextFile(AgentError):
+    """A target file patcher will not read: not a regular file (a fifo, a device), over the size
+    limit, or not UTF-8. Facts report it in the file's entry (`refused`: planning then touches
+    nothing and says why, and status still reports every other file); anywhere else it refuses
+    the request (exit 3)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("hostile-path", message)
+
+
+def not_utf8(path: str, data: bytes, exc: UnicodeDecodeError) -> NotTextFile:
+    return NotTextFile(
+        f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}): it is not the "
+        f"package's Python source; {_REINSTALL}"
+    )
 
 
 class TargetPath:
@@ -127,9 +155,32 @@ class TargetPath:
             except OSError as exc:
                 raise self.refusal(self.name, folder, self.path, exc) from None
             with os.fdopen(fd, "rb") as fh:
-                return fh.read()
+                return self._read_regular(fh)
         finally:
             os.close(folder)
+
+    def _read_regular(self, fh) -> bytes:
+        """The bytes of an open file that is a regular file within the size limit (file_limit()),
+        else NotTextFile: a fifo or a device is never read (one opened without a writer would
+        read as empty, one with a writer could feed the agent forever)."""
+        import stat
+
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            kinds = ((stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+            kind = next((word for test, word in kinds if test(info.st_mode)), "socket or other special file")
+            raise NotTextFile(
+                f"{self.path} is not a regular file (a {kind}): patcher reads plain files only; {_REINSTALL}"
+            )
+        limit = file_limit()
+        data = fh.read(limit + 1)  # a file growing since fstat is caught too
+        if max(info.st_size, len(data)) > limit:
+            raise NotTextFile(
+                f"{self.path} is {max(info.st_size, len(data))} bytes, over the {limit / 2**20:g} MiB a target file "
+                f"may have (patcher's are a few dozen KiB): it is not the package's file; {_REINSTALL}, or set "
+                f"{FILE_LIMIT_VARIABLE} where patcher runs to a larger number of MiB"
+            )
+        return data
 
     def sha256(self) -> str | None:
         data = self.read()
@@ -151,6 +202,16 @@ class TargetPath:
         folder = self.open_folder()
         try:
             return os.access(self.name, os.W_OK, dir_fd=folder) and os.access(".", os.W_OK, dir_fd=folder)
+        finally:
+            os.close(folder)
+
+    def owner(self) -> int | None:
+        """The file's owner (uid), read through its folder without following a link; None: absent."""
+        folder = self.open_folder()
+        try:
+            return os.stat(self.name, dir_fd=folder, follow_symlinks=False).st_uid
+        except FileNotFoundError:
+            return None
         finally:
             os.close(folder)
 

@@ -5,6 +5,7 @@ and record the result; forget drops record entries of files pip has since replac
 from __future__ import annotations
 
 import errno
+import os
 
 from patcher.core.errors import AgentError
 
@@ -12,7 +13,7 @@ from .answers import WATCHDOG
 from .detect import find_distributions
 from .faults import checkpoint
 from .record import backup_name, load_state, read_state_bytes, save_state
-from .state import Lock, StateFolder
+from .state import Lock, NotYours, StateFolder
 from .target_paths import Declared, TargetPath
 from .writes import sha256_bytes, write_failure
 
@@ -114,6 +115,9 @@ def _check_items(items: list[ApplyItem], declared: Declared, state: StateRecord)
                 f"{path.path} changed since the plan was made (sha256 {current}, expected "
                 f"{item['expected_sha256']}); run the command again",
             )
+        owner = path.owner() if hasattr(os, "geteuid") and os.geteuid() != 0 else None
+        if owner is not None and owner != os.geteuid():  # replaced by us, it would become ours
+            raise NotYours(f"{path.path} is", owner)
         path.check_bytecode_folder()
         attribute = path.flags()
         if attribute:

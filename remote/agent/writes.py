@@ -19,6 +19,34 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# The largest target file the agent reads: patcher's target files are a few dozen KiB, and what
+# it reads it sends whole and the controller parses (a 2 MB file once took a minute and 4 GB
+# there). The controller sends its limit with each request (`file_limit`, from
+# PATCHER_TARGET_FILE_LIMIT_MIB where patcher runs); a bundle's agent reads that variable itself.
+FILE_LIMIT_VARIABLE = "PATCHER_TARGET_FILE_LIMIT_MIB"
+DEFAULT_FILE_LIMIT_MIB = 0.25
+FILE_LIMIT = {"bytes": 0}  # 0: not set by a request
+
+
+def file_limit() -> int:
+    """The limit in bytes: the request's, else the variable's, else the default."""
+    if FILE_LIMIT["bytes"] > 0:
+        return FILE_LIMIT["bytes"]
+    try:
+        mib = float(os.environ.get(FILE_LIMIT_VARIABLE, DEFAULT_FILE_LIMIT_MIB))
+    except ValueError:
+        mib = DEFAULT_FILE_LIMIT_MIB
+    if not 0 < mib < 2**20:  # nan, inf, nonsense: the default
+        mib = DEFAULT_FILE_LIMIT_MIB
+    return int(mib * 2**20)
+
+
+def set_file_limit(value) -> None:
+    """A request's `file_limit` (bytes), when it carries one that is a positive whole number."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        FILE_LIMIT["bytes"] = value
+
+
 # What a write that failed leaves, said with every failure: the transaction's guarantee.
 _LEFT_AS_IS = (
     "every file is its old or its new bytes (`patcher status` says which; the next apply completes a run cut short)"

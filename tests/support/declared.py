@@ -80,21 +80,28 @@ def selected_on(patch: Patch) -> dict[str, str]:
     raise AssertionError(f"{patch.id}: no versions its conditions name select it ({patch.conditions()})")
 
 
-def leave_one_outs(vllm: str, device: str = "cpu", speculators: str = "0.3.0") -> list[tuple[Patch, LeaveOneOut]]:
+def leave_one_outs(
+    vllm: str, device: str = "cpu", speculators: str = "0.3.0", tensor_parallel: int = 1
+) -> list[tuple[Patch, LeaveOneOut]]:
     """The runs declared on this vLLM release and device, with this speculators release on top
-    (0.3.0: the end-to-end tests' environment)."""
+    (0.3.0: the end-to-end tests' environment), at this many ranks."""
     return [
         (p, run)
         for p in patches()
         for run in p.leave_one_out
-        if run.vllm == vllm and run.device == device and run.speculators == speculators
+        if run.vllm == vllm
+        and run.device == device
+        and run.speculators == speculators
+        and run.tensor_parallel == tensor_parallel
     ]
 
 
 def by_record(run: LeaveOneOut) -> bool:
     """Whether a CPU run is shown by the release matrix's recorded row, not by the end-to-end tests
-    (which run 0.16.0 and 0.32.0 with speculators 0.3.0)."""
-    return run.device == "cpu" and (run.vllm not in END_TO_END or run.speculators != BASELINE["speculators"])
+    (which run 0.16.0 and 0.32.0 with speculators 0.3.0 at TP 1)."""
+    return run.device == "cpu" and (
+        run.vllm not in END_TO_END or run.speculators != BASELINE["speculators"] or run.tensor_parallel != 1
+    )
 
 
 def left_out(patch: Patch, run: LeaveOneOut) -> tuple[str, ...]:

@@ -33,8 +33,14 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# The target files of each throwaway target with another speculators release than 0.3.0, as pip
+# installed them (rolled_back_overlay): it is pristine when its files are these.
+INSTALLED: dict[Path, dict[str, str]] = {}
+
+
 def pristine(target: Path) -> bool:
-    return all(sha(site_file(target, rel)) == digest for rel, digest in PRISTINE.items())
+    expected = INSTALLED.get(target, PRISTINE)
+    return all(sha(site_file(target, rel)) == digest for rel, digest in expected.items())
 
 
 def patch_as(target: Path, *skip: str) -> dict[str, str]:
@@ -56,21 +62,31 @@ def rolled_back_overlay(folder: Path, base_python: Path, speculators: str = "0.3
     """A throwaway target over a real vLLM environment (workbench.envs.overlay_env), its python;
     whatever happened, its speculators files end as pip installed them."""
     python = overlay_env(folder, base_python, speculators=speculators)
+    if speculators != "0.3.0":  # 0.3.0's are known (PRISTINE)
+        INSTALLED[python] = {rel: sha(site_file(python, rel)) for rel in PRISTINE}
     try:
         yield python
     finally:
         patcher("rollback", "--python", str(python), "--json")
 
 
-def extract(target: Path, model: Path, calls: str, label: str, env: Mapping[str, str] | None = None) -> dict:
-    """Run the driver in the target (with `env` over this process's environment); its report is
-    the last line of its stdout."""
+def extract(
+    target: Path,
+    model: Path,
+    calls: str,
+    label: str,
+    env: Mapping[str, str] | None = None,
+    tensor_parallel: int = 1,
+) -> dict:
+    """Run the driver in the target (with `env` over this process's environment), its model split
+    over `tensor_parallel` ranks; its report is the last line of its stdout."""
     started = time.monotonic()
+    ranks = ["--tensor-parallel-size", str(tensor_parallel)] if tensor_parallel != 1 else []
     proc = subprocess.run(
-        [str(target), str(EXTRACT), "--model", str(model), "--calls", calls],
+        [str(target), str(EXTRACT), "--model", str(model), "--calls", calls, *ranks],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=900 * tensor_parallel,
         cwd=str(target.parent.parent),
         env={**os.environ, **(env or {})},
     )

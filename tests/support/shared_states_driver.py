@@ -1,5 +1,6 @@
 """Runs INSIDE a target environment (vLLM, speculators patched or not): one generator, the
-situations tests/test_v21_shared_states.py checks v21 in, and a JSON report as the last line.
+situations tests/test_v21_shared_states.py checks v21 in (speculators 0.3.0) and
+tests/test_v26_shared_states.py v26 (0.4.x), and a JSON report as the last line.
 
     python shared_states_driver.py MODE --model DIR [--dump FILE]
 
@@ -8,13 +9,17 @@ MODE:
   result's tensors must own their storage (not views of a shared buffer), in the caller's order;
   the first call's results are compared again after the later calls and after the generator is
   shut down and deleted. --dump saves the first call's results (torch.save) for comparing runs.
-- worker-error: a call whose prompt can never be scheduled (KV cache smaller than the prompt):
-  the worker raises inside the transfer; the report names the exception.
+- worker-error: a call during whose transfer the worker raises: with v21, the step's request
+  metadata one token short (v10's request-by-request check raises); with v26, which cuts as
+  0.4's _get_captured_states does whatever the metadata says, one captured layer one row short
+  (v26 refuses layers whose steps differ in rows); the report names the exception.
 - sigint: one generator, one call per moment of MOMENTS in turn, each interrupted by a real
   SIGINT to this process at that moment of the captured states' RPC (by wrapping the executor's
   collective_rpc: the generator's code runs unchanged); the report's "moments" says, for each,
   whether the call was interrupted and whether the transfer's file is left.
 - loop: generate() over and over, printing "calls N" after each; the test sends SIGINT.
+- cuts (v26, no vLLM started, --model unused): v26's reply against 0.4's own _get_captured_states
+  on the same random captured states (see cuts()).
 sigint and loop refuse to run (exit 2, one line on stderr) where SIGINT is not default-handled
 in this process (inherited as ignored: a background job of a shell without job control), since
 their SIGINT would then interrupt nothing. Exit 0: the report's "ok"; 1: not ok.
@@ -38,6 +43,9 @@ MOMENTS = {
     "after-reply": "just after the worker's reply arrived (the file made and sized)",
 }
 WAIT_LIMIT = 120  # seconds for anything the driver or the worker waits on (a hang is a failure)
+# The worker's side of the transfer, as collective_rpc sends it: v21's (0.3.0), v26's (0.4.x).
+# Both take the file's path and the generator's mapped buffer as their last two arguments.
+WRITES = ("_write_captured_states", "_write_request_states")
 
 
 def prompts(count: int, low: int, high: int, seed: int) -> list[list[int]]:
@@ -56,27 +64,105 @@ def owns_storage(tensor) -> bool:
     return tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
 
 
-def interrupt_the_caller_then_write(worker, request_tokens, path, mapped_buffer, caller):
-    """In the worker, as the captured states' RPC (cloudpickle sends it by value): SIGINT to the
-    caller, which is waiting for this reply; then, once the caller's interrupt has removed the
-    file's name, v21's own write, which must find the path gone (it opens it, never makes it)."""
+def interrupt_the_caller_then_write(worker, *args):
+    """In the worker, as the captured states' RPC (cloudpickle sends it by value), with the
+    write's own arguments then its name and the caller's pid: SIGINT to the caller, which is
+    waiting for this reply; then, once the caller's interrupt has removed the file's name, the
+    patch's own write, which must find the path gone (it opens it, never makes it)."""
+    import importlib
     import os
     import signal
     import time
 
-    from speculators.data_generation.vllm_hidden_states_generator import _write_captured_states
-
+    *write_args, write, caller = args
+    path = write_args[-2]
     os.kill(caller, signal.SIGINT)
     deadline = time.monotonic() + WAIT_LIMIT
     while os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.001)  # a poll, not a guess: the name goes as soon as the caller unwinds
-    return _write_captured_states(worker, request_tokens, path, mapped_buffer)
+    module = importlib.import_module("speculators.data_generation.vllm_hidden_states_generator")
+    return getattr(module, write)(worker, *write_args)
+
+
+def one_layer_a_row_short(worker):
+    """In the worker, before v26's transfer: the last captured layer's last step loses its last
+    row, which v26's write refuses (each step captures every layer at once)."""
+    inner = getattr(worker, "worker", None)
+    if inner is not None and hasattr(inner, "_reset_capture"):
+        worker = inner
+    if getattr(worker, "_captured_states", None):
+        steps = worker._captured_states[-1]
+        steps[-1] = steps[-1][:-1]
+
+
+def cuts() -> dict:
+    """v26's transfer against speculators 0.4's own _get_captured_states on the same captured
+    states, no vLLM started: random steps (some empty), layers, dtypes, and step metadata that
+    matches the rows, falls short of them or runs past them (0.4 clamps each cut as slicing does),
+    a request cut in several steps. collective_rpc is called in this process on a real
+    HiddenStatesWorkerExtension: what is compared is the reply, not vLLM's transport of it."""
+    import random
+
+    import torch
+    from speculators.data_generation import vllm_hidden_states_generator as patched
+    from speculators.data_generation.custom_worker import HiddenStatesWorkerExtension
+
+    class InProcess:
+        def __init__(self, worker) -> None:
+            self.worker = worker
+
+        def collective_rpc(self, method, args=(), unique_reply_rank=None):
+            return method(self.worker, *args)
+
+    class Generator:
+        pass
+
+    rng = random.Random(39)
+    worker = HiddenStatesWorkerExtension()
+    generator = Generator()
+    generator.executor = InProcess(worker)
+    report: dict = {"mode": "cuts", "cases": 0, "differ": []}
+    for case in range(300):
+        rows = [rng.randint(0, 12) for _ in range(rng.randint(1, 4))]
+        dtype = rng.choice([torch.float32, torch.bfloat16])
+        width = rng.choice([4, 8])
+        layers = [[torch.randn(n, width).to(dtype) for n in rows] for _ in range(rng.randint(1, 3))]
+        metadata = []
+        for n in rows:
+            step, left = [], n + rng.choice([0, 0, 0, -1, 1, 3])
+            while left > 0:
+                count = rng.randint(1, left)
+                step.append((f"req_{rng.randrange(5)}", count))
+                left -= count
+            metadata.append(step)
+
+        worker._captured_states = [list(steps) for steps in layers]
+        worker._request_metadata = [list(step) for step in metadata]
+        expected = worker._get_captured_states()
+        worker._captured_states = [list(steps) for steps in layers]
+        worker._request_metadata = [list(step) for step in metadata]
+        got = patched._request_states_through_shared_memory(generator)
+        same = list(got) == list(expected) and all(
+            len(got[r]) == len(expected[r])
+            and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got[r], expected[r]))
+            for r in expected
+        )
+        owned = all(h.untyped_storage().nbytes() == h.numel() * h.element_size() for r in got for h in got[r])
+        cleared = worker._captured_states is None and worker._request_metadata == []
+        if not (same and owned and cleared):
+            report["differ"].append({"case": case, "same": same, "owned": owned, "cleared": cleared})
+        report["cases"] += 1
+    report["transfer"] = transfer_of(generator)
+    report["ok"] = report["cases"] == 300 and not report["differ"]
+    return report
 
 
 def run(model: str, mode: str, dump: str | None) -> dict:
     import torch
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
+    if mode == "cuts":
+        return cuts()
     report: dict = {"mode": mode}
     utilization = 0.1
     generator = VllmHiddenStatesGenerator(
@@ -114,18 +200,25 @@ def run(model: str, mode: str, dump: str | None) -> dict:
         report["ok"] = all(report[k] for k in ("order_ok", "rows_ok", "own_storage", "valid_after_close"))
         return report
     if mode == "worker-error":
-        # the step's request metadata one token short: the worker's request-by-request check (v10)
-        # raises inside the transfer, on any machine (a KV cache too small to start the prompt
-        # depended on the host's free memory)
+        # an exception in the worker inside the transfer, on any machine (a KV cache too small to
+        # start the prompt depended on the host's free memory)
         real_rpc = executor.collective_rpc
 
         def one_token_short(method, *args, **kwargs):
+            # v21: the step's request metadata one token short: v10's request-by-request check raises
             if method == "_set_request_metadata":
                 (scheduled,) = kwargs["args"]
                 kwargs["args"] = ({request: count - 1 for request, count in scheduled.items()},)
             return real_rpc(method, *args, **kwargs)
 
-        executor.collective_rpc = one_token_short
+        def a_row_short(method, *args, **kwargs):
+            # v26: one captured layer one row short, just before the transfer
+            if getattr(method, "__name__", "") == "_write_request_states":
+                real_rpc(one_layer_a_row_short)
+            return real_rpc(method, *args, **kwargs)
+
+        module = sys.modules[type(generator).__module__]
+        executor.collective_rpc = a_row_short if hasattr(module, "_write_request_states") else one_token_short
         try:
             generator.generate(prompts(1, 1000, 1000, 4))
         except Exception as error:  # the symptom is the result  # noqa: BLE001
@@ -142,14 +235,15 @@ def run(model: str, mode: str, dump: str | None) -> dict:
             seen: dict = report["moments"].setdefault(moment, {})
 
             def interrupting(method, *args, seen=seen, moment=moment, **kwargs):
-                if not (callable(method) and getattr(method, "__name__", "") == "_write_captured_states"):
+                write = getattr(method, "__name__", "") if callable(method) else ""
+                if write not in WRITES:
                     return real(method, *args, **kwargs)
-                seen["rpc_file"] = kwargs["args"][1]
+                seen["rpc_file"] = kwargs["args"][-2]
                 if moment == "before-reply":
                     os.kill(os.getpid(), signal.SIGINT)
                 if moment == "during-rpc":
                     method = interrupt_the_caller_then_write
-                    kwargs["args"] = (*kwargs["args"], os.getpid())
+                    kwargs["args"] = (*kwargs["args"], write, os.getpid())
                     seen["rpc_sent"] = True
                 reply = real(method, *args, **kwargs)
                 seen["reply_made_file"] = bool(reply and reply.get("made"))

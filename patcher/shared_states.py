@@ -1,0 +1,206 @@
+"""The host buffer that carries captured hidden states from vLLM's worker to speculators' generator.
+
+A patch writes this source into the generator's module (it runs there, in the generator's
+process and, sent by collective_rpc, in the worker's), together with its own part: what the
+worker copies into the buffer and how the generator reads it back. v26 writes it for speculators
+0.4.x; v21 carries the same mechanism for 0.3.0 in its own module (its first four definitions are
+the same text). The mechanism, and why it is built so, is in the patches' docstrings; in short:
+
+- the generator makes one empty file on a tmpfs per call and sends only its path through the RPC;
+  its name exists only while that call's reply is in flight (made and removed by the generator, in
+  a `finally`; the worker opens it, never creates it): no exception and no Ctrl-C leaves one;
+- the worker that captured (tensor parallel rank 0) keeps one host buffer for later calls and
+  makes a new one (that file, sized with posix_fallocate, mapped, pinned where CUDA is) only when
+  a call needs more room or the generator has not mapped the one it has;
+- the generator maps the buffer the worker made and copies each prompt's rows out of it into
+  tensors of their own, several prompts at a time.
+
+`patcher.upstream.runs.row_key` keys a recorded row by the definitions of this module a patch
+imports, as it does by the patch modules a patch imports from.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+# The part both lines share: worker side (_capturing_worker, _shared_states_buffer), generator
+# side (_shared_states_call, _copy_rows). Module globals it uses: `torch` and `log` (the
+# generator's PipelineLogger).
+BUFFER_SOURCE = '''\
+_SHARED_STATES_ALIGNMENT = 4096  # each layer starts on a page boundary (any dtype, DMA friendly)
+
+
+def _shared_states_folder():
+    """/dev/shm (a tmpfs) where it can be written, else tempfile's folder."""
+    import os
+    import tempfile
+
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
+        return "/dev/shm"
+    return tempfile.gettempdir()
+
+
+def _release_shared_states(buffer):
+    """Unpin and unmap a worker's buffer (its file has no name any more)."""
+    if buffer.pop("pinned", False):
+        torch.cuda.cudart().cudaHostUnregister(buffer["host"].data_ptr())
+    buffer.pop("host", None)
+    mapping = buffer.pop("mapping", None)
+    if mapping is not None:
+        try:
+            mapping.close()
+        except BufferError:  # a view of it is still alive: unmapped when that goes
+            pass
+
+
+def _map_shared_states(path, size, pin):
+    """(mapping, uint8 tensor over it, pinned) of the file at path, sized to size bytes."""
+    import mmap
+    import os
+
+    fd = os.open(path, os.O_RDWR)  # never O_CREAT: only the generator makes the name
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)  # a full tmpfs fails here, not with SIGBUS later
+        else:
+            os.ftruncate(fd, size)
+        mapping = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    host = torch.frombuffer(mapping, dtype=torch.uint8)
+    pinned = False
+    if pin:
+        try:
+            pinned = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, 0)) == 0
+        except (AssertionError, AttributeError, RuntimeError):
+            pinned = False  # pageable: the same bytes, copied more slowly
+    return mapping, host, pinned
+
+
+def _capturing_worker(worker):
+    """The worker itself: vLLM hands a callable its WorkerWrapperBase, which reads through to the
+    worker but keeps what is assigned to it, so the states are taken from, and cleared on, the
+    worker."""
+    inner = getattr(worker, "worker", None)
+    if inner is not None and hasattr(inner, "_reset_capture"):
+        return inner
+    return worker
+
+
+def _shared_states_buffer(worker, size, path, mapped_buffer, pin):
+    """In the worker: (its host buffer for size bytes, whether it is new). The one it keeps where
+    that is large enough and is the one the generator maps (mapped_buffer), else the file at path
+    (which the generator made and removes) sized, mapped and, where pin, pinned. OSError where
+    no buffer can be made (a full tmpfs, the path gone)."""
+    import os
+
+    buffer = getattr(worker, "_speculators_shared_states", None)
+    if buffer is not None and buffer["size"] >= size and buffer["id"] == mapped_buffer:
+        return buffer, False
+    if buffer is not None:
+        _release_shared_states(buffer)
+        worker._speculators_shared_states = None
+    size = max(size, _SHARED_STATES_ALIGNMENT)
+    mapping, host, pinned = _map_shared_states(path, size, pin)
+    made_count = getattr(worker, "_speculators_shared_states_made", 0) + 1
+    worker._speculators_shared_states_made = made_count
+    buffer = worker._speculators_shared_states = {
+        "id": f"{os.getpid()}-{made_count}",
+        "size": size,
+        "mapping": mapping,
+        "host": host,
+        "pinned": pinned,
+    }
+    return buffer, True
+
+
+def _shared_states_call(generator, write, args):
+    """collective_rpc(write, args=(*args, path, mapped buffer), unique_reply_rank=0): the reply
+    of the worker that captured, with generator._shared_states["host"] mapping the buffer it
+    wrote. path names an empty file (mode 0600) on a tmpfs that exists only during this call:
+    made here and removed here whatever happens, so neither an exception nor Ctrl-C can leave it
+    (the worker opens it, never creates it). None where nothing was captured, or where no buffer
+    could be made (said once in the log: the RPC queue carries the states then).
+    """
+    import mmap
+    import os
+    import secrets
+
+    state = generator.__dict__.setdefault(
+        "_shared_states", {"buffer": None, "host": None, "warned": False, "calls": 0}
+    )
+    path = os.path.join(_shared_states_folder(), "speculators-states-" + secrets.token_hex(16))
+    fd = None
+    try:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except FileExistsError:
+            path = None  # another's file (128 random bits: never seen): not ours to remove
+            raise
+        reply = generator.executor.collective_rpc(
+            write, args=(*args, path, state["buffer"]), unique_reply_rank=0
+        )
+        if isinstance(reply, list):  # vLLM 0.11.0 wraps the single reply in a list
+            reply = reply[0]
+        if reply is not None and reply.get("made"):
+            state["host"] = None  # the old buffer goes once no view of it is left
+            state["host"] = torch.frombuffer(mmap.mmap(fd, reply["size"]), dtype=torch.uint8)
+            state["buffer"] = reply["buffer"]
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if path is not None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:  # interrupted before it was made
+                pass
+    if reply is None:
+        return None
+    if "unavailable" in reply:
+        if not state["warned"]:
+            state["warned"] = True
+            log.warning(
+                "captured states travel through vLLM's RPC queue (slow): no shared buffer, "
+                f"{reply['unavailable']}; give that folder more room (docker run --shm-size)"
+            )
+        return None
+    if reply["buffer"] != state["buffer"]:
+        raise RuntimeError(
+            f"the worker wrote buffer {reply['buffer']}, the generator maps {state['buffer']}"
+        )
+    return reply
+
+
+def _copy_rows(layers, spans):
+    """For each (start, stop) of spans, every layer's rows start:stop as tensors of their own,
+    several spans at a time: vLLM runs the caller's torch on one thread
+    (set_multiprocessing_worker_envs), so copying them one by one is the slow part."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    def copy(span):
+        return [layer[span[0] : span[1]].clone() for layer in layers]
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        return list(pool.map(copy, spans))
+'''
+
+
+def defines_function(module: cst.Module, name: str) -> bool:
+    """Whether the module defines a top-level function of that name (a patch's helpers are in)."""
+    return any(isinstance(s, cst.FunctionDef) and s.name.value == name for s in module.body)
+
+
+def with_helpers_before_first_class(module: cst.Module, source: str) -> cst.Module:
+    """The module with `source`'s statements inserted before its first class (at its end where it
+    has none), two blank lines either side. Parsed after a first statement, so that the opening
+    comment of `source` stays with the code it describes (a module's leading comments would
+    otherwise become its header)."""
+    helpers = list(cst.parse_module("_ = None\n" + source).body[1:])
+    body = list(module.body)
+    index = next((i for i, s in enumerate(body) if isinstance(s, cst.ClassDef)), len(body))
+    blank = [cst.EmptyLine(), cst.EmptyLine()] if index else []
+    helpers[0] = helpers[0].with_changes(leading_lines=[*blank, *helpers[0].leading_lines])
+    if index < len(body):
+        body[index] = body[index].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    return module.with_changes(body=[*body[:index], *helpers, *body[index:]])
