@@ -12,10 +12,9 @@ prompts of 1024 tokens). Not a vLLM change: every release.
 Each step now ends by finishing those of its requests whose whole prompt is computed (the loop's
 own test, taken from its `all_prefill_complete = all(...)`), as v11 does for 0.3.0, so the next
 step admits waiting ones. The last step's requests are left to the abort after the loop: a
-request finished in the loop reaches the worker with the next scheduler output, and the loop's
-closing schedule() is never executed, so the worker would keep it; the abort after the loop
-reaches the worker in the next call's first step, as upstream's does. The worker's capture is
-unchanged (each step's rows go to that step's requests, `_set_request_metadata`), so a prompt is
+request finished in the loop reaches the workers only with the next scheduler output they
+execute, and the loop's closing schedule() is never executed (v29 ends the call with one that
+is). The worker's capture is unchanged (each step's rows go to that step's requests, `_set_request_metadata`), so a prompt is
 whole however its steps fall; v22 gives the results back in the caller's order.
 """
 
@@ -90,7 +89,7 @@ def release_statement(step: str, request: str, prompt_computed: cst.BaseExpressi
     comment = (
         "# Let a request go once its prompt is computed: the scheduler runs at most max_num_seqs",
         "# requests and admits a waiting one only into a free place. The last step's requests",
-        "# stay for the abort after the loop, which reaches the worker in the next call.",
+        "# stay for the abort after the loop.",
     )
     return statement.with_changes(
         leading_lines=[cst.EmptyLine(indent=False), *(cst.EmptyLine(comment=cst.Comment(line)) for line in comment)]
@@ -190,7 +189,7 @@ def generate(self, token_ids):
 
         # Let a request go once its prompt is computed: the scheduler runs at most max_num_seqs
         # requests and admits a waiting one only into a free place. The last step's requests
-        # stay for the abort after the loop, which reaches the worker in the next call.
+        # stay for the abort after the loop.
         if not all_prefill_complete:
             self.scheduler.finish_requests(
                 [

@@ -293,7 +293,10 @@ PATCH = Patch(
     # the GPU runs on CUDA vLLM 0.34.0 (bench/gpu/gpu_run.py --leave-out v27; the Llama and Kimi-K2.5 INT4)
     leave_one_out=(
         LeaveOneOut(
-            "0.34.0", NO_V1_BATCH, device="cuda", record="bench/gpu/results/0.34.0-before-v28-h200x1/e2e-without-v27.json"
+            "0.34.0",
+            NO_V1_BATCH,
+            device="cuda",
+            record="bench/gpu/results/0.34.0-before-v28-h200x1/e2e-without-v27.json",
         ),
         LeaveOneOut(
             "0.34.0",

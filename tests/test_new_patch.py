@@ -121,6 +121,6 @@ def test_a_new_patch_module_is_all_a_patch_author_writes(tree: Path):
     evidence = run(tree, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_leave_one_out.py", "-k", "v98")
     assert evidence.returncode == 1, evidence.stdout[-2000:]
     assert (
-        "no recorded row 0.33.5-without-v98: python bench/releases.py --release 0.33.5 --speculators 0.3.0 "
+        "no recorded row 0.34.5-without-v98: python bench/releases.py --release 0.34.5 --speculators 0.3.0 "
         "--tensor-parallel 1 --leave-out v98" in evidence.stdout
     )

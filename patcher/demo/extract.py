@@ -363,6 +363,27 @@ def worker_model_runner(worker) -> str:
     return f"{type(runner).__module__}.{type(runner).__qualname__}"
 
 
+def worker_requests_held(worker) -> int:
+    """In a worker (collective_rpc sends it): how many requests its model runner keeps state for,
+    Model Runner V2's request slots (req_states) or V1's cached request states (requests)."""
+    runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
+    slots = getattr(runner, "req_states", None)
+    if slots is not None:
+        return len(slots.req_id_to_index)
+    return len(getattr(runner, "requests", {}))
+
+
+def requests_held(generator) -> int | None:
+    """The most requests any rank's model runner still keeps after a call (None: not readable).
+    A call's requests must all be gone by then: Model Runner V2 has max_num_seqs slots and a call
+    that finds them taken fails `No free indices`; V1 keeps the states until the process ends."""
+    try:
+        replies = generator.executor.collective_rpc(worker_requests_held)
+    except Exception:  # noqa: BLE001  (an older worker API: the call's rows are still checked)
+        return None
+    return max(int(reply) for reply in replies) if replies else None
+
+
 def model_runner_of(generator) -> str:
     """Which model runner the generator's workers run (the record says it: vLLM picks it)."""
     try:
@@ -370,6 +391,8 @@ def model_runner_of(generator) -> str:
     except Exception as exc:  # noqa: BLE001  (a record without it is still a record)
         return f"unknown ({type(exc).__name__}: {exc})"
     return str(reply[0] if isinstance(reply, list) else reply)
+
+
 def transfer_of(generator) -> dict:
     """How the captured states reached the generator: through the shared buffer (v21) in every
     call, or vLLM's RPC queue."""
@@ -464,11 +487,21 @@ def run(args) -> dict:
         report["max_num_seqs"] = getattr(scheduler_config, "max_num_seqs", None)
 
         outputs = []
+        report["worker_requests_after_call"] = held = []
         for number, prompts in zip(numbers, batches):
             phase = f"generate {number}"
             t0 = time.monotonic()
             outputs.append(generator.generate(prompts))
             report["timings"][f"generate_{number}_s"] = round(time.monotonic() - t0, 2)
+            held.append(requests_held(generator))
+        # checked after every call has run: a leak that breaks a later call shows as that call's error
+        leaked = [(number, count) for number, count in zip(numbers, held) if count]
+        if leaked:
+            phase = f"generate {leaked[0][0]}"
+            raise RuntimeError(
+                f"generate {leaked[0][0]} left {leaked[0][1]} requests in the workers' model runner "
+                f"(after each call: {held}); nothing of a call may stay for the next"
+            )
 
         if args.dump:
             import torch
