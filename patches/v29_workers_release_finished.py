@@ -182,6 +182,9 @@ request_states_dict = self.executor.collective_rpc(
 )
 """
 
+LEFT_IN_WORKERS = Symptom("generate 1", "RuntimeError", ("left", "requests in the workers' model runner"))
+NO_FREE_SLOT = Symptom("generate 5", "RuntimeError", ("No free indices",))
+
 PATCH = Patch(
     id="v29-workers-release-finished",
     title="each generate() call ends by telling the workers its requests are finished (no request state "
@@ -216,9 +219,32 @@ PATCH = Patch(
     "in the worker, `AssertionError: No free indices` (CUDA vLLM 0.26.0: the fifth call, 70 prompts); the "
     "extraction driver fails any call that leaves requests behind",
     leave_one_out=(
+        # V1 (the CPU build): the requests stay, and the extraction driver's check says so
+        LeaveOneOut("0.16.0", LEFT_IN_WORKERS),
+        # Model Runner V2 on CUDA: the slots run out in the fifth call (70 prompts)
         LeaveOneOut(
-            "0.16.0",
-            Symptom("generate 1", "RuntimeError", ("left", "requests in the workers' model runner")),
+            "0.34.0",
+            NO_FREE_SLOT,
+            device="cuda",
+            calls="all",
+            record="bench/gpu/results/0.34.0-five-calls-h200x1/e2e-without-v29.json",
+        ),
+        LeaveOneOut(
+            "0.26.0",
+            NO_FREE_SLOT,
+            device="cuda",
+            calls="all",
+            record="bench/gpu/results/0.26.0-v2-h200x1/e2e-without-v29.json",
+        ),
+        # 0.4.x leaves a whole call's requests, freed in the next call's first step: V2's slots
+        # hold, the driver's check fails
+        LeaveOneOut(
+            "0.34.0",
+            LEFT_IN_WORKERS,
+            device="cuda",
+            calls="all",
+            record="bench/gpu/results/0.34.0-speculators-0.4.0.1-five-calls-h200x1/e2e-without-v29.json",
+            speculators="0.4.0.1",
         ),
     ),
     since="any",
