@@ -142,17 +142,9 @@ class _Parts(cst.CSTTransformer):
         super().__init__()
         self.found: dict[str, str] = {}  # part -> "rewrote" | "patched"
         self.indent_stack: list[str] = []
-        self.loops = 0  # while loops around the block being left: the steps are inside one
 
     def mark(self, part: str, state: str) -> None:
         self.found.setdefault(part, state)
-
-    def visit_While(self, node: cst.While) -> None:
-        self.loops += 1
-
-    def leave_While(self, original: cst.While, updated: cst.While) -> cst.While:
-        self.loops -= 1
-        return updated
 
     # --- blocks holding several of the places ----------------------------------------------
 
@@ -173,8 +165,8 @@ class _Parts(cst.CSTTransformer):
                         cst.parse_statement(f"{TOKENS} = {{}}\n").with_changes(leading_lines=statement.leading_lines)
                     )
                     statement = statement.with_changes(leading_lines=())
-            # (3) metadata before each step's execute_model (not v29's after the loop: it runs no tokens)
-            if self.loops and m.matches(statement, EXECUTE_MODEL):
+            # (3) metadata before execute_model
+            if m.matches(statement, EXECUTE_MODEL):
                 if previous is not None and m.matches(previous, SET_METADATA):
                     self.mark("metadata", "patched")
                 else:

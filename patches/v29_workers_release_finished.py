@@ -13,7 +13,9 @@ the process ends. Not a vLLM change: every release.
 After the call's last `finish_requests`, every request of the call is finished, so a new
 `schedule()` has no tokens to schedule; it is given the ids the loop's closing output named and
 executed: the workers update their request states (finished ones out) and return without a
-forward pass, on V1 and V2 alike (no `sample_tokens` follows: nothing was computed).
+forward pass, on V1 and V2 alike. The two-phase contract (0.11.1 on: `sample_tokens()` after an
+`execute_model()` that returned None, v5) holds as written: without tokens execute_model() returns
+its output at once.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3_OR_0_4
 
-EVERY_RELEASE = {"vllm": ">=0.11.0"}
 FINISHED_OUTPUT = "finished_output"
 SELF_SCHEDULER = m.Attribute(value=m.Name("self"), attr=m.Name("scheduler"))
 SELF_EXECUTOR = m.Attribute(value=m.Name("self"), attr=m.Name("executor"))
@@ -35,16 +36,14 @@ STEP_SCHEDULE = m.NamedExpr(
     target=m.Name(), value=m.Call(func=m.Attribute(value=SELF_SCHEDULER, attr=m.Name("schedule")), args=[])
 )
 FINISH_REQUESTS = m.Call(func=m.Attribute(value=SELF_SCHEDULER, attr=m.Name("finish_requests")))
-# the patched end: self.executor.execute_model(finished_output)
-EXECUTE_FINISHED = m.SimpleStatementLine(
-    body=[
-        m.Expr(
-            value=m.Call(
-                func=m.Attribute(value=SELF_EXECUTOR, attr=m.Name("execute_model")),
-                args=[m.Arg(value=m.Name(FINISHED_OUTPUT))],
-            )
+# the patched end: if self.executor.execute_model(finished_output) is None: ...
+EXECUTE_FINISHED = m.If(
+    test=m.Comparison(
+        left=m.Call(
+            func=m.Attribute(value=SELF_EXECUTOR, attr=m.Name("execute_model")),
+            args=[m.Arg(value=m.Name(FINISHED_OUTPUT))],
         )
-    ]
+    )
 )
 
 
@@ -53,7 +52,8 @@ def finished_statements(step: str) -> list[cst.BaseStatement]:
     module = cst.parse_module(
         f"{FINISHED_OUTPUT} = self.scheduler.schedule()\n"
         f"{FINISHED_OUTPUT}.finished_req_ids.update({step}.finished_req_ids)\n"
-        f"self.executor.execute_model({FINISHED_OUTPUT})\n"
+        f"if self.executor.execute_model({FINISHED_OUTPUT}) is None:\n"
+        "    self.executor.sample_tokens(None)\n"
     )
     comment = (
         "# The workers free a request's state when an executed scheduler output names it finished,",
@@ -70,7 +70,7 @@ class TellWorkersFinished(PatchCodemod):
     """After the stepping loop `while (scheduler_output := self.scheduler.schedule())...:` and the
     call's last self.scheduler.finish_requests(...) that follows it in the same block, the workers
     execute one more scheduler output naming the finished requests.
-    Patched: the block holds `self.executor.execute_model(finished_output)` after the loop."""
+    Patched: the block holds `if self.executor.execute_model(finished_output) is None:` after the loop."""
 
     ANCHOR = "a loop `while (scheduler_output := self.scheduler.schedule())...:` in a block"
 
@@ -107,6 +107,9 @@ class TellWorkersFinished(PatchCodemod):
         return None
 
 
+EVERY_RELEASE = {"vllm": ">=0.11.0"}
+
+
 # speculators 0.3.0's loop (v11 patches its inside; its abort of unstarted requests follows it)
 BEFORE_0_3 = """\
 while (
@@ -132,7 +135,8 @@ while (
 # finished now, so one more output has no tokens: it tells the workers, and runs nothing.
 finished_output = self.scheduler.schedule()
 finished_output.finished_req_ids.update(scheduler_output.finished_req_ids)
-self.executor.execute_model(finished_output)
+if self.executor.execute_model(finished_output) is None:
+    self.executor.sample_tokens(None)
 
 # Get captured states from driver worker
 captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)
@@ -173,7 +177,8 @@ self.scheduler.finish_requests(
 # finished now, so one more output has no tokens: it tells the workers, and runs nothing.
 finished_output = self.scheduler.schedule()
 finished_output.finished_req_ids.update(scheduler_output.finished_req_ids)
-self.executor.execute_model(finished_output)
+if self.executor.execute_model(finished_output) is None:
+    self.executor.sample_tokens(None)
 
 # Get captured states organized by request ID
 request_states_dict = self.executor.collective_rpc(
