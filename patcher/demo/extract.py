@@ -488,19 +488,23 @@ def run(args) -> dict:
 
         outputs = []
         report["worker_requests_after_call"] = held = []
+        report["scheduler_requests_after_call"] = scheduled = []
         for number, prompts in zip(numbers, batches):
             phase = f"generate {number}"
             t0 = time.monotonic()
             outputs.append(generator.generate(prompts))
             report["timings"][f"generate_{number}_s"] = round(time.monotonic() - t0, 2)
             held.append(requests_held(generator))
+            scheduled.append(len(getattr(getattr(generator, "scheduler", None), "requests", {})))
         # checked after every call has run: a leak that breaks a later call shows as that call's error
-        leaked = [(number, count) for number, count in zip(numbers, held) if count]
+        leaked = [(n, w or 0, s) for n, w, s in zip(numbers, held, scheduled) if w or s]
         if leaked:
-            phase = f"generate {leaked[0][0]}"
+            number, workers, scheduler = leaked[0]
+            phase = f"generate {number}"
             raise RuntimeError(
-                f"generate {leaked[0][0]} left {leaked[0][1]} requests in the workers' model runner "
-                f"(after each call: {held}); nothing of a call may stay for the next"
+                f"generate {number} left {workers} requests in the workers' model runner and {scheduler} in "
+                f"the generator's scheduler (after each call: {held}, {scheduled}); nothing of a call may "
+                "stay for the next"
             )
 
         if args.dump:
