@@ -75,6 +75,17 @@ def test_kimi_k25_wrapper_decoder_is_found(target: Path, demo_python: Path):
     assert_whole_in_order_and_matching(report, 2)
 
 
+def test_kimi_k25_at_tensor_parallel_2(target: Path, demo_python: Path):
+    """The wrapper, the MoE (16 routed experts split over two ranks, vLLM's CPU MoE with gloo) and
+    the decompressed attention at tensor parallel 2: only rank 0 captures, and every prompt of the
+    two calls still comes back whole, in order, matching transformers."""
+    model = checkpoint(demo_python, "kimi-k25")
+    patch_as(target)
+    report = extract(target, model, "1,2", "kimi-k25 (cpu, MLA off) at TP 2", env=CPU_ENV, tensor_parallel=2)
+    assert report["tensor_parallel_size"] == 2 and report["cpu_thread_binding"], report["cpu_thread_binding"]
+    assert_whole_in_order_and_matching(report, 2)
+
+
 def test_without_v20_kimi_k25_is_refused_before_vllm_0_18(target: Path, demo_python: Path):
     model = checkpoint(demo_python, "kimi-k25")
     patch_as(target, "v20")

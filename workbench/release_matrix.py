@@ -116,7 +116,7 @@ def cell(row: dict) -> list[str]:
         symptom = re.sub(r" \(/[^)]*\)|/\S*/site-packages/", "", row["apply_message"].splitlines()[0])
         apply = apply.split(":", 1)[0] + ": " + symptom[:300]
     if error and error != "apply failed":
-        apply += f"; run: {error}"
+        apply += f"; run: {' '.join(error.split())}"  # one table line: a multi-line message's words
     return [
         row["release"] + (f" without {row['left_out']}" if row.get("left_out") else ""),
         speculators_of(row),
