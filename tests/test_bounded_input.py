@@ -3,11 +3,14 @@ kept whole, and an answer over the limit is one line naming the limit and how to
 
 from __future__ import annotations
 
+import collections
 import os
+import queue
 import subprocess
 import time
 from pathlib import Path
 
+from patcher.transport.process import TooLong, TooNoisy, pump_answers
 from tests.support.cli import patcher, patcher_argv, patcher_env
 
 LINE = 500 * 10**6  # bytes on one line, printed before the target's Python starts
@@ -94,6 +97,24 @@ def test_the_deadline_holds_whatever_the_target_prints(tmp_path: Path, host_env)
     assert peak < 200, f"the controller peaked at {peak} MiB"
 
 
+def test_the_deadline_holds_against_a_target_that_prints_without_end(tmp_path: Path, host_env):
+    """A target whose output never ends and never answers (`exec yes`): with the noise limit out of
+    the way, timed out at the limit (exit 4); with the default limit, stopped at 1 MiB (exit 2).
+    Either way within seconds, the controller's memory flat."""
+    flood = tmp_path / "flooding-python"
+    flood.write_text("#!/bin/sh\nexec yes\n")
+    flood.chmod(0o755)
+    for env, expected in (({"PATCHER_NOISE_LIMIT_MIB": "100000"}, 4), ({}, 2)):
+        started = time.monotonic()
+        code, peak = peak_rss_mib(
+            "apply", "--no-verify", "--facts-timeout", "1", "--lock-timeout", "0", "--python", str(flood), env=env
+        )
+        took = time.monotonic() - started
+        assert code == expected, (env, code)
+        assert took < 8, f"{env}: took {took:.1f}s for --facts-timeout 1"
+        assert peak < 200, f"{env}: the controller peaked at {peak} MiB"
+
+
 def test_a_long_transform_holds_no_other_hosts_transform(tmp_path: Path, host_env):
     """Transforms shared by a fleet's hosts (shared_transforms) run side by side: a host whose file
     takes long to transform holds only the hosts with that same file. Under one lock for all, a
@@ -124,3 +145,59 @@ def test_a_long_transform_holds_no_other_hosts_transform(tmp_path: Path, host_en
         slow.join()
     assert done == {"slow": True}
     assert still_running, "the other host's transform waited for the long one to end"
+
+
+class ChunkedReader:
+    """A pipe's reader that hands out given pieces: read1() returns one piece a call."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = list(pieces)
+
+    def read1(self, _size: int) -> bytes:
+        return self.pieces.pop(0) if self.pieces else b""
+
+
+def split_with_readlines(data: bytes, mark: bytes, answer_limit: int) -> list:
+    """What the answers are, line by line: the reference the bulk splitter must agree with."""
+    out: list = []
+    for line in data.splitlines(keepends=True):
+        if line.startswith(mark):
+            out.append("too long" if len(line) > answer_limit else line)
+    return [*out, None]
+
+
+def test_the_bulk_splitter_finds_every_answer_wherever_the_reads_break():
+    """Answers are the lines that start with the mark, whatever the read boundaries: a mark split
+    across reads, lines that start like the mark and are not, an answer over the limit, an answer
+    without its line end at the end of output. Checked against a line-by-line split at every cut."""
+    mark = b"patcher-answer:0a1b "
+    data = (
+        b"banner\npatcher-answer:0a1 no\n"
+        + b'patcher-answer:0a1b {"ok": true}\n'
+        + b"p\npatcher-answer\n"
+        + b"y\n" * 50
+        + b"patcher-answer:0a1b "
+        + b"x" * 90
+        + b"\n"  # over the limit of 64
+        + b"noise patcher-answer:0a1b inside a line\n"
+        + b'patcher-answer:0a1b {"last": 1}'
+    )
+    expected = split_with_readlines(data, mark, 64)
+    for size in (1, 2, 3, 7, 19, 20, 21, 64, len(data)):
+        pieces = [data[i : i + size] for i in range(0, len(data), size)]
+        lines: queue.Queue = queue.Queue()
+        noise: collections.deque[str] = collections.deque(maxlen=5)
+        pump_answers(ChunkedReader(pieces), mark, 64, 1 << 20, lines, noise)
+        got = [lines.get_nowait() for _ in range(lines.qsize())]
+        got = ["too long" if isinstance(item, TooLong) else item for item in got]
+        assert got == expected, size
+        assert noise and noise[-1] == "noise patcher-answer:0a1b inside a line", (size, noise)
+
+
+def test_the_bulk_splitter_stops_at_the_noise_limit():
+    """Past the noise limit: TooNoisy, and nothing more is read."""
+    reader = ChunkedReader([b"y\n" * 1000] * 100)
+    lines: queue.Queue = queue.Queue()
+    pump_answers(reader, b"patcher-answer:0a1b ", 1 << 20, 20_000, lines, collections.deque(maxlen=5))
+    assert isinstance(lines.get_nowait(), TooNoisy) and lines.empty()
+    assert len(reader.pieces) == 100 - 11  # 11 reads of 2000 bytes pass 20,000

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from patcher.fleet.inventory import read_inventory
-from tests.support.cli import patcher
+from tests.support.cli import patcher, timed_patcher
 from workbench.sshd import spec, why_no_sshd
 
 pytestmark = pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
 patcher = functools.partial(patcher, clean_ssh=True)
+timed_patcher = functools.partial(timed_patcher, clean_ssh=True)
 
 # Every character that str.splitlines() or ansible's INI reader take as the end of a line, and
 # what a terminal acts on (ESC, BEL, CR, backspace, a bidi override).
@@ -102,3 +103,19 @@ def test_a_targets_message_reaches_the_terminal_escaped(tmp_path: Path, client, 
         assert "\\x1b[2J" in err and "\\u2028" in err, err  # shown, as escapes
         code, doc, err = patcher(*command, *client.args(), "--no-retry-file", "--json")
         assert all(message in t["message"] for t in doc["targets"]), doc  # the JSON keeps the words exactly
+
+
+def test_a_target_printing_without_end_holds_no_deadline_over_ssh(tmp_path: Path, client, servers):
+    """A host whose "python" prints without end and never answers: the flood comes through ssh,
+    the deadline holds (connect allowance plus --facts-timeout), and with the default noise limit
+    the session ends at 1 MiB."""
+    flood = tmp_path / "python3"
+    flood.write_text("#!/bin/sh\nexec yes\n")
+    flood.chmod(0o755)
+    server = servers()
+    common = ["apply", "--no-verify", "--host", spec(server), "--python", str(flood), *client.args(), "--no-retry-file"]
+    limits = ["--connect-timeout", "5", "--facts-timeout", "1", "--lock-timeout", "0"]
+    for env, expected in (({"PATCHER_NOISE_LIMIT_MIB": "100000"}, 4), ({}, 2)):
+        code, _doc, err, took = timed_patcher(*common, *limits, env=env)
+        assert code == expected, (env, err)
+        assert took < 15, f"{env}: took {took:.1f}s for --connect-timeout 5 --facts-timeout 1 --lock-timeout 0"

@@ -92,10 +92,112 @@ class TooNoisy:
     """Put on the answers' queue once the target printed more than the noise limit (then unread)."""
 
 
-def _drain_line(stream) -> None:
-    """Read and drop the rest of a line, a chunk at a time."""
-    while (rest := stream.readline(CHUNK)) and not rest.endswith(b"\n"):
-        pass
+NOISE_LINE_KEPT = 1024  # bytes kept of each noise line (messages show 200 characters of the last)
+
+
+class NoiseLines:
+    """The last lines of a target's noise, a start of each, whatever the reads' boundaries."""
+
+    def __init__(self, kept: collections.deque[str]) -> None:
+        self.kept = kept
+        self.partial = b""  # the start of the line not yet ended
+
+    def add(self, block: bytes) -> None:
+        last = block.rfind(b"\n")
+        if last < 0:
+            self.partial += block[: NOISE_LINE_KEPT - len(self.partial)]
+            return
+        most = self.kept.maxlen or 1
+        pieces = block[:last].rsplit(b"\n", most)
+        if len(pieces) > most:
+            del pieces[0]  # lines before the last `most`
+        else:
+            pieces[0] = self.partial + pieces[0][:NOISE_LINE_KEPT]
+        for piece in pieces:
+            if text := piece[:NOISE_LINE_KEPT].decode("utf-8", "replace").strip():
+                self.kept.append(text)
+        self.partial = block[last + 1 : last + 1 + NOISE_LINE_KEPT]
+
+    def end(self) -> None:
+        if text := self.partial.decode("utf-8", "replace").strip():
+            self.kept.append(text)
+        self.partial = b""
+
+
+def pump_answers(
+    out, mark: bytes, answer_limit: int, noise_limit: int, lines: queue.Queue, noise: collections.deque[str]
+) -> None:
+    """Read a target's stdout to its end, putting on `lines` each answer (a line that starts with
+    `mark`, whole, up to `answer_limit` bytes; past it a TooLong), then None; past `noise_limit`
+    bytes of anything else, a TooNoisy (and the rest unread). Noise is counted, its last lines kept.
+
+    Reads in bulk and splits with bytes methods: a target printing millions of short lines costs a
+    few calls a chunk, and this thread waits in read() with the interpreter's lock released, so the
+    caller's own work (and its deadline) goes on at full speed."""
+    head = b""  # the start of a line, shorter than the mark and a prefix of it: an answer or not
+    answer: list[bytes] | None = None  # the parts of the answer being read
+    size = 0  # its bytes so far
+    skipping = False  # in the rest of an answer over the limit
+    at_line_start = True
+    noisy = 0
+    noise_lines = NoiseLines(noise)
+    while data := out.read1(CHUNK):
+        if head:
+            data, head = head + data, b""
+        pos, end = 0, len(data)
+        while pos < end:
+            if answer is not None or skipping:
+                newline = data.find(b"\n", pos)
+                stop = end if newline < 0 else newline + 1
+                if answer is not None:
+                    size += stop - pos
+                    if size > answer_limit:
+                        lines.put(TooLong(size))
+                        answer, skipping = None, True
+                    else:
+                        answer.append(data[pos:stop])
+                if newline >= 0:
+                    if answer is not None:
+                        lines.put(b"".join(answer))
+                    answer, skipping, at_line_start = None, False, True
+                pos = stop
+                continue
+            if at_line_start:
+                rest = data[pos : pos + len(mark)]
+                if rest == mark:
+                    answer, size = [], 0
+                    continue
+                if len(rest) < len(mark) and mark.startswith(rest):
+                    head = data[pos:]  # too short to tell: wait for more
+                    break
+            # Noise, up to the next line that starts with the mark, or to a last line that may.
+            found = data.find(b"\n" + mark, pos)
+            if found >= 0:
+                stop, at_line_start = found + 1, True
+            else:
+                last = data.rfind(b"\n", pos)
+                at_line_start = last >= 0 and mark.startswith(data[last + 1 :])
+                stop = last + 1 if at_line_start else end
+            noisy += stop - pos
+            noise_lines.add(data[pos:stop])
+            if noisy > noise_limit:
+                if not noise:
+                    noise_lines.end()  # no line ended yet: the start of the one that did not
+                lines.put(TooNoisy())
+                return  # unread from here: the caller ends the session
+            pos = stop
+    if answer:
+        lines.put(b"".join(answer))  # the last line, without its end
+    noise_lines.add(head)
+    noise_lines.end()
+    lines.put(None)
+
+
+def pump_stderr(err, kept: list[bytes], keep: int = 200) -> None:
+    """Read a target's stderr to its end, keeping its first `keep` lines (a chunk of each)."""
+    while data := err.read1(CHUNK):
+        if len(kept) < keep:
+            kept.extend(line[:CHUNK] for line in data.splitlines(keepends=True)[: keep - len(kept)])
 
 
 GRACE = 1.0  # seconds the controller waits beyond the agent's own limit: the agent's answer says more
@@ -182,41 +284,10 @@ class AgentProcess:
         noise = self._noise
 
         def pump_out() -> None:
-            # Only answers go on the queue: noise is counted and its last lines kept, so what a
-            # target prints costs the controller a bounded amount of memory and never delays the
-            # caller's deadline (it waits on answers alone).
-            noisy = 0
-            while chunk := out.readline(CHUNK):
-                if chunk.startswith(mark):
-                    parts, size = [chunk], len(chunk)
-                    while not parts[-1].endswith(b"\n") and (more := out.readline(CHUNK)):
-                        size += len(more)
-                        if size > answer_limit:
-                            lines.put(TooLong(size))
-                            _drain_line(out)
-                            parts = []
-                            break
-                        parts.append(more)
-                    if parts:
-                        lines.put(b"".join(parts))
-                    continue
-                noisy += len(chunk)
-                text = chunk.decode("utf-8", "replace").strip()
-                if text:
-                    noise.append(text)  # its first chunk only
-                while not chunk.endswith(b"\n") and noisy <= noise_limit and (chunk := out.readline(CHUNK)):
-                    noisy += len(chunk)
-                if noisy > noise_limit:
-                    lines.put(TooNoisy())
-                    return  # unread from here: the caller ends the session
-            lines.put(None)
+            pump_answers(out, mark, answer_limit, noise_limit, lines, noise)
 
         def pump_err() -> None:
-            while chunk := err.readline(CHUNK):
-                if len(stderr) < 200:
-                    stderr.append(chunk)
-                if not chunk.endswith(b"\n"):
-                    _drain_line(err)
+            pump_stderr(err, stderr)
 
         # What the agent is sent goes through a writer thread: a write to a pipe blocks once the
         # pipe is full (64 KiB), and the agent's module texts alone are more than that. A target that never reads its input (a hung interpreter) would otherwise hold the
