@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -107,12 +108,24 @@ class Edit:
         return self.codemod.__name__
 
 
+def dedented(text: str) -> str:
+    """Source as a declaration writes it in a triple-quoted string, read as a file would hold it
+    (as LibCST's assertCodemod reads its fixtures): the newline right after the opening quotes is
+    dropped and the lines' common indentation removed. Text already at column 0 is unchanged."""
+    return textwrap.dedent(text.removeprefix("\n"))
+
+
 @dataclass(frozen=True)
 class Example:
-    """A before/after pair: applying every edit of the patch to `before` gives `after`."""
+    """A before/after pair: applying every edit of the patch to `before` gives `after`. Both are
+    read dedented (see `dedented`), so they may be written indented inside the declaration."""
 
     before: str
     after: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "before", dedented(self.before))
+        object.__setattr__(self, "after", dedented(self.after))
 
 
 @dataclass(frozen=True)
@@ -301,6 +314,9 @@ class Patch:
 
     def __post_init__(self) -> None:
         where = f"patch {self.id}"
+        # sources may be written indented in triple quotes, as examples are (see `dedented`)
+        object.__setattr__(self, "satisfied", tuple(dedented(s) for s in self.satisfied))
+        object.__setattr__(self, "near_misses", tuple(dedented(s) for s in self.near_misses))
         if not PATCH_ID.match(self.id):
             raise ValueError(f"patch id {self.id!r} is not of the form vN-slug")
         if not self.edits:
