@@ -14,6 +14,8 @@ The artefacts:
                                   the release matrix's record as patcher ships it (package data:
                                   check-upstream shows it), made from bench/results/releases/
     README.md                     its generated cells (the exit codes), between their markers
+    docs/patches.md               its generated cell ("Which patches a run needs", from the patches'
+                                  declared leave-one-outs), between its markers
     tests/golden/*.json           the documented JSON of the main commands, as tests/test_contract.py
                                   records it (PATCHER_UPDATE_GOLDEN=1; it runs the real CLI on light
                                   environments, a few seconds; --no-golden leaves them out)
@@ -62,6 +64,7 @@ ARTEFACTS: dict[str, Callable[[], str]] = {
     "patcher/upstream/release_record.json": release_record,
     **pages.PAGES,
     "README.md": pages.readme,
+    "docs/patches.md": pages.patches_doc,
 }
 
 

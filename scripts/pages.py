@@ -7,6 +7,9 @@ by hand): scripts/generate.py writes them, and tests/test_generated.py fails whi
     releases    docs/reference/releases.md    the release matrix's record, bench/results/releases/
     gpu         docs/reference/gpu.md         the GPU runs' records, bench/gpu/results/*/summary.json
     benchmarks  docs/reference/benchmarks.md  the benchmarks' records, bench/results/benchmarks/
+
+and the generated cells of two hand-written pages (`readme`, `patches_doc`): README's exit codes,
+docs/patches.md's "Which patches a run needs" (the patches' declared leave-one-outs).
 """
 
 from __future__ import annotations
@@ -79,6 +82,54 @@ def _evidence(patch, run) -> str:
     return f"{where}, without {skipped}: {said}; shown by {shown}"
 
 
+def _without_it_cell(text: str) -> str:
+    """The table's "without it" cell: the text less a leading "without it" (the column says it)."""
+    if text.lower().startswith("without it"):
+        text = text[len("without it") :].lstrip(" ,")
+    return cell(text)
+
+
+def _without_it_sentence(text: str) -> str:
+    """The section's sentence: "Without it ..." once, whether or not the declaration says it."""
+    if text.lower().startswith("without it"):
+        return "Without it" + text[len("without it") :]
+    if "without it" in text.lower():  # "silently wrong data without it: ..."
+        return text[:1].upper() + text[1:]
+    return f"Without it: {text}"
+
+
+def _fenced(language: str, text: str) -> list[str]:
+    """A fenced code block of `text`, its fence longer than any run of backticks in it."""
+    ticks = 3
+    while "`" * ticks in text:
+        ticks += 1
+    return ["`" * ticks + language, *text.rstrip("\n").split("\n"), "`" * ticks]
+
+
+def _diff(before: str, after: str) -> str:
+    """An example as a unified diff of the whole example: one hunk, every line shown, its headers
+    (file names, line numbers) left out, as django-upgrade's and Ruff's docs show a fix."""
+    import difflib
+
+    old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    diff = list(difflib.unified_diff(old, new, n=len(old) + len(new)))[3:]
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in diff)
+
+
+def _code(patch) -> list[str]:
+    """Its examples as diffs, and its near misses as the code it leaves alone."""
+    lines = ["", "### Examples", ""]
+    lines += ["Before and after, as its edits rewrite each (`tests/test_patch_examples.py` runs them):"]
+    for example in patch.examples:
+        lines += ["", *_fenced("diff", _diff(example.before, example.after))]
+    if patch.near_misses:
+        lines += ["", "### Left alone", ""]
+        lines += ['Code that looks like its anchor but is not it: each reads "anchor not found" and keeps its bytes:']
+        for source in patch.near_misses:
+            lines += ["", *_fenced("python", source)]
+    return lines
+
+
 def patches_page() -> str:
     from patcher.patchset.registry import import_patches
 
@@ -95,7 +146,12 @@ def patches_page() -> str:
             raise SystemExit(f"{patch.id} declares no without_it=: say what breaks without it")
         anchor = patch.id
         rows.append(
-            [f"[{patch.id}](#{anchor})", _file_cell(patch.target.path), cell(patch.without_it), cell(patch.since_cell)]
+            [
+                f"[{patch.id}](#{anchor})",
+                _file_cell(patch.target.path),
+                _without_it_cell(patch.without_it),
+                cell(patch.since_cell),
+            ]
         )
     lines += table(["id", "file", "without it", "since vLLM"], rows)
     for patch in patches:
@@ -112,7 +168,7 @@ def patches_page() -> str:
             facts.append(f"- fixed upstream in: {cell(patch.fixed_in)}")
         if patch.on_fixed_in:
             facts.append(f"- on speculators {patch.next_release}'s files its codemods say: {patch.on_fixed_in}")
-        lines += [*facts, "", f"Without it: {patch.without_it}", "", "Edits:", ""]
+        lines += [*facts, "", _without_it_sentence(patch.without_it), "", "Edits:", ""]
         for edit in patch.edits:
             when = ", ".join(f"{k} `{v}`" for k, v in edit.when.items()) or "always"
             fact = f"; checked upstream as: {cell(edit.fact.describe())}" if edit.fact else ""
@@ -122,6 +178,7 @@ def patches_page() -> str:
         doc = (module.__doc__ or "").strip()
         if doc:
             lines += ["", "Why, from its module:", "", *(f"> {line}".rstrip() for line in doc.splitlines())]
+        lines += _code(patch)
     return "\n".join(lines) + "\n"
 
 
@@ -420,21 +477,66 @@ def exit_codes_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-# README's generated cells: each between `<!-- generated: NAME -->` and `<!-- end: NAME -->`.
+def which_patches_a_run_needs() -> str:
+    """docs/patches.md's "Which patches a run needs": every declared leave-one-out, by the run it
+    is (release, device, speculators, ranks), the patches needed there and those that are not."""
+    from packaging.version import Version
+
+    from patcher.patchset.registry import import_patches
+
+    runs: dict[tuple, dict[str, list[str]]] = {}
+    for patch in import_patches():
+        for run in patch.leave_one_out:
+            key = (Version(run.vllm), run.device != "cpu", Version(run.speculators), run.tensor_parallel)
+            said = patch.short_id
+            if run.also_skip:
+                said += f" (with {' and '.join(run.also_skip)} left out too)"
+            if patch.withdrawn:
+                said += " (withdrawn)"
+            runs.setdefault(key, {"needed": [], "not needed": []})["needed" if run.symptom else "not needed"].append(
+                said
+            )
+    lines = [
+        "Measured by leave-one-out: a run with every patch but one (or but those named with it), which each",
+        "patch declares (`leave_one_out`) with the symptom it shows, listed in the [patch",
+        "reference](reference/patches.md). On the CPU build, 0.16.0 and 0.32.0 with speculators 0.3.0 are",
+        "the end-to-end tests' runs (`tests/test_e2e_vllm*.py`), any other the [release",
+        "matrix's](release-matrix.md) recorded row; on CUDA, the GPU runs' records ([On NVIDIA GPUs](gpu.md)).",
+        "A patch is needed where its run fails without it, and not needed where that run passes:",
+        "",
+    ]
+    for (vllm, cuda, speculators, ranks), found in sorted(runs.items()):
+        where = f"vLLM {vllm}, {'CUDA' if cuda else 'CPU build'}, speculators {speculators}"
+        if ranks > 1:
+            where += f", tensor parallel {ranks}"
+        said = [f"{kind}: {', '.join(ids)}" for kind, ids in found.items() if ids]
+        lines.append(f"- {where}: {'; '.join(said)}")
+    return "\n".join(lines)
+
+
+# Generated cells of hand-written pages: each between `<!-- generated: NAME -->` and `<!-- end: NAME -->`.
 README_CELLS = {"exit-codes": exit_code_table}
+PATCHES_DOC_CELLS = {"which-patches-a-run-needs": which_patches_a_run_needs}
 
 
-def readme() -> str:
-    path = ROOT / "README.md"
-    text = path.read_text(encoding="utf-8")
-    for name, render in README_CELLS.items():
+def _with_cells(rel: str, cells: dict) -> str:
+    text = (ROOT / rel).read_text(encoding="utf-8")
+    for name, render in cells.items():
         start, end = f"<!-- generated: {name} -->", f"<!-- end: {name} -->"
         if start not in text or end not in text:
-            raise SystemExit(f"README.md has no {start} ... {end}: put them around its {name} table")
+            raise SystemExit(f"{rel} has no {start} ... {end}: put them around its {name} text")
         before, rest = text.split(start, 1)
         _old, after = rest.split(end, 1)
         text = f"{before}{start}\n{render()}\n{end}{after}"
     return text
+
+
+def readme() -> str:
+    return _with_cells("README.md", README_CELLS)
+
+
+def patches_doc() -> str:
+    return _with_cells("docs/patches.md", PATCHES_DOC_CELLS)
 
 
 PAGES = {

@@ -38,10 +38,45 @@ def test_a_changed_declaration_changes_its_page(generate, monkeypatch):
     changed = (dataclasses.replace(patches[0], without_it="without it nothing works at all"), *patches[1:])
     monkeypatch.setattr(registry, "import_patches", lambda *a, **k: changed)
     again = generate.ARTEFACTS["docs/reference/patches.md"]()
-    assert again != page and "without it nothing works at all" in again
+    # said once, in the section's sentence, and the table's cell (whose column says "without it")
+    assert again != page and "\nWithout it nothing works at all\n" in again
+    assert "| nothing works at all |" in again and "Without it: without it" not in again
     monkeypatch.setattr(registry, "import_patches", lambda *a, **k: (dataclasses.replace(patches[0], without_it=""),))
     with pytest.raises(SystemExit, match=f"{patches[0].id} declares no without_it="):
         generate.ARTEFACTS["docs/reference/patches.md"]()
+
+
+def test_the_patch_reference_shows_each_patchs_code(generate):
+    """Each example as a diff, each near miss as the code left alone."""
+    from patcher.patchset.registry import import_patches
+
+    page = generate.ARTEFACTS["docs/reference/patches.md"]()
+    for patch in import_patches():
+        section = page.split(f"\n## {patch.id}\n", 1)[1].split("\n## ", 1)[0]
+        assert section.count("```diff\n") == len(patch.examples), patch.id
+        for example in patch.examples:
+            removed = [line for line in example.before.splitlines() if line not in example.after.splitlines()]
+            assert all(f"\n-{line}\n" in section for line in removed), patch.id
+        assert section.count("```python\n") == len(patch.near_misses), patch.id
+        assert ("### Left alone" in section) == bool(patch.near_misses), patch.id
+
+
+def test_which_patches_a_run_needs_is_the_declared_leave_one_outs(generate, monkeypatch):
+    import dataclasses
+
+    from patcher.model import LeaveOneOut
+    from patcher.patchset import registry
+
+    text = generate.ARTEFACTS["docs/patches.md"]()
+    assert "- vLLM 0.16.0, CPU build, speculators 0.3.0: needed: " in text
+    patches = registry.import_patches()
+    v2 = next(p for p in patches if p.short_id == "v2")
+    changed = tuple(
+        dataclasses.replace(p, leave_one_out=(*p.leave_one_out, LeaveOneOut("0.99.0", None))) if p is v2 else p
+        for p in patches
+    )
+    monkeypatch.setattr(registry, "import_patches", lambda *a, **k: changed)
+    assert "- vLLM 0.99.0, CPU build, speculators 0.3.0: not needed: v2\n" in generate.ARTEFACTS["docs/patches.md"]()
 
 
 def test_the_check_names_the_command_and_writes_nothing(tmp_path):
