@@ -139,36 +139,38 @@ PATCH = Patch(
         Example(before=BEFORE, after=AFTER),
         # speculators 0.3.0's own import, v1 left out: nothing stays in kv_cache_utils
         Example(
-            before=(
-                "import torch\n"
-                "\n"
-                "# kv cache\n"
-                "from vllm.v1.core.kv_cache_utils import (\n"
-                "    _get_kv_cache_groups_uniform_spec,\n"
-                "    get_kv_cache_config_from_groups,\n"
-                "    unify_hybrid_kv_cache_specs,\n"
-                ")\n"
-                "from vllm.v1.request import Request\n"
-            ),
-            after=(
-                "import torch\n"
-                "\n"
-                "# kv cache\n"
-                "from vllm.v1.core.kv_cache_planning import (\n"
-                "    _get_kv_cache_groups_uniform_spec,\n"
-                "    get_kv_cache_config_from_groups,\n"
-                "    unify_hybrid_kv_cache_specs,\n"
-                ")\n"
-                "from vllm.v1.request import Request\n"
-            ),
+            before="""
+                import torch
+
+                # kv cache
+                from vllm.v1.core.kv_cache_utils import (
+                    _get_kv_cache_groups_uniform_spec,
+                    get_kv_cache_config_from_groups,
+                    unify_hybrid_kv_cache_specs,
+                )
+                from vllm.v1.request import Request
+            """,
+            after="""
+                import torch
+
+                # kv cache
+                from vllm.v1.core.kv_cache_planning import (
+                    _get_kv_cache_groups_uniform_spec,
+                    get_kv_cache_config_from_groups,
+                    unify_hybrid_kv_cache_specs,
+                )
+                from vllm.v1.request import Request
+            """,
         ),
         # one line; a name that did not move stays
         Example(
-            before="from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, init_none_hash\n",
-            after=(
-                "from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups\n"
-                "from vllm.v1.core.kv_cache_utils import init_none_hash\n"
-            ),
+            before="""
+                from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, init_none_hash
+            """,
+            after="""
+                from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+                from vllm.v1.core.kv_cache_utils import init_none_hash
+            """,
         ),
     ),
     satisfied=(

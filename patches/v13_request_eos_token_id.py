@@ -53,34 +53,38 @@ PATCH = Patch(
     examples=(
         # speculators 0.3.0's call
         Example(
-            before=(
-                "req = Request(\n"
-                '    request_id=f"req_{self._request_counter}_{i}",\n'
-                "    prompt_token_ids=ids_list,\n"
-                "    sampling_params=SamplingParams(\n"
-                "        max_tokens=MAX_DECODE_TOKENS, temperature=SAMPLING_TEMPERATURE\n"
-                "    ),\n"
-                "    pooling_params=None,\n"
-                "    eos_token_id=self.tokenizer.eos_token_id,\n"
-                "    arrival_time=INITIAL_ARRIVAL_TIME,\n"
-                ")\n"
-            ),
-            after=(
-                "req = Request(\n"
-                '    request_id=f"req_{self._request_counter}_{i}",\n'
-                "    prompt_token_ids=ids_list,\n"
-                "    sampling_params=SamplingParams(\n"
-                "        max_tokens=MAX_DECODE_TOKENS, temperature=SAMPLING_TEMPERATURE\n"
-                "    ),\n"
-                "    pooling_params=None,\n"
-                "    arrival_time=INITIAL_ARRIVAL_TIME,\n"
-                ")\n"
-            ),
+            before="""
+                req = Request(
+                    request_id=f"req_{self._request_counter}_{i}",
+                    prompt_token_ids=ids_list,
+                    sampling_params=SamplingParams(
+                        max_tokens=MAX_DECODE_TOKENS, temperature=SAMPLING_TEMPERATURE
+                    ),
+                    pooling_params=None,
+                    eos_token_id=self.tokenizer.eos_token_id,
+                    arrival_time=INITIAL_ARRIVAL_TIME,
+                )
+            """,
+            after="""
+                req = Request(
+                    request_id=f"req_{self._request_counter}_{i}",
+                    prompt_token_ids=ids_list,
+                    sampling_params=SamplingParams(
+                        max_tokens=MAX_DECODE_TOKENS, temperature=SAMPLING_TEMPERATURE
+                    ),
+                    pooling_params=None,
+                    arrival_time=INITIAL_ARRIVAL_TIME,
+                )
+            """,
         ),
         # last on one line: the closing parenthesis follows the new last argument
         Example(
-            before='req = Request(request_id="r", prompt_token_ids=[1], eos_token_id=2)\n',
-            after='req = Request(request_id="r", prompt_token_ids=[1])\n',
+            before="""
+                req = Request(request_id="r", prompt_token_ids=[1], eos_token_id=2)
+            """,
+            after="""
+                req = Request(request_id="r", prompt_token_ids=[1])
+            """,
         ),
     ),
     satisfied=('req = Request(request_id="r", prompt_token_ids=[1], sampling_params=None, pooling_params=None)\n',),

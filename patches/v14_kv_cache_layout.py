@@ -288,31 +288,31 @@ PATCH = Patch(
         Example(before=BEFORE, after=AFTER),
         # the config passed positionally; no vllm import to follow: after the last import
         Example(
-            before=(
-                "import torch\n"
-                "\n"
-                "def build(self, kv_cache_spec_list):\n"
-                "    kv_cache_spec = kv_cache_spec_list[0]\n"
-                "    kv_cache_config = get_kv_cache_config_from_groups(cfg, groups, memory)\n"
-            ),
-            after=(
-                "import torch\n"
-                "from vllm.v1.attention.backends.utils import resolve_kv_cache_layout\n"
-                "\n"
-                "def build(self, kv_cache_spec_list):\n"
-                "    kv_cache_spec = kv_cache_spec_list[0]\n"
-                "    # vLLM 0.29+: resolve the KV cache layout before sizing the KV cache (as vLLM's engine core does)\n"
-                "    kv_cache_layout = resolve_kv_cache_layout(\n"
-                "        cfg,\n"
-                "        self.executor.get_supported_kv_cache_layouts(),\n"
-                "        list(kv_cache_spec.values()),\n"
-                "    )\n"
-                "    self.executor.set_kv_cache_layout(\n"
-                "        kv_cache_layout.name,\n"
-                "        cfg.parallel_config.cp_kv_cache_interleave_size,\n"
-                "    )\n"
-                "    kv_cache_config = get_kv_cache_config_from_groups(cfg, groups, memory)\n"
-            ),
+            before="""
+                import torch
+
+                def build(self, kv_cache_spec_list):
+                    kv_cache_spec = kv_cache_spec_list[0]
+                    kv_cache_config = get_kv_cache_config_from_groups(cfg, groups, memory)
+            """,
+            after="""
+                import torch
+                from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+
+                def build(self, kv_cache_spec_list):
+                    kv_cache_spec = kv_cache_spec_list[0]
+                    # vLLM 0.29+: resolve the KV cache layout before sizing the KV cache (as vLLM's engine core does)
+                    kv_cache_layout = resolve_kv_cache_layout(
+                        cfg,
+                        self.executor.get_supported_kv_cache_layouts(),
+                        list(kv_cache_spec.values()),
+                    )
+                    self.executor.set_kv_cache_layout(
+                        kv_cache_layout.name,
+                        cfg.parallel_config.cp_kv_cache_interleave_size,
+                    )
+                    kv_cache_config = get_kv_cache_config_from_groups(cfg, groups, memory)
+            """,
         ),
     ),
     satisfied=(

@@ -83,35 +83,42 @@ PATCH = Patch(
     ),
     examples=(
         Example(
-            before=(
-                "from vllm.v1.request import Request, RequestStatus\n"
-                "\n"
-                "from .logging_utils import PipelineLogger\n"
-                "\n"
-                "VLLM_BLOCK_SIZE = 16  # Block size for KV cache\n"
-            ),
-            after=(
-                "from vllm.v1.request import Request, RequestStatus\n"
-                "from vllm.platforms import current_platform\n"
-                "\n"
-                "from .logging_utils import PipelineLogger\n"
-                "\n"
-                "VLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else 16  # Block size for KV cache\n"
-            ),
+            before="""
+                from vllm.v1.request import Request, RequestStatus
+
+                from .logging_utils import PipelineLogger
+
+                VLLM_BLOCK_SIZE = 16  # Block size for KV cache
+            """,
+            after="""
+                from vllm.v1.request import Request, RequestStatus
+                from vllm.platforms import current_platform
+
+                from .logging_utils import PipelineLogger
+
+                VLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else 16  # Block size for KV cache
+            """,
         ),
         # speculators 0.4.0's own conditional (16 on CPU) is kept for the other platforms
         Example(
-            before="VLLM_BLOCK_SIZE = 128 if is_npu_available() else 16  # Block size for KV cache\n",
-            after=(
-                "from vllm.platforms import current_platform\n"
-                "VLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else 128 if is_npu_available() else 16  "
-                "# Block size for KV cache\n"
-            ),
+            before="""
+                VLLM_BLOCK_SIZE = 128 if is_npu_available() else 16  # Block size for KV cache
+            """,
+            after="""
+                from vllm.platforms import current_platform
+                VLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else 128 if is_npu_available() else 16  # Block size for KV cache
+            """,
         ),
         # current_platform already imported: only the constant changes
         Example(
-            before="from vllm.platforms import current_platform\nVLLM_BLOCK_SIZE = 64\n",
-            after="from vllm.platforms import current_platform\nVLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else 64\n",
+            before="""
+                from vllm.platforms import current_platform
+                VLLM_BLOCK_SIZE = 64
+            """,
+            after="""
+                from vllm.platforms import current_platform
+                VLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else 64
+            """,
         ),
     ),
     satisfied=(

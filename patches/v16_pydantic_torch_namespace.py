@@ -93,8 +93,18 @@ PATCH = Patch(
     examples=(
         Example(before=BEFORE, after=AFTER),
         Example(
-            before="import torch\n\ndef f(cls):\n    cls.model_rebuild()\n",
-            after='import torch\n\ndef f(cls):\n    cls.model_rebuild(_types_namespace={"torch": torch})\n',
+            before="""
+                import torch
+
+                def f(cls):
+                    cls.model_rebuild()
+            """,
+            after="""
+                import torch
+
+                def f(cls):
+                    cls.model_rebuild(_types_namespace={"torch": torch})
+            """,
         ),
     ),
     satisfied=(AFTER,),

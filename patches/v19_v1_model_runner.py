@@ -153,14 +153,24 @@ PATCH = Patch(
         Example(before=BEFORE, after=AFTER),
         # no docstring, `import os` already there; a switch set to "1" is set to "0"
         Example(
-            before=(
-                "import os\n\n\nclass G:\n    def _create_vllm_config(self):\n"
-                '        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"\n        return None\n'
-            ),
-            after=(
-                "import os\n\n\nclass G:\n    def _create_vllm_config(self):\n"
-                '        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"\n        return None\n'
-            ),
+            before="""
+                import os
+
+
+                class G:
+                    def _create_vllm_config(self):
+                        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+                        return None
+            """,
+            after="""
+                import os
+
+
+                class G:
+                    def _create_vllm_config(self):
+                        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+                        return None
+            """,
         ),
     ),
     satisfied=(AFTER,),

@@ -125,9 +125,6 @@ def with_new_imports(body: list[cst.BaseStatement], missing: list[tuple[str, str
     return [*body[:at], *new, *body[at:]]
 
 
-SETUP_IN_INIT = textwrap.indent(HASHER_SETUP, " " * 8)  # as the examples' __init__ bodies carry it
-
-
 # vLLM 0.12.0: prefix caching on by default makes the hasher mandatory (0.11.1 already has
 # every function it calls).
 BLOCK_HASHER_SINCE = {"vllm": ">=0.12.0"}
@@ -339,57 +336,81 @@ PATCH = Patch(
     examples=(
         Example(before=BEFORE, after=AFTER),
         Example(
-            before=(
-                "from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups\n"
-                "\n"
-                "\n"
-                "class G:\n"
-                "    def __init__(self):\n"
-                "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n"
-                "\n"
-                "    def add(self):\n"
-                '        return Request(request_id="r", prompt_token_ids=[1], sampling_params=None)\n'
-            ),
-            after=(
-                "from vllm.utils.hashing import get_hash_fn_by_name\n"
-                "from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, "
-                "get_request_block_hasher, init_none_hash\n"
-                "\n"
-                "\n"
-                "class G:\n"
-                "    def __init__(self):\n"
-                "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n" + SETUP_IN_INIT + "\n"
-                "    def add(self):\n"
-                '        return Request(request_id="r", prompt_token_ids=[1], sampling_params=None, '
-                "block_hasher=self.block_hasher)\n"
-            ),
+            before="""
+                from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
+
+
+                class G:
+                    def __init__(self):
+                        self.scheduler = Scheduler(vllm_config=self.vllm_config)
+
+                    def add(self):
+                        return Request(request_id="r", prompt_token_ids=[1], sampling_params=None)
+            """,
+            after="""
+                from vllm.utils.hashing import get_hash_fn_by_name
+                from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_request_block_hasher, init_none_hash
+
+
+                class G:
+                    def __init__(self):
+                        self.scheduler = Scheduler(vllm_config=self.vllm_config)
+
+                        # Create block hasher for request KV cache management
+                        # Following vLLM's pattern in v1/engine/core.py
+                        caching_hash_fn = get_hash_fn_by_name(
+                            self.vllm_config.cache_config.prefix_caching_hash_algo
+                        )
+                        init_none_hash(caching_hash_fn)
+
+                        self.block_hasher = get_request_block_hasher(
+                            self.vllm_config.cache_config.block_size,
+                            caching_hash_fn,
+                        )
+
+                    def add(self):
+                        return Request(request_id="r", prompt_token_ids=[1], sampling_params=None, block_hasher=self.block_hasher)
+            """,
         ),
         Example(
-            before=(
-                '"""Generator."""\n'
-                "import torch\n"
-                "\n"
-                "\n"
-                "class G:\n"
-                "    def __init__(self):\n"
-                "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n"
-                "\n"
-                "    def add(self):\n"
-                '        return Request(request_id="r")\n'
-            ),
-            after=(
-                '"""Generator."""\n'
-                "import torch\n"
-                "from vllm.utils.hashing import get_hash_fn_by_name\n"
-                "from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash\n"
-                "\n"
-                "\n"
-                "class G:\n"
-                "    def __init__(self):\n"
-                "        self.scheduler = Scheduler(vllm_config=self.vllm_config)\n" + SETUP_IN_INIT + "\n"
-                "    def add(self):\n"
-                '        return Request(request_id="r", block_hasher=self.block_hasher)\n'
-            ),
+            before="""
+                \"\"\"Generator.\"\"\"
+                import torch
+
+
+                class G:
+                    def __init__(self):
+                        self.scheduler = Scheduler(vllm_config=self.vllm_config)
+
+                    def add(self):
+                        return Request(request_id="r")
+            """,
+            after="""
+                \"\"\"Generator.\"\"\"
+                import torch
+                from vllm.utils.hashing import get_hash_fn_by_name
+                from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+
+                class G:
+                    def __init__(self):
+                        self.scheduler = Scheduler(vllm_config=self.vllm_config)
+
+                        # Create block hasher for request KV cache management
+                        # Following vLLM's pattern in v1/engine/core.py
+                        caching_hash_fn = get_hash_fn_by_name(
+                            self.vllm_config.cache_config.prefix_caching_hash_algo
+                        )
+                        init_none_hash(caching_hash_fn)
+
+                        self.block_hasher = get_request_block_hasher(
+                            self.vllm_config.cache_config.block_size,
+                            caching_hash_fn,
+                        )
+
+                    def add(self):
+                        return Request(request_id="r", block_hasher=self.block_hasher)
+            """,
         ),
     ),
     satisfied=(

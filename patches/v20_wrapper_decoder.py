@@ -205,6 +205,13 @@ class HiddenStatesWorkerExtension:
         base_model._extension = self  # noqa: SLF001
 """
 
+# other code that reads model.model: left alone
+OTHER_READER = """\
+def other(model):
+    base_model = model.model
+    return base_model
+"""
+
 PATCH = Patch(
     id="v20-wrapper-decoder",
     title="worker: find a multimodal wrapper's decoder (Kimi-K2.5) through get_language_model(); "
@@ -231,11 +238,7 @@ PATCH = Patch(
     ),
     examples=(
         Example(before=BEFORE, after=AFTER),
-        Example(
-            # other code that reads model.model is left alone
-            before="def other(model):\n    base_model = model.model\n    return base_model\n" + BEFORE,
-            after="def other(model):\n    base_model = model.model\n    return base_model\n" + AFTER,
-        ),
+        Example(before=OTHER_READER + BEFORE, after=OTHER_READER + AFTER),
     ),
     satisfied=(AFTER,),
     upstream="vLLM 0.16.0: KimiK25ForConditionalGeneration (vllm/model_executor/models/kimi_k25.py) keeps "

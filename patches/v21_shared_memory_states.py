@@ -503,9 +503,15 @@ class VllmHiddenStatesGenerator:
 )
 
 OWN_CALL = 'captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)'
-BEFORE_0_3_0 = (
-    f"import torch\n\n\nclass G:\n    def generate(self):\n        {OWN_CALL}\n        return captured_states_list\n"
-)
+BEFORE_0_3_0 = """\
+import torch
+
+
+class G:
+    def generate(self):
+        captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)
+        return captured_states_list
+"""
 AFTER_0_3_0 = (
     "import torch\n\n\n"
     + HELPERS_SOURCE

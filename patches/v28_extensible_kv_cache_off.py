@@ -91,45 +91,49 @@ PATCH = Patch(
     examples=(
         # speculators 0.3.0's shape, after v6
         Example(
-            before=(
-                "cache_config = CacheConfig(\n"
-                "    block_size=VLLM_BLOCK_SIZE,\n"
-                "    gpu_memory_utilization=gpu_memory_utilization,\n"
-                "    enable_prefix_caching=False,\n"
-                ")\n"
-            ),
-            after=(
-                "cache_config = CacheConfig(\n"
-                "    block_size=VLLM_BLOCK_SIZE,\n"
-                "    gpu_memory_utilization=gpu_memory_utilization,\n"
-                "    enable_prefix_caching=False,\n"
-                "    enable_extensible_kv_cache=False,\n"
-                ")\n"
-            ),
+            before="""
+                cache_config = CacheConfig(
+                    block_size=VLLM_BLOCK_SIZE,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    enable_prefix_caching=False,
+                )
+            """,
+            after="""
+                cache_config = CacheConfig(
+                    block_size=VLLM_BLOCK_SIZE,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    enable_prefix_caching=False,
+                    enable_extensible_kv_cache=False,
+                )
+            """,
         ),
         # speculators 0.4.0's shape
         Example(
-            before=(
-                "cache_config = CacheConfig(\n"
-                "    block_size=VLLM_BLOCK_SIZE,\n"
-                "    gpu_memory_utilization=gpu_memory_utilization,\n"
-                "    # disable to prevent cache state leakage\n"
-                "    enable_prefix_caching=False,\n"
-                ")\n"
-            ),
-            after=(
-                "cache_config = CacheConfig(\n"
-                "    block_size=VLLM_BLOCK_SIZE,\n"
-                "    gpu_memory_utilization=gpu_memory_utilization,\n"
-                "    # disable to prevent cache state leakage\n"
-                "    enable_prefix_caching=False,\n"
-                "    enable_extensible_kv_cache=False,\n"
-                ")\n"
-            ),
+            before="""
+                cache_config = CacheConfig(
+                    block_size=VLLM_BLOCK_SIZE,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    # disable to prevent cache state leakage
+                    enable_prefix_caching=False,
+                )
+            """,
+            after="""
+                cache_config = CacheConfig(
+                    block_size=VLLM_BLOCK_SIZE,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    # disable to prevent cache state leakage
+                    enable_prefix_caching=False,
+                    enable_extensible_kv_cache=False,
+                )
+            """,
         ),
         Example(
-            before="cfg = CacheConfig(block_size=16, enable_extensible_kv_cache=True)\n",
-            after="cfg = CacheConfig(block_size=16, enable_extensible_kv_cache=False)\n",
+            before="""
+                cfg = CacheConfig(block_size=16, enable_extensible_kv_cache=True)
+            """,
+            after="""
+                cfg = CacheConfig(block_size=16, enable_extensible_kv_cache=False)
+            """,
         ),
     ),
     satisfied=("cfg = CacheConfig(block_size=16, enable_extensible_kv_cache=False)\n",),

@@ -215,7 +215,10 @@ PATCH = Patch(
     satisfied=(AFTER_0_3, AFTER_0_4),
     near_misses=(
         # a loop that steps without the walrus on schedule(): not the generator's stepping loop
-        "while pending:\n    self.executor.execute_model(self.scheduler.schedule())\n",
+        """
+        while pending:
+            self.executor.execute_model(self.scheduler.schedule())
+        """,
     ),
     upstream="not a vLLM change: vllm/v1/worker/gpu/model_runner.py (finish_requests frees RequestState "
     "slots named by scheduler_output.finished_req_ids), vllm/v1/worker/gpu_model_runner.py (_update_states)",

@@ -140,28 +140,28 @@ PATCH = Patch(
     examples=(
         Example(before=BEFORE, after=AFTER),
         Example(
-            before=(
-                "def states(self):\n"
-                '    captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)\n'
-                "    aux_hidden_states = captured_states_list[0]\n"
-                "    if not aux_hidden_states:\n"
-                "        return []\n"
-                "    return aux_hidden_states\n"
-            ),
-            after=(
-                "def states(self):\n"
-                '    captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)\n'
-                "    aux_hidden_states = (\n"
-                "        captured_states_list[0]\n"
-                "        if isinstance(captured_states_list, (list, tuple))\n"
-                "        and len(captured_states_list) == 1\n"
-                "        and not isinstance(captured_states_list[0], torch.Tensor)\n"
-                "        else captured_states_list\n"
-                "    )\n"
-                "    if aux_hidden_states is None or len(aux_hidden_states) == 0:\n"
-                "        return []\n"
-                "    return aux_hidden_states\n"
-            ),
+            before="""
+                def states(self):
+                    captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)
+                    aux_hidden_states = captured_states_list[0]
+                    if not aux_hidden_states:
+                        return []
+                    return aux_hidden_states
+            """,
+            after="""
+                def states(self):
+                    captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)
+                    aux_hidden_states = (
+                        captured_states_list[0]
+                        if isinstance(captured_states_list, (list, tuple))
+                        and len(captured_states_list) == 1
+                        and not isinstance(captured_states_list[0], torch.Tensor)
+                        else captured_states_list
+                    )
+                    if aux_hidden_states is None or len(aux_hidden_states) == 0:
+                        return []
+                    return aux_hidden_states
+            """,
         ),
     ),
     satisfied=(AFTER,),

@@ -127,60 +127,59 @@ PATCH = Patch(
     ),
     examples=(
         Example(
-            before=(
-                "VLLM_BLOCK_SIZE = 16\n"
-                "\n"
-                "kv_cache_config = get_kv_cache_config_from_groups(\n"
-                "    vllm_config=vllm_config,\n"
-                "    kv_cache_groups=kv_cache_groups,\n"
-                "    kv_cache_specs=kv_cache_spec,\n"
-                "    available_memory=cache_memory,\n"
-                ")\n"
-                "scheduler = Scheduler(\n"
-                "    vllm_config=vllm_config,\n"
-                "    kv_cache_config=kv_cache_config,\n"
-                "    structured_output_manager=structured_output_manager,\n"
-                ")\n"
-                "scheduler_config = SchedulerConfig(\n"
-                "    max_num_seqs=32,\n"
-                "    max_model_len=2048,\n"
-                ")\n"
-            ),
-            after=(
-                "VLLM_BLOCK_SIZE = 16\n"
-                "\n"
-                "kv_cache_config = get_kv_cache_config_from_groups(\n"
-                "    vllm_config=vllm_config,\n"
-                "    kv_cache_groups=kv_cache_groups,\n"
-                "    available_memory=cache_memory,\n"
-                ")\n"
-                "scheduler = Scheduler(\n"
-                "    vllm_config=vllm_config,\n"
-                "    kv_cache_config=kv_cache_config,\n"
-                "    structured_output_manager=structured_output_manager,\n"
-                "    block_size=VLLM_BLOCK_SIZE,\n"
-                ")\n"
-                "scheduler_config = SchedulerConfig(\n"
-                "    max_num_seqs=32,\n"
-                "    max_model_len=2048,\n"
-                "    is_encoder_decoder=False,\n"
-                ")\n"
-            ),
+            before="""
+                VLLM_BLOCK_SIZE = 16
+
+                kv_cache_config = get_kv_cache_config_from_groups(
+                    vllm_config=vllm_config,
+                    kv_cache_groups=kv_cache_groups,
+                    kv_cache_specs=kv_cache_spec,
+                    available_memory=cache_memory,
+                )
+                scheduler = Scheduler(
+                    vllm_config=vllm_config,
+                    kv_cache_config=kv_cache_config,
+                    structured_output_manager=structured_output_manager,
+                )
+                scheduler_config = SchedulerConfig(
+                    max_num_seqs=32,
+                    max_model_len=2048,
+                )
+            """,
+            after="""
+                VLLM_BLOCK_SIZE = 16
+
+                kv_cache_config = get_kv_cache_config_from_groups(
+                    vllm_config=vllm_config,
+                    kv_cache_groups=kv_cache_groups,
+                    available_memory=cache_memory,
+                )
+                scheduler = Scheduler(
+                    vllm_config=vllm_config,
+                    kv_cache_config=kv_cache_config,
+                    structured_output_manager=structured_output_manager,
+                    block_size=VLLM_BLOCK_SIZE,
+                )
+                scheduler_config = SchedulerConfig(
+                    max_num_seqs=32,
+                    max_model_len=2048,
+                    is_encoder_decoder=False,
+                )
+            """,
         ),
         Example(
-            before=(
-                "VLLM_BLOCK_SIZE = 16\n"
-                "cfg = get_kv_cache_config_from_groups(vllm_config=c, kv_cache_specs=s, available_memory=m)\n"
-                "sched = Scheduler(vllm_config=c, kv_cache_config=cfg, structured_output_manager=o)\n"
-                "sc = SchedulerConfig(max_num_seqs=1, max_model_len=2)\n"
-            ),
-            after=(
-                "VLLM_BLOCK_SIZE = 16\n"
-                "cfg = get_kv_cache_config_from_groups(vllm_config=c, available_memory=m)\n"
-                "sched = Scheduler(vllm_config=c, kv_cache_config=cfg, structured_output_manager=o, "
-                "block_size=VLLM_BLOCK_SIZE)\n"
-                "sc = SchedulerConfig(max_num_seqs=1, max_model_len=2, is_encoder_decoder=False)\n"
-            ),
+            before="""
+                VLLM_BLOCK_SIZE = 16
+                cfg = get_kv_cache_config_from_groups(vllm_config=c, kv_cache_specs=s, available_memory=m)
+                sched = Scheduler(vllm_config=c, kv_cache_config=cfg, structured_output_manager=o)
+                sc = SchedulerConfig(max_num_seqs=1, max_model_len=2)
+            """,
+            after="""
+                VLLM_BLOCK_SIZE = 16
+                cfg = get_kv_cache_config_from_groups(vllm_config=c, available_memory=m)
+                sched = Scheduler(vllm_config=c, kv_cache_config=cfg, structured_output_manager=o, block_size=VLLM_BLOCK_SIZE)
+                sc = SchedulerConfig(max_num_seqs=1, max_model_len=2, is_encoder_decoder=False)
+            """,
         ),
     ),
     satisfied=(

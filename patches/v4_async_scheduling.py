@@ -44,12 +44,27 @@ PATCH = Patch(
     ),
     examples=(
         Example(
-            before="cfg = SchedulerConfig(max_num_seqs=1, max_model_len=2)\n",
-            after="cfg = SchedulerConfig(max_num_seqs=1, max_model_len=2, async_scheduling=False)\n",
+            before="""
+                cfg = SchedulerConfig(max_num_seqs=1, max_model_len=2)
+            """,
+            after="""
+                cfg = SchedulerConfig(max_num_seqs=1, max_model_len=2, async_scheduling=False)
+            """,
         ),
         Example(
-            before="cfg = SchedulerConfig(\n    max_num_seqs=1,\n    max_model_len=2,\n)\n",
-            after="cfg = SchedulerConfig(\n    max_num_seqs=1,\n    max_model_len=2,\n    async_scheduling=False,\n)\n",
+            before="""
+                cfg = SchedulerConfig(
+                    max_num_seqs=1,
+                    max_model_len=2,
+                )
+            """,
+            after="""
+                cfg = SchedulerConfig(
+                    max_num_seqs=1,
+                    max_model_len=2,
+                    async_scheduling=False,
+                )
+            """,
         ),
     ),
     satisfied=("cfg = SchedulerConfig(max_num_seqs=1, async_scheduling=False)\n",),

@@ -92,36 +92,36 @@ PATCH = Patch(
     ),
     examples=(
         Example(
-            before=(
-                "def generate(self):\n"
-                "    while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:\n"
-                "        self.executor.execute_model(scheduler_output)\n"
-                "\n"
-                "        for req_id in scheduler_output.num_scheduled_tokens:\n"
-                "            self.scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)\n"
-            ),
-            after=(
-                "def generate(self):\n"
-                "    while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:\n"
-                "        self.executor.execute_model(scheduler_output)\n"
-                "        self.executor.sample_tokens(None)\n"
-                "\n"
-                "        for req_id in scheduler_output.num_scheduled_tokens:\n"
-                "            self.scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)\n"
-            ),
+            before="""
+                def generate(self):
+                    while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:
+                        self.executor.execute_model(scheduler_output)
+
+                        for req_id in scheduler_output.num_scheduled_tokens:
+                            self.scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
+            """,
+            after="""
+                def generate(self):
+                    while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:
+                        self.executor.execute_model(scheduler_output)
+                        self.executor.sample_tokens(None)
+
+                        for req_id in scheduler_output.num_scheduled_tokens:
+                            self.scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
+            """,
         ),
         Example(
-            before=(
-                "def step(self, scheduler_output):\n"
-                "    model_output = self.executor.execute_model(scheduler_output)\n"
-                "    return model_output\n"
-            ),
-            after=(
-                "def step(self, scheduler_output):\n"
-                "    model_output = self.executor.execute_model(scheduler_output)\n"
-                "    self.executor.sample_tokens(None)\n"
-                "    return model_output\n"
-            ),
+            before="""
+                def step(self, scheduler_output):
+                    model_output = self.executor.execute_model(scheduler_output)
+                    return model_output
+            """,
+            after="""
+                def step(self, scheduler_output):
+                    model_output = self.executor.execute_model(scheduler_output)
+                    self.executor.sample_tokens(None)
+                    return model_output
+            """,
         ),
     ),
     satisfied=(

@@ -64,27 +64,35 @@ PATCH = Patch(
     ),
     examples=(
         Example(
-            before=(
-                "cache_config = CacheConfig(\n"
-                "    block_size=VLLM_BLOCK_SIZE,\n"
-                "    gpu_memory_utilization=gpu_memory_utilization,\n"
-                ")\n"
-            ),
-            after=(
-                "cache_config = CacheConfig(\n"
-                "    block_size=VLLM_BLOCK_SIZE,\n"
-                "    gpu_memory_utilization=gpu_memory_utilization,\n"
-                "    enable_prefix_caching=False,\n"
-                ")\n"
-            ),
+            before="""
+                cache_config = CacheConfig(
+                    block_size=VLLM_BLOCK_SIZE,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                )
+            """,
+            after="""
+                cache_config = CacheConfig(
+                    block_size=VLLM_BLOCK_SIZE,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    enable_prefix_caching=False,
+                )
+            """,
         ),
         Example(
-            before="cfg = CacheConfig(block_size=16)\n",
-            after="cfg = CacheConfig(block_size=16, enable_prefix_caching=False)\n",
+            before="""
+                cfg = CacheConfig(block_size=16)
+            """,
+            after="""
+                cfg = CacheConfig(block_size=16, enable_prefix_caching=False)
+            """,
         ),
         Example(
-            before="cfg = CacheConfig(block_size=16, enable_prefix_caching=True)\n",
-            after="cfg = CacheConfig(block_size=16, enable_prefix_caching=False)\n",
+            before="""
+                cfg = CacheConfig(block_size=16, enable_prefix_caching=True)
+            """,
+            after="""
+                cfg = CacheConfig(block_size=16, enable_prefix_caching=False)
+            """,
         ),
     ),
     satisfied=(

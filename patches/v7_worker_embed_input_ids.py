@@ -190,22 +190,22 @@ PATCH = Patch(
     examples=(
         Example(before=BEFORE, after=AFTER),
         Example(
-            before=(
-                "def _patched_forward(self, input_ids, positions):\n"
-                "    return self.get_input_embeddings(input_ids)\n"
-                "\n"
-                "\n"
-                "def other(self, input_ids):\n"
-                "    return self.get_input_embeddings(input_ids)\n"
-            ),
-            after=(
-                "def _patched_forward(self, input_ids, positions, **_kwargs):\n"
-                "    return self.embed_input_ids(input_ids)\n"
-                "\n"
-                "\n"
-                "def other(self, input_ids):\n"
-                "    return self.get_input_embeddings(input_ids)\n"
-            ),
+            before="""
+                def _patched_forward(self, input_ids, positions):
+                    return self.get_input_embeddings(input_ids)
+
+
+                def other(self, input_ids):
+                    return self.get_input_embeddings(input_ids)
+            """,
+            after="""
+                def _patched_forward(self, input_ids, positions, **_kwargs):
+                    return self.embed_input_ids(input_ids)
+
+
+                def other(self, input_ids):
+                    return self.get_input_embeddings(input_ids)
+            """,
         ),
     ),
     satisfied=(
