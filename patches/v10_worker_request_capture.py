@@ -311,6 +311,32 @@ PATCH = Patch(
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
+    near_misses=(
+        # a worker whose _get_captured_states already takes the request ids (speculators 0.4's shape)
+        '''
+            import torch
+
+
+            class HiddenStatesWorkerExtension:
+                def _store_captured_states(self, aux_hidden_states):
+                    if self._captured_states is None:
+                        self._captured_states = [[h] for h in aux_hidden_states]
+                    else:
+                        for i, h in enumerate(aux_hidden_states):
+                            self._captured_states[i].append(h)
+
+                def _reset_capture(self):
+                    """Reset captured states before starting a new batch"""
+                    self._captured_states = None
+
+                def _get_captured_states(self, request_ids):
+                    if self._captured_states is None:
+                        return None
+                    result = {r: [torch.cat(t, dim=0) for t in self._captured_states] for r in request_ids}
+                    self._captured_states = None
+                    return result
+        ''',
+    ),
     upstream="not a vLLM change: vLLM v1's chunked prefill and input batch ordering "
     "(vllm/v1/core/sched/scheduler.py, vllm/v1/worker/gpu_input_batch.py); speculators 0.4.0 "
     "tracks requests the same way but returns them sorted by id string",

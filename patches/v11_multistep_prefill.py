@@ -368,6 +368,30 @@ PATCH = Patch(
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
+    near_misses=(
+        # a stepping loop that aborts no request per step: not 0.3.0's loop
+        """
+            def generate(self, token_ids):
+                for i, ids in enumerate(input_ids_list):
+                    req = Request(request_id=f"req_{self._request_counter}_{i}", prompt_token_ids=ids)
+                    self.scheduler.add_request(req)
+
+                self._request_counter += 1
+                self.executor.collective_rpc("_reset_capture")
+
+                while (
+                    scheduler_output := self.scheduler.schedule()
+                ).total_num_scheduled_tokens > 0:
+                    self.executor.execute_model(scheduler_output)
+                    self.executor.sample_tokens(None)
+
+                captured_states_list = self.executor.collective_rpc(
+                    "_get_captured_states",
+                    unique_reply_rank=0,
+                )
+                return captured_states_list
+        """,
+    ),
     upstream="not a vLLM change: vLLM v1's chunked prefill (vllm/v1/core/sched/scheduler.py); "
     "speculators 0.4.0 steps until prefill completes but sorts results by request id string",
     fixed_in="speculators 0.4.0 (its results come back out of order from the eleventh prompt of a call on: v22)",

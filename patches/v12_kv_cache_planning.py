@@ -177,6 +177,12 @@ PATCH = Patch(
         AFTER,
         "from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups\n",
     ),
+    near_misses=(
+        # only v1's hashing helpers, which stay in kv_cache_utils: none of the planning helpers
+        """
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        """,
+    ),
     upstream="vLLM 0.33.0: vllm/v1/core/kv_cache_planning.py (get_kv_cache_config_from_groups, "
     "_get_kv_cache_groups_uniform_spec, unify_hybrid_kv_cache_specs moved out of "
     "vllm/v1/core/kv_cache_utils.py)",

@@ -88,6 +88,12 @@ PATCH = Patch(
         ),
     ),
     satisfied=('req = Request(request_id="r", prompt_token_ids=[1], sampling_params=None, pooling_params=None)\n',),
+    near_misses=(
+        # EngineCoreRequest, which keeps eos_token_id: not the scheduler's Request
+        """
+            req = EngineCoreRequest(request_id="r", prompt_token_ids=[1], eos_token_id=2)
+        """,
+    ),
     upstream="vLLM 0.17.0: vllm/v1/request.py (Request.__init__ without eos_token_id)",
     without_it="without it on vLLM 0.17 and later: `TypeError: Request.__init__() got an unexpected keyword argument 'eos_token_id'` at the first `generate()` (verification catches it and rolls back)",
     leave_one_out=(

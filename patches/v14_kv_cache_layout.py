@@ -326,6 +326,15 @@ PATCH = Patch(
             "    kv_cache_config = get_kv_cache_config_from_groups(self.vllm_config, groups, memory)\n"
         ),
     ),
+    near_misses=(
+        # kv_cache_spec a parameter, not assigned before the call in the same body
+        """
+            import torch
+
+            def build(self, kv_cache_spec):
+                kv_cache_config = get_kv_cache_config_from_groups(cfg, groups, memory)
+        """,
+    ),
     attribute_calls=(
         AttributeCall(
             "self.executor",

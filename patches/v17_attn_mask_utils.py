@@ -116,6 +116,15 @@ PATCH = Patch(
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
+    near_misses=(
+        # transformers 5's own causal-mask helper, already imported from masking_utils
+        """
+            import torch
+            from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+            from transformers.masking_utils import create_causal_mask
+            from transformers.modeling_outputs import CausalLMOutputWithPast
+        """,
+    ),
     upstream="transformers 5.24.0: src/transformers/modeling_attn_mask_utils.py removed; 5.25.0: restored",
     without_it="without it with transformers 5.24.0: `import speculators` fails, `ModuleNotFoundError: No module named 'transformers.modeling_attn_mask_utils'` (the patch defines a local causal-mask function where the import fails)",
     leave_one_out=(

@@ -153,6 +153,20 @@ PATCH = Patch(
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
+    near_misses=(
+        # a configured @torch.compile(...), not the bare decorator
+        """
+            import torch
+            from speculators.model import SpeculatorModel
+
+
+            @SpeculatorModel.register("eagle3")
+            class Eagle3DraftModel(SpeculatorModel):
+                @torch.compile(dynamic=True)
+                def forward(self, hidden_states, input_ids, ttt_steps: int = 3):
+                    return hidden_states
+        """,
+    ),
     upstream="torch: torch/_inductor/runtime/benchmarking.py evaluates torch.cuda.is_available() at "
     "import (module-level use_experimental_benchmarker); vLLM: get_mp_context() forces spawn only "
     "when torch.cuda.is_initialized() (vllm/utils/system_utils.py _maybe_force_spawn)",

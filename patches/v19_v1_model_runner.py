@@ -174,6 +174,17 @@ PATCH = Patch(
         ),
     ),
     satisfied=(AFTER,),
+    near_misses=(
+        # a module-level function, not the generator's _create_vllm_config method
+        """
+            import os
+
+
+            def create_vllm_config():
+                os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+                return None
+        """,
+    ),
     upstream="vLLM 0.22.0-0.33.0: vllm/config/vllm.py (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, "
     "VllmConfig.use_v2_model_runner); vllm/v1/worker/gpu_worker.py builds "
     "vllm.v1.worker.gpu.model_runner.GPUModelRunner when it says so",

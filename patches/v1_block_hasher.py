@@ -373,8 +373,8 @@ PATCH = Patch(
             """,
         ),
         Example(
-            before="""
-                \"\"\"Generator.\"\"\"
+            before='''
+                """Generator."""
                 import torch
 
 
@@ -384,9 +384,9 @@ PATCH = Patch(
 
                     def add(self):
                         return Request(request_id="r")
-            """,
-            after="""
-                \"\"\"Generator.\"\"\"
+            ''',
+            after='''
+                """Generator."""
                 import torch
                 from vllm.utils.hashing import get_hash_fn_by_name
                 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -410,7 +410,7 @@ PATCH = Patch(
 
                     def add(self):
                         return Request(request_id="r", block_hasher=self.block_hasher)
-            """,
+            ''',
         ),
     ),
     satisfied=(
@@ -432,6 +432,21 @@ PATCH = Patch(
             "    def add(self):\n"
             '        return Request(request_id="r", block_hasher=self.block_hasher)\n'
         ),
+    ),
+    near_misses=(
+        # the scheduler built in a helper method, not assigned in __init__: nowhere to set up the hasher
+        '''
+            """Generator."""
+            import torch
+
+
+            class G:
+                def __init__(self):
+                    self.scheduler = self._build_scheduler()
+
+                def _build_scheduler(self):
+                    return Scheduler(vllm_config=self.vllm_config)
+        ''',
     ),
     upstream="vLLM 0.12.0: vllm/config/cache.py (enable_prefix_caching defaults to True), "
     "vllm/v1/request.py (block_hasher); https://github.com/vllm-project/vllm/pull/27151 "

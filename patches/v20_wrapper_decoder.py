@@ -241,6 +241,16 @@ PATCH = Patch(
         Example(before=OTHER_READER + BEFORE, after=OTHER_READER + AFTER),
     ),
     satisfied=(AFTER,),
+    near_misses=(
+        # the decoder already found through get_language_model() (speculators 0.4.0's form)
+        """
+            class HiddenStatesWorkerExtension:
+                def _setup_hidden_states_capture(self, layer_ids: list[int]):
+                    model = self.model_runner.model  # type: ignore[attr-defined]
+                    base_model = model.get_language_model().model
+                    base_model._extension = self  # noqa: SLF001
+        """,
+    ),
     upstream="vLLM 0.16.0: KimiK25ForConditionalGeneration (vllm/model_executor/models/kimi_k25.py) keeps "
     "its decoder at language_model.model; vLLM 0.18.0: DeepseekV2ForCausalLM and "
     "KimiK25ForConditionalGeneration declare SupportsEagle3; speculators 0.4.0 looks through "

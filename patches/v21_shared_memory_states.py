@@ -548,6 +548,18 @@ PATCH = Patch(
         Example(before=BEFORE_0_3_0, after=AFTER_0_3_0),
     ),
     satisfied=(AFTER,),
+    near_misses=(
+        # another RPC (_reset_capture) bound to the same name: not the captured states
+        """
+            import torch
+
+
+            class G:
+                def generate(self):
+                    captured_states_list = self.executor.collective_rpc("_reset_capture", unique_reply_rank=0)
+                    return captured_states_list
+        """,
+    ),
     upstream="not a vLLM change: vLLM's executor message queue "
     "(vllm/distributed/device_communicators/shm_broadcast.py) is built for small replies; vLLM's "
     "own hidden-states connector (vllm/distributed/kv_transfer/kv_connector/v1/"

@@ -80,6 +80,15 @@ PATCH = Patch(
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
+    near_misses=(
+        # a sorted loop over layer ids (their order is the right one), not over request_id_to_idx
+        """
+            results = []
+            for layer_id in sorted(self.layer_ids):
+                i = layer_index[layer_id]
+                results.append({"hidden_states": torch.as_tensor(captured[i])})
+        """,
+    ),
     upstream="not a vLLM change: speculators 0.4.0 vllm_hidden_states_generator.py, generate() "
     "(`for req_id in sorted(request_id_to_idx.keys())`)",
     without_it="without it a `generate()` call of more than 10 prompts returns them out of the caller's order "

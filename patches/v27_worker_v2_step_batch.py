@@ -283,6 +283,13 @@ PATCH = Patch(
         Example(before=BEFORE_0_3_0, after=AFTER_0_3_0),
     ),
     satisfied=(AFTER,),
+    near_misses=(
+        # a module-level helper, not a worker class's _setup_hidden_states_capture method
+        """
+            def _setup_hidden_states_capture(worker, layer_ids):
+                worker._layer_ids = frozenset(layer_ids)
+        """,
+    ),
     upstream="vLLM 0.12.0-0.34.0: vllm/v1/worker/gpu/model_runner.py (GPUModelRunner.prepare_inputs, "
     "execute_model), vllm/v1/worker/gpu/input_batch.py (InputBatch.req_ids); vLLM 0.34.0 removed "
     "vllm/v1/worker/gpu_model_runner.py and gpu_input_batch.py",

@@ -137,6 +137,12 @@ PATCH = Patch(
         ),
     ),
     satisfied=("cfg = CacheConfig(block_size=16, enable_extensible_kv_cache=False)\n",),
+    near_misses=(
+        # a copy of an existing cache config, no CacheConfig(...) built here
+        """
+            cfg = dataclasses.replace(cache_config, enable_extensible_kv_cache=True)
+        """,
+    ),
     upstream="vLLM 0.34.0: vllm/config/cache.py (CacheConfig.enable_extensible_kv_cache), "
     "vllm/config/vllm.py (_resolve_extensible_kv_cache), vllm/v1/worker/extensible_kv_cache.py, "
     "vllm/v1/engine/core.py (extend_kv_cache after compile_or_warm_up_model)",

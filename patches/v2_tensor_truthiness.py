@@ -165,6 +165,17 @@ PATCH = Patch(
         ),
     ),
     satisfied=(AFTER,),
+    near_misses=(
+        # another element of the reply (the last rank's): not the single reply read as a list
+        """
+            def states(self):
+                captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)
+                aux_hidden_states = captured_states_list[-1]
+                if not aux_hidden_states:
+                    return []
+                return aux_hidden_states
+        """,
+    ),
     upstream="vLLM 0.11.1: vllm/v1/executor/multiproc_executor.py (collective_rpc with "
     "unique_reply_rank returns the single reply); speculators fix "
     "https://github.com/vllm-project/speculators/pull/225",

@@ -201,6 +201,14 @@ PATCH = Patch(
             "sc = SchedulerConfig(is_encoder_decoder=False)\n"
         ),
     ),
+    near_misses=(
+        # VLLM_BLOCK_SIZE imported, not defined at the top of this module: not the generator's own
+        """
+            from speculators.data_generation.config import VLLM_BLOCK_SIZE
+
+            sched = Scheduler(vllm_config=c, kv_cache_config=cfg, structured_output_manager=o)
+        """,
+    ),
     upstream="vLLM 0.11.1: vllm/v1/core/sched/scheduler.py (Scheduler block_size); vLLM 0.12.0: "
     "vllm/config/scheduler.py (is_encoder_decoder), vllm/v1/core/kv_cache_utils.py "
     "(kv_cache_specs removed); speculators fix https://github.com/vllm-project/speculators/pull/225",

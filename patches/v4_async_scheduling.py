@@ -68,6 +68,12 @@ PATCH = Patch(
         ),
     ),
     satisfied=("cfg = SchedulerConfig(max_num_seqs=1, async_scheduling=False)\n",),
+    near_misses=(
+        # EngineArgs, not SchedulerConfig: the engine builds its scheduler config itself
+        """
+            args = EngineArgs(max_num_seqs=1, max_model_len=2)
+        """,
+    ),
     upstream="vLLM SchedulerConfig.async_scheduling (present in 0.11.0; default None from 0.14.0)",
     fixed_in="speculators 0.4.0 (never sets it)",
     without_it="nothing: the run does not need it (the seeds' v4; vLLM keeps the two-phase contract whatever the flag says); kept because hosts patched by hand carry it",

@@ -140,6 +140,14 @@ PATCH = Patch(
             "        model_output = self.executor.sample_tokens(grammar_output)\n"
         ),
     ),
+    near_misses=(
+        # vLLM's engine core (self.model_executor), not the generator's own executor
+        """
+            def step(self, scheduler_output):
+                model_output = self.model_executor.execute_model(scheduler_output)
+                return model_output
+        """,
+    ),
     upstream="https://github.com/vllm-project/vllm/pull/26866 (vLLM 0.11.1: "
     "vllm/v1/executor/abstract.py, vllm/v1/worker/gpu_model_runner.py)",
     fixed_in="speculators 0.4.0",

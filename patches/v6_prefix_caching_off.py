@@ -106,6 +106,12 @@ PATCH = Patch(
             ")\n"
         ),
     ),
+    near_misses=(
+        # a copy of an existing cache config, no CacheConfig(...) built here
+        """
+            cfg = dataclasses.replace(cache_config, block_size=16)
+        """,
+    ),
     upstream="vLLM 0.12.0: vllm/config/cache.py (enable_prefix_caching defaults to True); "
     "speculators fix https://github.com/vllm-project/speculators/pull/225",
     fixed_in="speculators 0.4.0",

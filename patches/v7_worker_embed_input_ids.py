@@ -225,6 +225,13 @@ PATCH = Patch(
             "    return hidden_states\n"
         ),
     ),
+    near_misses=(
+        # a model whose forward embeds through its own embed_tokens: no get_input_embeddings() call
+        """
+            def _patched_forward(self, input_ids, positions):
+                return self.embed_tokens(input_ids)
+        """,
+    ),
     upstream="vLLM 0.11.1: models' get_input_embeddings() renamed embed_input_ids() "
     "(vllm/model_executor/models/interfaces.py); speculators fix "
     "https://github.com/vllm-project/speculators/pull/225",

@@ -184,6 +184,21 @@ PATCH = Patch(
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
+    near_misses=(
+        # vLLM's own forward (not the patched one) with the same layer loop
+        """
+            def forward(
+                self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None
+            ):
+                residual = None
+
+                for idx, layer in enumerate(islice(self.layers, self.start_layer, self.end_layer)):
+                    hidden_states, residual = layer(
+                        hidden_states=hidden_states, positions=positions, residual=residual
+                    )
+                return hidden_states
+        """,
+    ),
     upstream="vLLM 0.12.0: vllm/model_executor/models/deepseek_v2.py (llama_4_scaling)",
     without_it="without it, models whose config sets llama_4_scaling (DeepSeek-V3-architecture models "
     "such as Mistral Large 3) get hidden states without that query scaling, silently. Not needed for "

@@ -205,6 +205,18 @@ PATCH = Patch(
     ),
     examples=(Example(before=BEFORE, after=AFTER),),
     satisfied=(AFTER,),
+    near_misses=(
+        # another device's mem_get_info() (XPU), not torch.cuda's
+        """
+            import torch
+
+
+            class VllmHiddenStatesGenerator:
+                def __init__(self, gpu_memory_utilization):
+                    free_memory, _ = torch.xpu.mem_get_info()
+                    cache_memory = int(free_memory * gpu_memory_utilization * CACHE_MEMORY_FRACTION)
+        """,
+    ),
     upstream="not a vLLM change: speculators 0.3.0 assumes CUDA; 0.4.0 moved to its own helpers "
     "(speculators/utils/util.py mem_get_info, empty_cache), which still pick CUDA on a CUDA-built torch "
     "without a GPU: v23 is this fix for 0.4",
