@@ -273,8 +273,8 @@ class Patch:
 
     Required: id (`vN-slug`, in a module named `vN_slug.py`), title, target, requires, edits
     (each with `when`, `answers` and `fact`), examples, satisfied, upstream. Expected of every
-    module in patches/ (the patch reference fails without them): without_it, leave_one_out.
-    Optional: fixed_in, on_fixed_in, attribute_calls, needs, since, near_misses.
+    module in patches/ (the patch reference and tests/test_patch_examples.py fail without them):
+    without_it, leave_one_out, near_misses. Optional: fixed_in, on_fixed_in, attribute_calls, needs, since.
     """
 
     id: str

@@ -64,3 +64,23 @@ def test_a_near_miss_is_left_alone(patch, source):
     assert outcome.outcome == "anchor-missing", (outcome.outcome, outcome.message)
     assert "anchor not found: expected" in outcome.message
     assert result.result == source
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=[p.id for p in PATCHES])
+def test_every_patch_declares_a_near_miss(patch):
+    assert patch.near_misses, f"{patch.id}: declare near_misses= (code like its anchor that it must leave alone)"
+
+
+def test_sources_are_read_dedented():
+    # written indented in triple quotes, as the declarations do (LibCST's assertCodemod reads its fixtures so)
+    from patcher.model import Example
+
+    example = Example(
+        before="""
+            def f():
+                return 1
+        """,
+        after="def f():\n    return 2\n",
+    )
+    assert example.before == "def f():\n    return 1\n" and example.after == "def f():\n    return 2\n"
+    assert Example(before=example.before, after=example.after) == example  # read again: the same text
