@@ -342,7 +342,10 @@ PATCH = Patch(
     "tracks requests the same way but returns them sorted by id string",
     fixed_in="speculators 0.4.0 (its results come back out of order from the eleventh prompt of a call on: v22)",
     without_it="harmless alone (the old calls behave as before); v11 needs it: with both, rows are attributed to their own request in the caller's order, and a request with too few or too many rows raises instead of returning wrong data. Without both, a prompt that vLLM splits across steps comes back cut and the prompts after it get rows of others",
-    leave_one_out=(LeaveOneOut("0.16.0", Symptom("rows"), calls="3"),),
+    leave_one_out=(
+        LeaveOneOut("0.16.0", Symptom("rows"), calls="3"),
+        LeaveOneOut("0.16.0", Symptom("rows"), calls="all", tensor_parallel=2),
+    ),
     since="any",
     on_fixed_in="anchor-missing",
 )

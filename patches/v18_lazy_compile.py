@@ -186,6 +186,7 @@ PATCH = Patch(
             device="cuda",
             record="bench/gpu/results/0.22.1-h200x2/log.txt",
         ),
+        LeaveOneOut("0.16.0", None, calls="all", tensor_parallel=2),
     ),
     since="any (torch >=2.0: a condition on torch)",
     # 0.4.0 decorates with its own conditional_torch_compile (which asks torch.cuda.is_available()

@@ -271,6 +271,7 @@ PATCH = Patch(
             device="cuda",
             record="bench/gpu/results/0.20.0-moe-h200x1/log.txt",
         ),
+        LeaveOneOut("0.16.0", None, calls="all", tensor_parallel=2),
     ),
     since="any / <0.18.0",
     on_fixed_in="anchor-missing",

@@ -95,6 +95,9 @@ PATCH = Patch(
     "([0, 1, 10, 2, ...]: `req_0_10` sorts before `req_0_2`), silently, on every vLLM release: each result "
     "keeps its own input_ids, so a caller pairing results with its prompts by position gets another "
     "prompt's hidden states",
-    leave_one_out=(LeaveOneOut("0.16.0", Symptom("rows"), calls="all", speculators="0.4.0.1"),),
+    leave_one_out=(
+        LeaveOneOut("0.16.0", Symptom("rows"), calls="all", speculators="0.4.0.1"),
+        LeaveOneOut("0.16.0", Symptom("rows"), calls="all", tensor_parallel=2, speculators="0.4.0.1"),
+    ),
     since="any",
 )

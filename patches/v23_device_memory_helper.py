@@ -117,6 +117,13 @@ PATCH = Patch(
     "helper returns (0, 0)); the fallback is correct everywhere, so no platform condition",
     leave_one_out=(
         LeaveOneOut("0.16.0", Symptom("init", "RuntimeError", ("Found no NVIDIA driver",)), speculators="0.4.0.1"),
+        LeaveOneOut(
+            "0.16.0",
+            Symptom("init", "RuntimeError", ("Found no NVIDIA driver",)),
+            calls="all",
+            tensor_parallel=2,
+            speculators="0.4.0.1",
+        ),
     ),
     since="any",
 )

@@ -188,6 +188,7 @@ PATCH = Patch(
             record="bench/gpu/results/0.26.0-speculators-0.4.0.1-h200x1/log.txt",
             speculators="0.4.0.1",
         ),
+        LeaveOneOut("0.16.0", None, calls="all", tensor_parallel=2, speculators="0.4.0.1"),
     ),
     since="any (torch >=2.0: a condition on torch)",
 )

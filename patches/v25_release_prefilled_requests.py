@@ -286,6 +286,13 @@ PATCH = Patch(
             calls="5",
             speculators="0.4.0.1",
         ),
+        LeaveOneOut(
+            "0.16.0",
+            Symptom("generate 5", "RuntimeError", ("Request req_4_32 not found in captured states",)),
+            calls="all",
+            tensor_parallel=2,
+            speculators="0.4.0.1",
+        ),
     ),
     since="any",
 )

@@ -312,6 +312,8 @@ PATCH = Patch(
             record="bench/gpu/results/0.34.0-speculators-0.4.0.1-h200x1/e2e-without-v27.json",
             speculators="0.4.0.1",
         ),
+        LeaveOneOut("0.16.0", None, calls="all", tensor_parallel=2),
+        LeaveOneOut("0.16.0", None, calls="all", tensor_parallel=2, speculators="0.4.0.1"),
     ),
     since="0.12.0",
 )

@@ -254,6 +254,33 @@ PATCH = Patch(
             record="bench/gpu/results/0.34.0-speculators-0.4.0.1-five-calls-h200x1/e2e-without-v29.json",
             speculators="0.4.0.1",
         ),
+        LeaveOneOut(
+            "0.16.0",
+            Symptom(
+                "generate 1",
+                "RuntimeError",
+                (
+                    "left",
+                    "requests in the workers' model runner",
+                ),
+            ),
+            calls="all",
+            tensor_parallel=2,
+        ),
+        LeaveOneOut(
+            "0.16.0",
+            Symptom(
+                "generate 1",
+                "RuntimeError",
+                (
+                    "left",
+                    "requests in the workers' model runner",
+                ),
+            ),
+            calls="all",
+            tensor_parallel=2,
+            speculators="0.4.0.1",
+        ),
     ),
     since="any",
 )

@@ -186,6 +186,12 @@ PATCH = Patch(
             "0.16.0",
             Symptom("generate 1", "RuntimeError", ("Boolean value of Tensor with more than one value is ambiguous",)),
         ),
+        LeaveOneOut(
+            "0.16.0",
+            Symptom("generate 1", "RuntimeError", ("Boolean value of Tensor with more than one value is ambiguous",)),
+            calls="all",
+            tensor_parallel=2,
+        ),
     ),
     on_fixed_in="anchor-missing",
 )

@@ -216,6 +216,17 @@ PATCH = Patch(
     without_it="without it the generator cannot be constructed: `Scheduler` misses its required `block_size` (vLLM 0.11.1); pydantic `ValidationError` at `SchedulerConfig(...)`, `is_encoder_decoder` Field required, and `get_kv_cache_config_from_groups()` gets an unexpected keyword argument `kv_cache_specs` (0.12.0)",
     leave_one_out=(
         LeaveOneOut("0.16.0", Symptom("init", "ValidationError", ("is_encoder_decoder", "Field required"))),
+        # the release matrix applies with verification, which refuses the call before anything runs
+        LeaveOneOut(
+            "0.16.0",
+            Symptom(
+                "verify",
+                "",
+                ("get_kv_cache_config_from_groups(...): got an unexpected keyword argument 'kv_cache_specs'",),
+            ),
+            calls="all",
+            tensor_parallel=2,
+        ),
     ),
     on_fixed_in="already-satisfied",
 )

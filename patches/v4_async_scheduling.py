@@ -77,7 +77,10 @@ PATCH = Patch(
     upstream="vLLM SchedulerConfig.async_scheduling (present in 0.11.0; default None from 0.14.0)",
     fixed_in="speculators 0.4.0 (never sets it)",
     without_it="nothing: the run does not need it (the seeds' v4; vLLM keeps the two-phase contract whatever the flag says); kept because hosts patched by hand carry it",
-    leave_one_out=(LeaveOneOut("0.16.0", None, calls="all"),),
+    leave_one_out=(
+        LeaveOneOut("0.16.0", None, calls="all"),
+        LeaveOneOut("0.16.0", None, calls="all", tensor_parallel=2),
+    ),
     # 0.4.0 never sets async_scheduling, so this codemod would add it; not part of the 0.4 set:
     # the 0.4.0.1 rows of the release matrix pass without it (docs/speculators-releases.md)
     on_fixed_in="applies",

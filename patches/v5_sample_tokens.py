@@ -174,6 +174,14 @@ PATCH = Patch(
             ),
             calls="1,2",
         ),
+        LeaveOneOut(
+            "0.16.0",
+            Symptom(
+                "generate 1", "RuntimeError", ("sample_tokens() must be called after execute_model() returns None",)
+            ),
+            calls="all",
+            tensor_parallel=2,
+        ),
     ),
     on_fixed_in="already-satisfied",
 )

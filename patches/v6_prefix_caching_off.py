@@ -122,6 +122,12 @@ PATCH = Patch(
             Symptom("generate 1", "RuntimeError", ("request req_0_3: captured 32 rows of hidden states, expected 64",)),
             calls="1,2",
         ),
+        LeaveOneOut(
+            "0.16.0",
+            Symptom("generate 1", "RuntimeError", ("request req_0_3: captured 32 rows of hidden states, expected 64",)),
+            calls="all",
+            tensor_parallel=2,
+        ),
     ),
     on_fixed_in="already-satisfied",
 )

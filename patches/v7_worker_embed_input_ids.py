@@ -239,6 +239,12 @@ PATCH = Patch(
     without_it="without it the worker fails during vLLM's warm-up, before any prompt: `AttributeError: 'LlamaModel' object has no attribute 'get_input_embeddings'`; the patched forward also accepts extra keyword arguments",
     leave_one_out=(
         LeaveOneOut("0.16.0", Symptom("init", "RuntimeError", ("has no attribute 'get_input_embeddings'",))),
+        LeaveOneOut(
+            "0.16.0",
+            Symptom("init", "RuntimeError", ("has no attribute 'get_input_embeddings'",)),
+            calls="all",
+            tensor_parallel=2,
+        ),
     ),
     since="0.11.1",
     on_fixed_in="already-satisfied",

