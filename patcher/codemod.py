@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from patcher import shapes as m
 
 
 class SkipFile(Exception):
@@ -123,3 +126,103 @@ def with_import_first(module: cst.Module, name: str) -> cst.Module | None:
         line = line.with_changes(leading_lines=body[at].leading_lines)
         body[at] = body[at].with_changes(leading_lines=())
     return module.with_changes(body=[*body[:at], line, *body[at:]])
+
+
+# Shared by several patches (each one reads alone: none imports another patch module).
+
+
+def imported_names(body: list[cst.BaseStatement] | tuple[cst.BaseStatement, ...]) -> set[tuple[str, str]]:
+    """(module, name) of every top-level `from module import name` (unaliased, or aliased to itself)."""
+    found: set[tuple[str, str]] = set()
+    for statement in body:
+        if not (
+            isinstance(statement, cst.SimpleStatementLine)
+            and m.matches(statement, m.SimpleStatementLine(body=[m.ImportFrom()]))
+        ):
+            continue
+        node = statement.body[0]
+        assert isinstance(node, cst.ImportFrom)  # matched above
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            continue
+        module = get_full_name_for_node(node.module) or ""
+        for alias in node.names:
+            if alias.evaluated_alias in (None, alias.evaluated_name):
+                found.add((module, alias.evaluated_name))
+    return found
+
+
+def import_after_last_vllm_import(
+    body: list[cst.BaseStatement], statement: cst.BaseStatement
+) -> list[cst.BaseStatement]:
+    """`statement` after the last top-level `from vllm... import`, else after the last import."""
+    imports = [i for i, s in enumerate(body) if m.matches(s, m.SimpleStatementLine(body=[m.ImportFrom() | m.Import()]))]
+
+    def from_vllm(statement: cst.BaseStatement) -> bool:
+        if not m.matches(statement, m.SimpleStatementLine(body=[m.ImportFrom(relative=[])])):
+            return False
+        node = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        module = node.module if isinstance(node, cst.ImportFrom) else None
+        return module is not None and (get_full_name_for_node(module) or "").split(".")[0] == "vllm"
+
+    vllm = [i for i in imports if from_vllm(body[i])]
+    at = (vllm or imports or [-1])[-1] + 1
+    return [*body[:at], statement, *body[at:]]
+
+
+def torch_cuda_call(name: str) -> m.Shape:
+    return m.Call(
+        func=m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name("cuda")), attr=m.Name(name)),
+        args=[],
+    )
+
+
+def defines_function(body, name: str) -> bool:
+    return any(isinstance(s, cst.FunctionDef) and s.name.value == name for s in body)
+
+
+class CudaCallToDeviceHelper(PatchCodemod):
+    """torch.cuda.<CUDA_FUNCTION>() -> <HELPER>(), with HELPER defined at module level
+    (placed before the first top-level class, or at the end).
+
+    Patched: a call HELPER() outside the helper itself (the helper is then ensured).
+    """
+
+    CUDA_FUNCTION: ClassVar[str]
+    HELPER: ClassVar[str]
+    HELPER_SOURCE: ClassVar[str]
+
+    def __init__(self, filename: str = "<source>") -> None:
+        super().__init__(filename)
+        self.in_helper = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if node.name.value == self.HELPER:
+            self.in_helper += 1
+        return True
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if original.name.value == self.HELPER:
+            self.in_helper -= 1
+        return updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if self.in_helper:
+            return updated
+        if m.matches(updated, m.Call(func=m.Name(self.HELPER))):
+            self.found_patched()
+            return updated
+        if not m.matches(updated, torch_cuda_call(self.CUDA_FUNCTION)):
+            return updated
+        self.rewrote()
+        return cst.Call(func=cst.Name(self.HELPER))
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        if not (self.rewrites or self.patched_seen) or defines_function(updated.body, self.HELPER):
+            return updated
+        self.rewrote()
+        helper = cst.parse_statement(self.HELPER_SOURCE)
+        helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+        body = list(updated.body)
+        index = next((i for i, s in enumerate(body) if isinstance(s, cst.ClassDef)), len(body))
+        body.insert(index, helper)
+        return updated.with_changes(body=body)

@@ -1,6 +1,6 @@
 """The files of speculators that the patches rewrite, and the speculators releases patcher covers."""
 
-from patcher.model import ConnectorDrift, ReleaseLine, TargetFile
+from patcher.model import ConnectorDrift, ReleaseLine, Symptom, TargetFile
 
 GENERATOR = TargetFile("speculators", "speculators/data_generation/vllm_hidden_states_generator.py")
 WORKER = TargetFile("speculators", "speculators/data_generation/custom_worker.py")
@@ -11,6 +11,8 @@ WORKER = TargetFile("speculators", "speculators/data_generation/custom_worker.py
 SPECULATORS_0_3 = {"speculators": ">=0.3.0,<0.4.0"}
 SPECULATORS_0_4 = {"speculators": ">=0.4.0,<0.5.0"}
 SPECULATORS_0_3_OR_0_4 = {"speculators": ">=0.3.0,<0.5.0"}
+# Every vLLM release the patch sets cover (an edit whose drift is speculators' own, or torch's)
+EVERY_RELEASE = {"vllm": ">=0.11.0"}
 # transformers 5 breaks `import speculators` itself (v16, v17): these two files are on its import path.
 PYDANTIC_UTILS = TargetFile("speculators", "speculators/utils/pydantic_utils.py")
 EAGLE = TargetFile("speculators", "speculators/models/eagle.py")
@@ -85,3 +87,7 @@ CONNECTOR_DRIFT = (
         "the override, there to keep them off, is never read; harmless",
     ),
 )
+
+# Shared symptoms: a worker started by fork after CUDA was initialised in the generator's process
+# (torch.compile at import: v18 for 0.3.0, v24 for 0.4.x).
+CUDA_IN_FORKED_WORKER = Symptom("init", messages=("Cannot re-initialize CUDA in forked subprocess",))

@@ -28,7 +28,7 @@ import libcst as cst
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import SPECULATORS_0_3, WORKER
+from .targets import EVERY_RELEASE, SPECULATORS_0_3, WORKER
 
 HELPER = "_rows_by_request"
 SET_METADATA = "_set_request_metadata"
@@ -174,8 +174,7 @@ def append_to_body(node: cst.FunctionDef, statements: list[cst.BaseStatement]) -
     return node.with_changes(body=node.body.with_changes(body=[*node.body.body, *statements]))
 
 
-# Every release: chunked prefill and batch reordering are how vLLM v1 schedules.
-EVERY_RELEASE = {"vllm": ">=0.11.0"}
+# when=EVERY_RELEASE: chunked prefill and batch reordering are how vLLM v1 schedules.
 
 
 class WorkerRecordsRequestRows(PatchCodemod):

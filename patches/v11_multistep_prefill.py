@@ -31,7 +31,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod, SkipFile, append_arg, has_keyword, keyword_arg
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import GENERATOR, SPECULATORS_0_3
+from .targets import EVERY_RELEASE, GENERATOR, SPECULATORS_0_3
 
 TOKENS = "request_tokens"
 SELF_SCHEDULER = m.Attribute(value=m.Name("self"), attr=m.Name("scheduler"))
@@ -275,8 +275,7 @@ class PrefillAcrossSteps(PatchCodemod):
         return result
 
 
-# Every release: 0.3.0's own loop, wrong wherever vLLM v1 splits a prompt across steps.
-EVERY_RELEASE = {"vllm": ">=0.11.0"}
+# when=EVERY_RELEASE: 0.3.0's own loop, wrong wherever vLLM v1 splits a prompt across steps.
 
 BEFORE = """\
 def generate(self, token_ids):

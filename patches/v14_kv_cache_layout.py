@@ -26,14 +26,12 @@ from __future__ import annotations
 import textwrap
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 
 from patcher import shapes as m
-from patcher.codemod import PatchCodemod, has_keyword
+from patcher.codemod import PatchCodemod, has_keyword, import_after_last_vllm_import, imported_names
 from patcher.model import AttributeCall, Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3_OR_0_4
-from .v1_block_hasher import imported_names
 
 LAYOUT_MODULE = "vllm.v1.attention.backends.utils"
 RESOLVE = "resolve_kv_cache_layout"
@@ -87,22 +85,6 @@ def config_argument(statement: cst.SimpleStatementLine) -> str:
 def binds_name(body, name: str) -> bool:
     target = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(name))])])
     return any(m.matches(s, target) for s in body)
-
-
-def import_after_last_vllm_import(
-    body: list[cst.BaseStatement], statement: cst.BaseStatement
-) -> list[cst.BaseStatement]:
-    """`statement` after the last top-level `from vllm... import`, else after the last import."""
-    imports = [i for i, s in enumerate(body) if m.matches(s, m.SimpleStatementLine(body=[m.ImportFrom() | m.Import()]))]
-    vllm = [
-        i
-        for i in imports
-        if m.matches(body[i], m.SimpleStatementLine(body=[m.ImportFrom(relative=[])]))
-        and body[i].body[0].module is not None
-        and (get_full_name_for_node(body[i].body[0].module) or "").split(".")[0] == "vllm"
-    ]
-    at = (vllm or imports or [-1])[-1] + 1
-    return [*body[:at], statement, *body[at:]]
 
 
 class ResolveKvCacheLayout(PatchCodemod):

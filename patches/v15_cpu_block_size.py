@@ -14,12 +14,10 @@ from __future__ import annotations
 import libcst as cst
 
 from patcher import shapes as m
-from patcher.codemod import PatchCodemod
+from patcher.codemod import PatchCodemod, import_after_last_vllm_import, imported_names
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3_OR_0_4
-from .v1_block_hasher import imported_names
-from .v14_kv_cache_layout import import_after_last_vllm_import
 
 CONSTANT = "VLLM_BLOCK_SIZE"
 CPU_BLOCK_SIZE = 32

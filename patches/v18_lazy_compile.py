@@ -37,10 +37,10 @@ from __future__ import annotations
 import libcst as cst
 
 from patcher import shapes as m
-from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
+from patcher.codemod import PatchCodemod, defines_function
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch
 
-from .targets import EAGLE3_CORE, SPECULATORS_0_3
+from .targets import CUDA_IN_FORKED_WORKER, EAGLE3_CORE, SPECULATORS_0_3
 
 HELPER = "_compile_on_first_call"
 
@@ -68,10 +68,6 @@ def _compile_on_first_call(function):
 
 TORCH_COMPILE = m.Decorator(decorator=m.Attribute(value=m.Name("torch"), attr=m.Name("compile")))
 LAZY_COMPILE = m.Decorator(decorator=m.Name(HELPER))
-
-
-def defines_function(body, name: str) -> bool:
-    return any(isinstance(s, cst.FunctionDef) and s.name.value == name for s in body)
 
 
 class LazyTorchCompile(PatchCodemod):
@@ -176,13 +172,13 @@ PATCH = Patch(
     leave_one_out=(
         LeaveOneOut(
             "0.20.0",
-            Symptom("init", messages=("Cannot re-initialize CUDA in forked subprocess",)),
+            CUDA_IN_FORKED_WORKER,
             device="cuda",
             record="bench/gpu/results/0.20.0-h200x2/without-v14-worker-error.txt",
         ),
         LeaveOneOut(
             "0.22.1",
-            Symptom("init", messages=("Cannot re-initialize CUDA in forked subprocess",)),
+            CUDA_IN_FORKED_WORKER,
             device="cuda",
             record="bench/gpu/results/0.22.1-h200x2/log.txt",
         ),

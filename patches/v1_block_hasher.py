@@ -15,7 +15,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from patcher import shapes as m
-from patcher.codemod import PatchCodemod, append_arg, has_keyword, keyword_arg
+from patcher.codemod import PatchCodemod, append_arg, has_keyword, imported_names, keyword_arg
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
 from .targets import GENERATOR, SPECULATORS_0_3
@@ -70,22 +70,6 @@ def hasher_setup() -> list[cst.BaseStatement]:
     block = cst.parse_module("if True:\n" + textwrap.indent(HASHER_SETUP, "    ")).body[0]
     assert isinstance(block, cst.If) and isinstance(block.body, cst.IndentedBlock)
     return list(block.body.body)
-
-
-def imported_names(body: list[cst.BaseStatement] | tuple[cst.BaseStatement, ...]) -> set[tuple[str, str]]:
-    """(module, name) of every top-level `from module import name` (unaliased, or aliased to itself)."""
-    found = set()
-    for statement in body:
-        if not m.matches(statement, m.SimpleStatementLine(body=[m.ImportFrom()])):
-            continue
-        node = statement.body[0]
-        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
-            continue
-        module = get_full_name_for_node(node.module)
-        for alias in node.names:
-            if alias.evaluated_alias in (None, alias.evaluated_name):
-                found.add((module, alias.evaluated_name))
-    return found
 
 
 def with_names(node: cst.ImportFrom, names: list[str]) -> cst.ImportFrom:

@@ -42,7 +42,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import SPECULATORS_0_3, WORKER
+from .targets import EVERY_RELEASE, SPECULATORS_0_3, WORKER
 
 SETUP = "_setup_hidden_states_capture"
 BASE_MODEL = "base_model"
@@ -78,8 +78,7 @@ def assigns_base_model(node: cst.CSTNode) -> bool:
     return bool(m.findall(node, m.AssignTarget(target=m.Name(BASE_MODEL))))
 
 
-# Every release speculators 0.3.0 runs on: vLLM's multimodal models all have it.
-EVERY_RELEASE = {"vllm": ">=0.11.0"}
+# when=EVERY_RELEASE: every release speculators 0.3.0 runs on: vLLM's multimodal models all have it.
 
 
 class DecoderThroughLanguageModel(PatchCodemod):

@@ -47,7 +47,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import AttributeCall, Edit, Example, Fact, LeaveOneOut, Patch
 
-from .targets import GENERATOR, SPECULATORS_0_3
+from .targets import EVERY_RELEASE, GENERATOR, SPECULATORS_0_3
 
 REPLY = "captured_states_list"
 FETCH = "_captured_states_through_shared_memory"
@@ -458,8 +458,7 @@ class CapturedStatesThroughSharedMemory(PatchCodemod):
         return updated.with_changes(body=[*body[:index], *helpers, *body[index:]])
 
 
-# Every release: the RPC queue carries the reply on every release the patches support.
-EVERY_RELEASE = {"vllm": ">=0.11.0"}
+# when=EVERY_RELEASE: the RPC queue carries the reply on every release the patches support.
 
 BEFORE = """\
 import torch

@@ -19,7 +19,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import GENERATOR, SPECULATORS_0_4
+from .targets import EVERY_RELEASE, GENERATOR, SPECULATORS_0_4
 
 IDS = "request_id_to_idx"
 
@@ -29,8 +29,7 @@ SORTED_IDS = m.Call(
     args=[m.Arg(value=m.Call(func=m.Attribute(value=m.Name(IDS), attr=m.Name("keys")), args=[]) | m.Name(IDS))],
 )
 
-# Not a vLLM change: wrong on every release.
-EVERY_RELEASE = {"vllm": ">=0.11.0"}
+# when=EVERY_RELEASE: Not a vLLM change: wrong on every release.
 
 
 class ResultsInCallerOrder(PatchCodemod):

@@ -21,15 +21,16 @@ from __future__ import annotations
 import libcst as cst
 
 from patcher import shapes as m
+from patcher.codemod import CudaCallToDeviceHelper
+from patcher.device_memory import MEM_GET_INFO_HELPER, MEM_GET_INFO_SOURCE
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import GENERATOR, SPECULATORS_0_4
-from .v9_device_memory import EVERY_RELEASE, MEM_GET_INFO_HELPER, MEM_GET_INFO_SOURCE, _CudaCallToDeviceHelper
+from .targets import EVERY_RELEASE, GENERATOR, SPECULATORS_0_4
 
 SPECULATORS_HELPER = "mem_get_info"  # from speculators.utils.util import ..., mem_get_info
 
 
-class SpeculatorsMemGetInfo(_CudaCallToDeviceHelper):
+class SpeculatorsMemGetInfo(CudaCallToDeviceHelper):
     """mem_get_info() (speculators' helper) -> _device_mem_get_info(), the helper defined at module level."""
 
     ANCHOR = "a call mem_get_info() (speculators.utils.util's)"

@@ -21,10 +21,10 @@ from __future__ import annotations
 import libcst as cst
 
 from patcher import shapes as m
-from patcher.codemod import PatchCodemod
-from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
+from patcher.codemod import PatchCodemod, defines_function
+from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch
 
-from .targets import EAGLE3_CORE, SPECULATORS_0_4
+from .targets import CUDA_IN_FORKED_WORKER, EAGLE3_CORE, SPECULATORS_0_4
 
 UPSTREAM = "conditional_torch_compile"
 HELPER = "_conditional_compile_on_first_call"
@@ -50,10 +50,6 @@ def _conditional_compile_on_first_call(function):
 
     return decide_and_call
 '''
-
-
-def defines_function(body, name: str) -> bool:
-    return any(isinstance(s, cst.FunctionDef) and s.name.value == name for s in body)
 
 
 class LazyConditionalCompile(PatchCodemod):
@@ -131,7 +127,6 @@ class Eagle3DraftModel(SpeculatorModel):
 )
 
 # what a forked vLLM worker dies of once `import speculators` has initialised CUDA (v18's symptom too)
-CUDA_IN_FORKED_WORKER = Symptom("init", messages=("Cannot re-initialize CUDA in forked subprocess",))
 
 PATCH = Patch(
     id="v24-lazy-conditional-compile",

@@ -26,7 +26,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import GENERATOR, SPECULATORS_0_4
+from .targets import EVERY_RELEASE, GENERATOR, SPECULATORS_0_4
 
 DONE = "all_prefill_complete"
 SELF_SCHEDULER = m.Attribute(value=m.Name("self"), attr=m.Name("scheduler"))
@@ -140,8 +140,7 @@ class ReleasePrefilledRequests(PatchCodemod):
         return updated.with_changes(body=body)
 
 
-# Not a vLLM change: the scheduler has run at most max_num_seqs requests on every release.
-EVERY_RELEASE = {"vllm": ">=0.11.0"}
+# when=EVERY_RELEASE: Not a vLLM change: the scheduler has run at most max_num_seqs requests on every release.
 
 BEFORE = """\
 def generate(self, token_ids):

@@ -52,7 +52,7 @@ from patcher.codemod import PatchCodemod
 from patcher.model import AttributeCall, Edit, Example, Fact, LeaveOneOut, Patch
 from patcher.shared_states import BUFFER_SOURCE, defines_function, with_helpers_before_first_class
 
-from .targets import GENERATOR, SPECULATORS_0_4
+from .targets import EVERY_RELEASE, GENERATOR, SPECULATORS_0_4
 
 FETCH = "_request_states_through_shared_memory"
 ROWS = "_request_rows"
@@ -386,8 +386,7 @@ class RequestStatesThroughSharedMemory(PatchCodemod):
         return with_helpers_before_first_class(updated, HELPERS_SOURCE)
 
 
-# Every release: the RPC queue carries the reply on every release the patches support.
-EVERY_RELEASE = {"vllm": ">=0.11.0"}
+# when=EVERY_RELEASE: the RPC queue carries the reply on every release the patches support.
 
 # 0.4's generate(), cut down, with near misses the codemod leaves alone: a copy of another dict's
 # rows, 0.3.0's call (its request tokens: v21's), a call to another rank.

@@ -26,7 +26,7 @@ from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import GENERATOR, SPECULATORS_0_3_OR_0_4
+from .targets import EVERY_RELEASE, GENERATOR, SPECULATORS_0_3_OR_0_4
 
 FINISHED_OUTPUT = "finished_output"
 SELF_SCHEDULER = m.Attribute(value=m.Name("self"), attr=m.Name("scheduler"))
@@ -105,9 +105,6 @@ class TellWorkersFinished(PatchCodemod):
             self.rewrote()
             return body
         return None
-
-
-EVERY_RELEASE = {"vllm": ">=0.11.0"}
 
 
 # speculators 0.3.0's loop (v11 patches its inside; its abort of unstarted requests follows it)

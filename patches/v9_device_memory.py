@@ -16,38 +16,13 @@ so availability is checked first.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-import libcst as cst
-
-from patcher import shapes as m
-from patcher.codemod import PatchCodemod
+from patcher.codemod import CudaCallToDeviceHelper
+from patcher.device_memory import MEM_GET_INFO_HELPER, MEM_GET_INFO_SOURCE
 from patcher.model import Edit, Example, Fact, LeaveOneOut, Patch, Symptom
 
-from .targets import GENERATOR, SPECULATORS_0_3
+from .targets import EVERY_RELEASE, GENERATOR, SPECULATORS_0_3
 
-MEM_GET_INFO_HELPER = "_device_mem_get_info"
 EMPTY_CACHE_HELPER = "_device_empty_cache"
-
-MEM_GET_INFO_SOURCE = '''\
-def _device_mem_get_info() -> tuple[int, int]:
-    """(free, total) bytes of the memory the model and its KV cache live in.
-
-    CUDA (and ROCm) as before; another accelerator through its torch module; no
-    accelerator at all (vLLM's CPU build): the host's available and total memory.
-    """
-    if torch.cuda.is_available():
-        return torch.cuda.mem_get_info()
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None and accelerator.is_available():
-        module = torch.get_device_module(accelerator.current_accelerator())
-        if hasattr(module, "mem_get_info"):
-            return module.mem_get_info()
-    import psutil
-
-    memory = psutil.virtual_memory()
-    return memory.available, memory.total
-'''
 
 EMPTY_CACHE_SOURCE = '''\
 def _device_empty_cache() -> None:
@@ -63,77 +38,17 @@ def _device_empty_cache() -> None:
 '''
 
 
-def torch_cuda_call(name: str) -> m.Shape:
-    return m.Call(
-        func=m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name("cuda")), attr=m.Name(name)),
-        args=[],
-    )
+# when=EVERY_RELEASE: Not a vLLM change: correct on every release (see the module docstring).
 
 
-def defines_function(body, name: str) -> bool:
-    return any(isinstance(s, cst.FunctionDef) and s.name.value == name for s in body)
-
-
-class _CudaCallToDeviceHelper(PatchCodemod):
-    """torch.cuda.<CUDA_FUNCTION>() -> <HELPER>(), with HELPER defined at module level
-    (placed before the first top-level class, or at the end).
-
-    Patched: a call HELPER() outside the helper itself (the helper is then ensured).
-    """
-
-    CUDA_FUNCTION: ClassVar[str]
-    HELPER: ClassVar[str]
-    HELPER_SOURCE: ClassVar[str]
-
-    def __init__(self, filename: str = "<source>") -> None:
-        super().__init__(filename)
-        self.in_helper = 0
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        if node.name.value == self.HELPER:
-            self.in_helper += 1
-        return True
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        if original.name.value == self.HELPER:
-            self.in_helper -= 1
-        return updated
-
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        if self.in_helper:
-            return updated
-        if m.matches(updated, m.Call(func=m.Name(self.HELPER))):
-            self.found_patched()
-            return updated
-        if not m.matches(updated, torch_cuda_call(self.CUDA_FUNCTION)):
-            return updated
-        self.rewrote()
-        return cst.Call(func=cst.Name(self.HELPER))
-
-    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
-        if not (self.rewrites or self.patched_seen) or defines_function(updated.body, self.HELPER):
-            return updated
-        self.rewrote()
-        helper = cst.parse_statement(self.HELPER_SOURCE)
-        helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-        body = list(updated.body)
-        index = next((i for i, s in enumerate(body) if isinstance(s, cst.ClassDef)), len(body))
-        body.insert(index, helper)
-        return updated.with_changes(body=body)
-
-
-# Not a vLLM change: correct on every release (see the module docstring).
-EVERY_RELEASE = {"vllm": ">=0.11.0"}
-
-
-class DeviceMemGetInfo(_CudaCallToDeviceHelper):
+class DeviceMemGetInfo(CudaCallToDeviceHelper):
     ANCHOR = "a call torch.cuda.mem_get_info()"
     CUDA_FUNCTION = "mem_get_info"
     HELPER = MEM_GET_INFO_HELPER
     HELPER_SOURCE = MEM_GET_INFO_SOURCE
 
 
-class DeviceEmptyCache(_CudaCallToDeviceHelper):
+class DeviceEmptyCache(CudaCallToDeviceHelper):
     ANCHOR = "a call torch.cuda.empty_cache()"
     CUDA_FUNCTION = "empty_cache"
     HELPER = EMPTY_CACHE_HELPER

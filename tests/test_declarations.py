@@ -76,3 +76,21 @@ def test_leave_one_out_declarations_refuse_what_no_test_could_check():
     ):
         with pytest.raises(ValueError, match=message.replace("(", r"\(")):
             make()
+
+
+def test_a_patch_module_reads_alone():
+    """No patch module imports from another: helpers several patches share live in patcher/codemod.py
+    (and the sources they write in patcher/device_memory.py, patcher/shared_states.py), constants
+    and symptoms in patches/targets.py; row keys hash what a patch imports from those
+    (patcher.upstream.runs.row_key)."""
+    import ast
+
+    for path in sorted((ROOT / "patches").glob("v*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        siblings = [
+            node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level and node.module not in (None, "targets")
+        ]
+        assert not siblings, f"{path.name} imports from {siblings}: move what it shares to patcher/codemod.py"
+

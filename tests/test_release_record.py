@@ -174,6 +174,39 @@ def test_a_row_is_keyed_by_the_source_its_patches_write_from_outside_patches(mon
     assert row_key("0.16.0", row["selected"], row_versions(row)) == key
 
 
+def test_a_row_is_keyed_by_the_shared_helpers_its_patches_call_not_by_the_engines_contract(monkeypatch, tmp_path):
+    # v14 and v15 call patcher/codemod.py's import helpers, v9 and v23 its CudaCallToDeviceHelper:
+    # an edit of a helper a row's patch calls is an edit of what it ran; an edit of PatchCodemod's
+    # counting (every patch's base) or of a helper no selected patch calls is not
+    from patcher.upstream import runs
+
+    row = row_of("0.32.0", apply="exit 0, changed")
+    row["selected"] = expected_selection(row)
+    assert {"v9", "v14", "v15"} <= set(row["selected"]) and "v23" not in row["selected"]
+    key = row_key("0.32.0", row["selected"], row_versions(row))
+    real = runs._imported_module_path
+    helper = real(ROOT / "patches", "patcher.codemod")
+    edited = tmp_path / "codemod.py"
+    monkeypatch.setattr(
+        runs,
+        "_imported_module_path",
+        lambda folder, module: edited if module == "patcher.codemod" else real(folder, module),
+    )
+    for old, new, changes in (
+        ("at = (vllm or imports or [-1])[-1] + 1", "at = (vllm or imports or [-1])[-1] + 2", True),
+        (
+            "helper = cst.parse_statement(self.HELPER_SOURCE)",
+            "helper = cst.parse_statement(self.HELPER_SOURCE + '')",
+            True,
+        ),
+        ("self.rewrites += 1", "self.rewrites = self.rewrites + 1", False),  # PatchCodemod
+        ("separator = (", "separator = (  # the layout's", False),  # a comment
+    ):
+        assert old in helper.read_text(), old
+        edited.write_text(helper.read_text().replace(old, new))
+        assert (row_key("0.32.0", row["selected"], row_versions(row)) != key) is changes, old
+
+
 def test_a_leave_one_out_row_is_kept_beside_the_releases_own(tmp_path):
     own = row_of("0.33.0", apply="exit 0, changed")
     key = str(row_key("0.33.0", own["selected"], row_versions(own)))

@@ -164,6 +164,8 @@ def patch_code(path: Path, edits: Sequence[str] | None = None, roots: Sequence[s
         return ast.dump(tree)
     # the model's names it imports (LeaveOneOut, Symptom: descriptions) show where they are used
     body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.module == "patcher.model")]
+    if roots is not None:  # a shared helpers' module: the engine's contract in it is not keyed
+        body = [n for n in body if not (_names_defined(n) and _names_defined(n) <= ENGINE_NAMES)]
     # what a run starts from: the declaration (whatever its name), or the names asked for; a module
     # with neither keeps all its code
     rooted = [
@@ -213,9 +215,14 @@ def _code_key(path: Path, edits: Sequence[str] | None = None, roots: Sequence[st
     )
 
 
-# Modules outside patches/ whose code a patch writes into its target (patcher/shared_states.py:
-# the source v26 injects); the engine's own modules (codemod, shapes, model) are not keyed.
-WRITTEN_HELPERS = ("patcher.shared_states",)
+# Modules outside patches/ whose definitions a patch imports and runs or writes: the helpers
+# several patches share (patcher/codemod.py's edit helpers, patcher/device_memory.py's and
+# patcher/shared_states.py's written sources). A row is keyed by the definitions it imports from
+# them (and what those use), so an edit to a shared helper makes the rows that ran it stale. Not
+# keyed: the engine's contract (PatchCodemod's counting and "anchor not found"), the matchers
+# (patcher.shapes) and the declarations (patcher.model).
+WRITTEN_HELPERS = ("patcher.shared_states", "patcher.device_memory", "patcher.codemod")
+ENGINE_NAMES = frozenset({"PatchCodemod", "SkipFile"})
 
 
 def _sibling_imports(path: Path) -> dict[str, tuple[str, ...]]:
@@ -232,7 +239,9 @@ def _sibling_imports(path: Path) -> dict[str, tuple[str, ...]]:
         if not (isinstance(node, ast.ImportFrom) and node.module):
             continue
         if (node.level == 1 and node.module[:1] == "v") or (node.level == 0 and node.module in WRITTEN_HELPERS):
-            out[node.module] = tuple(sorted({*out.get(node.module, ()), *(a.name for a in node.names)}))
+            names = {a.name for a in node.names} - (ENGINE_NAMES if node.level == 0 else set())
+            if names:
+                out[node.module] = tuple(sorted({*out.get(node.module, ()), *names}))
     return out
 
 
