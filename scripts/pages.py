@@ -57,6 +57,8 @@ def _evidence(patch, run) -> str:
     where = f"vLLM {run.vllm} ({'CUDA' if run.device == 'cuda' else 'CPU build'})"
     if run.speculators != "0.3.0":
         where += f" with speculators {run.speculators}"
+    if run.tensor_parallel > 1:
+        where += f", tensor parallel {run.tensor_parallel}"
     skipped = " and ".join((patch.short_id, *run.also_skip))
     if run.symptom is None:
         return f"{where}: the run passes without {skipped} (not needed there)"
@@ -75,7 +77,7 @@ def _evidence(patch, run) -> str:
         shown = f"`{run.record}`"
     elif run.device == "cuda":
         shown = f"`bench/gpu/results/{run.vllm}-*/`"
-    elif run.vllm in ("0.16.0", "0.32.0") and run.speculators == "0.3.0":
+    elif run.vllm in ("0.16.0", "0.32.0") and run.speculators == "0.3.0" and run.tensor_parallel == 1:
         shown = "the end-to-end tests (`tests/test_e2e_vllm*.py`)"
     else:
         shown = "the release matrix's row (`bench/results/releases/`)"
