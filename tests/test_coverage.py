@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from patcher.core import versions
 from patcher.core.errors import EXIT_UNSUPPORTED
 from patcher.patchset.registry import load_patches, release_lines
 from patcher.plan.selection import condition_holds
@@ -46,7 +47,7 @@ def test_release_lines_are_the_patch_sets():
             selected = [p.id for p in patches if condition_holds(p.requires["speculators"], release)]
             assert bool(selected) == line.patched, (release, selected)
     for line in lines:  # every bound says why the line stops there (the refusal repeats it)
-        clauses = {f"{n}{c}" for n, spec in line.requires.items() for c in spec.split(",")}
+        clauses = {f"{n}{c}" for n, spec in line.requires.items() for c in versions.clauses(spec)}
         assert set(line.requires_why) == clauses, (line.spec, clauses)
     known = [r for x in lines for r in x.releases]
     for patch in patches:
