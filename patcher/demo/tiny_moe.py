@@ -422,14 +422,14 @@ def build_tokenizer(out_dir: Path, kind: str, vocab_size: int):
     from transformers import PreTrainedTokenizerFast
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tiny_model import PARAMS, SPECIAL_TOKENS, _synthetic_corpus
+    from tiny_model import PARAMS, SPECIAL_TOKENS, synthetic_corpus
 
     specials = list(SPECIAL_TOKENS) + (list(MEDIA_TOKENS) if kind.startswith("kimi") else [])
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
-    tok.train_from_iterator(_synthetic_corpus(PARAMS["seed"]), trainer=trainer)
+    tok.train_from_iterator(synthetic_corpus(PARAMS["seed"]), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="<unk>",
