@@ -235,7 +235,7 @@ def test_status_on_the_connector_path_names_the_drift_declared_for_the_installed
 ):
     # check-upstream found them (patches/targets.py CONNECTOR_DRIFT); a user on one of those vLLM
     # releases reads them in status instead of a plain "nothing to do"
-    from patcher.upstream.connectors import declared_drift
+    from patcher.patchset.registry import declared_drift
 
     python = light_env(tmp_path, speculators="0.9.0", vllm=vllm)
     pip_install_no_deps(python.parent.parent, download_wheel("hs-connectors", "0.9.0", cache_dir() / "wheels"))
