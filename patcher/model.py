@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .core.versions import clauses, parse_clause, upper_bound
+
 if TYPE_CHECKING:  # libcst is imported only where a codemod actually runs
     from .codemod import PatchCodemod
     from .plan.planning import PatchSpec
@@ -165,10 +167,10 @@ class ReleaseLine:
     requires_why: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        clauses = {f"{name}{c.strip()}" for name, spec in self.requires.items() for c in spec.split(",") if c.strip()}
-        stray = sorted(set(self.requires_why) - clauses)
+        named = {f"{name}{c}" for name, spec in self.requires.items() for c in clauses(spec)}
+        stray = sorted(set(self.requires_why) - named)
         if stray:
-            raise ValueError(f"release line {self.spec}: requires_why names {stray}, no clause of requires {clauses}")
+            raise ValueError(f"release line {self.spec}: requires_why names {stray}, no clause of requires {named}")
 
     def as_json(self) -> dict:
         return {
@@ -346,11 +348,7 @@ class Patch:
     def next_release(self) -> str:
         """The first release of its target's distribution past `requires` ("0.4.0" for <0.4.0),
         or "" where `requires` sets no upper bound: what on_fixed_in is about."""
-        for item in self.requires.get(self.target.distribution, "").split(","):
-            item = item.strip()
-            if item.startswith("<") and not item.startswith("<="):
-                return item[1:]
-        return ""
+        return upper_bound(self.requires.get(self.target.distribution, "")) or ""
 
     @property
     def since_cell(self) -> str:
@@ -358,9 +356,9 @@ class Patch:
             return self.since
         bounds = []
         for spec in self.conditions().get("vllm", []):
-            for item in spec.split(","):
-                item = item.strip()
-                text = item.removeprefix(">=")
+            for item in clauses(spec):
+                op, version = parse_clause(item)
+                text = version if op == ">=" else item
                 if text not in bounds:
                     bounds.append(text)
         return " / ".join(bounds) or "any"

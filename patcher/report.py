@@ -75,3 +75,35 @@ def document(command: str, reports: list[TargetReport]) -> dict:
 
 def overall_exit(reports: list[TargetReport]) -> int:
     return max((r.exit_code for r in reports), default=EXIT_OK)
+
+
+def report_lost(exc: OSError, code: int | None) -> int:
+    """The report could not be written to stdout: one line on stderr that says so and what the run
+    itself ended with, and EXIT_REPORT_LOST (exit 1 would say everything was rolled back). The
+    command line's and a fleet run's (patcher/fleet/fleet_run.py) alike."""
+    import os
+    import sys
+
+    from .core.errors import EXIT_REPORT_LOST, meaning
+
+    try:  # what is still buffered for stdout goes nowhere (no second error at exit)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    ended = (
+        f"the run itself ended with exit {code} ({meaning(code).split(':')[0].split(',')[0]})"
+        if code is not None
+        else "the run was cut short where it wrote its report"
+    )
+    cause = exc.strerror or type(exc).__name__
+    try:
+        print(
+            f"patcher: its report could not be written to stdout ({cause}); {ended}; every file is its old "
+            "or its new bytes: `patcher status` shows each target as it is now (exit 8)",
+            file=sys.stderr,
+        )
+    except OSError:
+        pass
+    return EXIT_REPORT_LOST

@@ -299,8 +299,8 @@ def _connector_drift_notes(report: TargetReport) -> list[str]:
     """On the speculators 0.5+ path: what the installed KV connector is known to meet on the
     installed vLLM (patches/targets.py's CONNECTOR_DRIFT, which check-upstream keeps exact), one
     note each, so `status` does not read as an all-clear where a connector silently misbehaves."""
+    from .patchset.registry import declared_drift
     from .plan.selection import condition_holds
-    from .upstream.connectors import declared_drift
 
     assert report.facts is not None
     dists = report.facts["distributions"]

@@ -40,8 +40,8 @@ TRANSFORMERS = ["4.57.6", "5.3.0", "5.4.0", "5.23.0", "5.24.0"]
 ONLY = {"speculators": SPECULATORS, "vllm": VLLM, "transformers": TRANSFORMERS}
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 
-# ../shared/design/api-drift.md, "The drift, by vLLM release": the first release of each change,
-# as facts (the same facts the patches declare, and those no patch needs yet).
+# The drift of vLLM's API, by release: the first release of each change, as facts (the same facts
+# the patches declare, and those no patch needs yet; docs/check-upstream.md says how they are read).
 API_DRIFT = [
     (Fact("required-param", "vllm.v1.core.sched.scheduler", "Scheduler.__init__", "block_size"), "0.11.1"),
     (Fact("field-required", "vllm.config.scheduler", "SchedulerConfig", "is_encoder_decoder"), "0.12.0"),

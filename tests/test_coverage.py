@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from patcher.core import versions
 from patcher.core.errors import EXIT_UNSUPPORTED
 from patcher.patchset.registry import load_patches, release_lines
 from patcher.plan.selection import condition_holds
@@ -46,7 +47,7 @@ def test_release_lines_are_the_patch_sets():
             selected = [p.id for p in patches if condition_holds(p.requires["speculators"], release)]
             assert bool(selected) == line.patched, (release, selected)
     for line in lines:  # every bound says why the line stops there (the refusal repeats it)
-        clauses = {f"{n}{c}" for n, spec in line.requires.items() for c in spec.split(",")}
+        clauses = {f"{n}{c}" for n, spec in line.requires.items() for c in versions.clauses(spec)}
         assert set(line.requires_why) == clauses, (line.spec, clauses)
     known = [r for x in lines for r in x.releases]
     for patch in patches:
@@ -234,7 +235,7 @@ def test_status_on_the_connector_path_names_the_drift_declared_for_the_installed
 ):
     # check-upstream found them (patches/targets.py CONNECTOR_DRIFT); a user on one of those vLLM
     # releases reads them in status instead of a plain "nothing to do"
-    from patcher.upstream.connectors import declared_drift
+    from patcher.patchset.registry import declared_drift
 
     python = light_env(tmp_path, speculators="0.9.0", vllm=vllm)
     pip_install_no_deps(python.parent.parent, download_wheel("hs-connectors", "0.9.0", cache_dir() / "wheels"))

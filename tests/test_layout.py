@@ -1,5 +1,7 @@
-"""The shape of the code: no import cycle among patcher's modules (lazy imports inside functions
-count too: a cycle there is still two modules that cannot be read one without the other)."""
+"""The shape of the code: no import cycle among patcher's modules, and no import upward through
+the layers (LAYERS); lazy imports inside functions count too: a cycle there is still two modules
+that cannot be read one without the other, and a lazy upward import still ties a lower place to
+a higher one."""
 
 from __future__ import annotations
 
@@ -77,6 +79,78 @@ def test_no_import_cycle():
 
 def test_the_check_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+
+
+# The layers, lowest first (docs/development.md's layout names the places): a module imports from
+# its own layer and those below, never from one above. A module is in the layer of the longest
+# prefix listed that names it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        # standard library only, sent to targets or written into them (the agent, planning's core
+        # that a bundle carries), and the controller's small utilities that know nothing of a run
+        "ground",
+        (
+            "patcher.core",
+            "patcher.remote",
+            "patcher.plan.planning",
+            "patcher.shared_states",
+            "patcher.cache",
+            "patcher.output_files",
+        ),
+    ),
+    # what a patch is written in, and the patches
+    ("vocabulary", ("patcher.model", "patcher.codemod", "patcher.shapes", "patcher.patches")),
+    # the places of one run's flow: which patches exist, select and plan, transform, what a run says
+    (
+        "places",
+        ("patcher.patchset", "patcher.plan", "patcher.transform", "patcher.report", "patcher.run_check_request"),
+    ),
+    # one target end to end and the transports that carry it (the Ansible action's work runs run_target)
+    ("spine", ("patcher.run", "patcher.transport")),
+    # many hosts, check-upstream and the release matrix, the demo's environments
+    ("many", ("patcher.fleet", "patcher.upstream", "patcher.demo")),
+    # the commands: the command line, `patcher demo`'s command, the Ansible collection's plugins
+    # (controller side: Ansible runs them, and they call patcher)
+    ("commands", ("patcher.cli", "patcher.__main__", "patcher.demo.demo_command", "patcher.remote.ansible")),
+)
+PACKAGE_ROOT = "patcher"  # patcher/__init__.py: the version only, importable by every layer
+
+
+def layer_of(module: str) -> int:
+    if module == PACKAGE_ROOT:
+        return 0
+    named = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    if not named:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layout.py")
+    return max(named)[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{module} ({LAYERS[layer_of(module)][0]}) imports {dep} ({LAYERS[layer_of(dep)][0]}), a layer above it"
+        for module in sorted(graph)
+        for dep in sorted(graph[module])
+        if layer_of(dep) > layer_of(module)
+    ]
+
+
+def test_no_import_goes_up_a_layer():
+    graph = import_graph()
+    assert upward_imports(graph) == [], "move the code it needs down, or pass it in"
+
+
+def test_the_check_sees_an_upward_import():
+    graph = {"patcher.run": {"patcher.core.errors"}, "patcher.core.errors": {"patcher.cli.render"}}
+    assert upward_imports(graph) == [
+        "patcher.core.errors (ground) imports patcher.cli.render (commands), a layer above it"
+    ]
+    assert layer_of("patcher.plan.planning") == 0 and layer_of("patcher.plan.selection") == 2
+    assert layer_of("patcher.demo.demo_command") == 5 and layer_of("patcher.demo.recipes") == 4
 
 
 def test_every_package_is_installed():

@@ -19,7 +19,7 @@ from patcher.plan.selection import condition_holds
 from patcher.transform.transforms import transform_source
 from workbench.release_files import DownloadFailed, release_files
 
-# From /work/shared/design/api-drift.md: the pristine speculators 0.3.0 target files.
+# The pristine speculators 0.3.0 target files: the sha256 of each as the released wheel has it.
 PRISTINE_0_3_0_SHA256 = {
     GENERATOR.path: "514f3f585afa335b558f98c1954a1dc5b804003cd7b08aeeac7c4cd333cd5106",
     WORKER.path: "e9a95cf6422fa3e3efb3edb658e4898ba23ee141619f58d7096ea7fbde8af548",

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from patcher.core.versions import condition_holds
+from patcher.core.versions import clauses, condition_holds, lower_bounds, parse_clause, upper_bound
 from patcher.patchset.registry import load_patches
 
 
@@ -99,3 +99,32 @@ def test_version_logic_on_the_cases_that_matter():
     for (spec, version), expected in cases.items():
         assert condition_holds(spec, version) is expected, (spec, version)
         assert packaging_holds(spec, version) is expected, (spec, version)
+
+
+def test_a_specifier_string_read_once():
+    assert clauses(">=0.4.0, <0.5.0") == [">=0.4.0", "<0.5.0"]
+    assert clauses("") == [] and clauses(" , >=1.0 ,") == [">=1.0"]
+    assert parse_clause("<0.5.0") == ("<", "0.5.0")
+    assert parse_clause(" == 0.16.* ") == ("==", "0.16.*")
+    assert parse_clause("~=1.4.2") == ("~=", "1.4.2") and parse_clause("===1.0") == ("===", "1.0")
+    for bad in ("0.4.0", "=>0.4.0", "", "<"):
+        with pytest.raises(ValueError, match="unsupported version condition"):
+            parse_clause(bad)
+
+
+def test_bounds_of_a_specifier_string():
+    assert lower_bounds(">=0.4.0,<0.5.0") == ["0.4.0"]
+    assert lower_bounds("==0.3.0") == ["0.3.0"] and lower_bounds("==0.16.*") == []
+    assert lower_bounds(">0.4.0,>=0.4.1") == ["0.4.1"] and lower_bounds(">0.4.0", (">",)) == ["0.4.0"]
+    assert lower_bounds(">=1.0,>=1.0") == ["1.0"] and lower_bounds("") == []
+    assert upper_bound(">=0.4.0,<0.5.0") == "0.5.0"
+    assert upper_bound("<=0.5.0") is None and upper_bound(">=0.4.0") is None and upper_bound("") is None
+    assert upper_bound("!=0.4.1, < 0.6, <0.7") == "0.6"
+
+
+def test_every_declared_condition_reads_as_packaging_reads_it():
+    declared = {spec for patch in load_patches() for specs in patch.conditions().values() for spec in specs}
+    assert declared
+    for spec in declared:
+        theirs = sorted((s.operator, s.version) for s in SpecifierSet(spec))
+        assert sorted(parse_clause(c) for c in clauses(spec)) == theirs, spec

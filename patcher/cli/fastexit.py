@@ -23,6 +23,8 @@ def run_and_exit(command) -> None:
     except OSError as exc:
         if not is_stdout_failure(exc):
             raise
+        from ..report import report_lost
+
         code = report_lost(exc, None)
     from .ticker import close_all
 
@@ -30,6 +32,8 @@ def run_and_exit(command) -> None:
     try:
         sys.stdout.flush()
     except OSError as exc:
+        from ..report import report_lost
+
         code = report_lost(exc, code)
     try:
         sys.stderr.flush()
@@ -46,31 +50,3 @@ def is_stdout_failure(exc: OSError) -> bool:
     except (OSError, ValueError):
         return True
     return isinstance(exc, BrokenPipeError)
-
-
-def report_lost(exc: OSError, code: int | None) -> int:
-    """The report could not be written to stdout: one line on stderr that says so and what the run
-    itself ended with, and EXIT_REPORT_LOST (exit 1 would say everything was rolled back)."""
-    from ..core.errors import EXIT_REPORT_LOST, meaning
-
-    try:  # what is still buffered for stdout goes nowhere (no second error at exit)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
-    ended = (
-        f"the run itself ended with exit {code} ({meaning(code).split(':')[0].split(',')[0]})"
-        if code is not None
-        else "the run was cut short where it wrote its report"
-    )
-    cause = exc.strerror or type(exc).__name__
-    try:
-        print(
-            f"patcher: its report could not be written to stdout ({cause}); {ended}; every file is its old "
-            "or its new bytes: `patcher status` shows each target as it is now (exit 8)",
-            file=sys.stderr,
-        )
-    except OSError:
-        pass
-    return EXIT_REPORT_LOST

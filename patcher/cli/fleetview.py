@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..fleet.rollout import SKIPPED, TALLY_ORDER, FleetProgress, HostResult, succeeded, tally
-from .render import STATUS_STYLE, _console, render_reports, shown
+from .render import STATUS_STYLE, render_reports, shown, stderr_console
 
 STYLE = {**STATUS_STYLE, SKIPPED: "yellow"}
 SHOWN_WHEN_NONE = {"ok", "changed", "failed", "unreachable", "rolled-back"}  # the others only when they occur
@@ -53,7 +53,7 @@ class LiveProgress(FleetProgress):
     def __init__(self) -> None:
         from rich.live import Live
 
-        self.console = _console()
+        self.console = stderr_console()
         self.lock = threading.RLock()
         self.total = 0
         self.active: dict[str, tuple[str, float]] = {}
@@ -123,7 +123,7 @@ def render_summary(command: str, results: list[HostResult]) -> None:
     """The per-host table and the tally."""
     from rich.table import Table
 
-    console = _console()
+    console = stderr_console()
     table = Table(title=f"patcher {command}: {len(results)} host(s)", title_justify="left")
     table.add_column("host", overflow="fold")
     table.add_column("status")

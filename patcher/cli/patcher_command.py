@@ -152,7 +152,7 @@ def _run_local(command: str, local, options, out: Output) -> None:
             render_reports(command, reports, show_diff=options.diff and not out.json_mode, quiet=out.quiet)
         sys.stdout.flush()
     except OSError as exc:  # stdout is full or closed: the run's outcome stands, its report is lost
-        from .fastexit import report_lost
+        from ..report import report_lost
 
         code = report_lost(exc, code)
     sys.exit(code)
@@ -675,7 +675,14 @@ def bundle(output, releases, wheels, quiet) -> None:
     """
     from ..output_files import OutputFileError, check_destination
     from ..patchset.registry import load_patches, release_lines
-    from ..transport.bundle import BundleError, build, default_releases, find_or_download, write
+    from ..transport.bundle import BundleError, build, default_releases, write
+    from ..upstream.wheels import find_or_download
+
+    def wheel(name: str, version: str) -> Path:
+        try:
+            return find_or_download(name, version, out.progress)
+        except Exception as exc:  # DownloadFailed, IndexUnreachable  # noqa: BLE001
+            raise BundleError(f"cannot get the {name} {version} wheel ({exc}); give it with --wheel FILE") from None
 
     out = Output(False, quiet)
     patches, lines = load_patches(), release_lines()
@@ -689,7 +696,7 @@ def bundle(output, releases, wheels, quiet) -> None:
             chosen.append((name, version))
         paths = [Path(w) for w in wheels]
         if not paths or chosen:
-            paths += [find_or_download(n, v, out.progress) for n, v in (chosen or default_releases(patches, lines))]
+            paths += [wheel(n, v) for n, v in (chosen or default_releases(patches, lines))]
         source, summary = build(patches, paths, out.progress, lines)
         write(Path(output), source)
     except (BundleError, OutputFileError, OSError) as exc:

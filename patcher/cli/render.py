@@ -44,7 +44,7 @@ def shown(text: str) -> str:
     return escape(printable(text))
 
 
-def _console():
+def stderr_console():
     from rich.console import Console
 
     return Console(stderr=True, highlight=False, soft_wrap=True)
@@ -61,7 +61,7 @@ def render_patch_list(patches) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = _console()
+    console = stderr_console()
     rows = []
     for p in patches:
         spec = p.spec()
@@ -95,7 +95,7 @@ def render_patch_list(patches) -> None:
 def render_reports(command: str, reports, show_diff: bool, quiet: bool) -> None:
     from rich.table import Table
 
-    console = _console()
+    console = stderr_console()
     for r in reports:
         style = STATUS_STYLE.get(r.status, "")
         if not quiet:

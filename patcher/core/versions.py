@@ -87,6 +87,47 @@ class Version:
 _SPEC = re.compile(r"^\s*(===|~=|==|!=|<=|>=|<|>)\s*(\S+)\s*$")
 
 
+# --------------------------------------------------------------------------- reading a specifier
+# The one reading of a specifier string for everything that takes it apart (the declarations'
+# checks and cells, planning's readable ranges, the tests): its clauses, their operators, its bounds.
+
+
+def clauses(spec: str) -> list[str]:
+    """The clauses of a specifier string, stripped, empty ones left out: ">=0.4.0, <0.5.0" ->
+    [">=0.4.0", "<0.5.0"]; "" -> []."""
+    return [item.strip() for item in spec.split(",") if item.strip()]
+
+
+def parse_clause(clause: str) -> tuple[str, str]:
+    """(operator, version) of one clause: "<0.5.0" -> ("<", "0.5.0"), "== 0.16.*" -> ("==", "0.16.*");
+    ValueError where it is not one."""
+    m = _SPEC.match(clause)
+    if not m:
+        raise ValueError(f"unsupported version condition {clause!r}")
+    return m.group(1), m.group(2)
+
+
+def lower_bounds(spec: str, operators: tuple[str, ...] = (">=", "==")) -> list[str]:
+    """The versions the clauses with these operators name, in order: the lowest releases a spec can
+    allow (">=0.4.0,<0.5.0" -> ["0.4.0"]). A wildcard (==0.16.*) is not a bound."""
+    found = []
+    for item in clauses(spec):
+        op, text = parse_clause(item)
+        if op in operators and not text.endswith(".*") and text not in found:
+            found.append(text)
+    return found
+
+
+def upper_bound(spec: str) -> str | None:
+    """The version of a spec's first exclusive upper bound, the first release past it ("<0.4.0" ->
+    "0.4.0"), or None where it has none (`<=` is not one)."""
+    for item in clauses(spec):
+        op, text = parse_clause(item)
+        if op == "<":
+            return text
+    return None
+
+
 def _next_prefix_dev0(epoch: int, release: tuple[int, ...]) -> tuple:
     """1.2 -> the key of 1.3.dev0, the smallest version past the 1.2 prefix."""
     return _key(epoch, release[:-1] + (release[-1] + 1,), None, None, 0)
@@ -94,10 +135,7 @@ def _next_prefix_dev0(epoch: int, release: tuple[int, ...]) -> tuple:
 
 def specifier_holds(item: str, version: Version) -> bool:
     """One specifier, pre-releases allowed, with the ranges packaging (26) gives each operator."""
-    m = _SPEC.match(item)
-    if not m:
-        raise ValueError(f"unsupported version condition {item!r}")
-    op, text = m.groups()
+    op, text = parse_clause(item)
     v = version
     if op == "===":
         return v.text.strip().lower() == text.lower()
@@ -137,6 +175,6 @@ def condition_holds(spec: str, version: str | None) -> bool:
         return False
     try:
         parsed = Version(version)
-        return all(specifier_holds(item, parsed) for item in spec.split(",") if item.strip())
+        return all(specifier_holds(item, parsed) for item in clauses(spec))
     except ValueError:
         return False

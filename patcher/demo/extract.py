@@ -430,7 +430,116 @@ def bind_cpu_threads(tensor_parallel_size: int) -> str | None:
     return os.environ["VLLM_CPU_OMP_THREADS_BIND"]
 
 
+def prepare_calls(args, report: dict) -> tuple[str, list[int], list]:
+    """The import phase's reading: the tokenizer, the reference's folder and the generate() calls
+    asked for (--calls), each named in the report; (reference folder, call numbers, their prompts)."""
+    from transformers import AutoTokenizer
+
+    # a checkpoint on disk may ship its own tokenizer code (Kimi-K2.5's): the user's own files
+    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=True)
+
+    reference_path = args.reference or reference_dir(args.model)
+    report["reference"] = None if args.no_reference else reference_path
+    # MoE checkpoints: a wrong expert, scale or dequantization moves every row less than the
+    # per-row tolerance sees, but moves the median (tiny_moe.py's docstring)
+    report["median_tolerance"] = tiny_marker(args.model).get("median_tolerance")
+    vocab_size = config_vocab_size(args.model)
+    batches = make_batches(tokenizer, vocab_size)
+    numbers = list(range(1, len(batches) + 1))
+    if args.calls != "all":
+        # "N" is call N; "N:K" its first K prompts (5:33: one prompt past max_num_seqs)
+        chosen = [item.partition(":") for item in args.calls.split(",")]
+        numbers = [int(number) for number, _, _ in chosen]
+        batches = [batches[int(n) - 1][: int(k)] if k else batches[int(n) - 1] for n, _, k in chosen]
+    report["call_numbers"] = numbers
+    report["planned_calls"] = len(batches)
+    report["prompts_per_call"] = [len(b) for b in batches]
+    report["tokens_per_call"] = [sum(len(p) for p in b) for b in batches]
+    return reference_path, numbers, batches
+
+
+def generate_calls(args, report: dict, state: dict, generator_class, numbers: list[int], batches: list) -> list:
+    """The init and generate phases: the generator (kept in state["generator"]), then each call,
+    and what each left behind in the workers and the scheduler; the calls' outputs."""
+    state["phase"] = "init"
+    report["cpu_thread_binding"] = bind_cpu_threads(args.tensor_parallel_size)
+    t0 = time.monotonic()
+    generator = state["generator"] = generator_class(
+        args.model,
+        layer_ids=args.layers,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+    report["timings"]["init_s"] = round(time.monotonic() - t0, 2)
+    report["model_runner"] = model_runner_of(generator)
+    # what a call must exceed to need more than one round of requests (speculators' MAX_NUM_SEQS)
+    scheduler_config = getattr(getattr(generator, "vllm_config", None), "scheduler_config", None)
+    report["max_num_seqs"] = getattr(scheduler_config, "max_num_seqs", None)
+
+    outputs = []
+    report["worker_requests_after_call"] = held = []
+    report["scheduler_requests_after_call"] = scheduled = []
+    for number, prompts in zip(numbers, batches):
+        state["phase"] = f"generate {number}"
+        t0 = time.monotonic()
+        outputs.append(generator.generate(prompts))
+        report["timings"][f"generate_{number}_s"] = round(time.monotonic() - t0, 2)
+        held.append(requests_held(generator))
+        scheduled.append(len(getattr(getattr(generator, "scheduler", None), "requests", {})))
+    # checked after every call has run: a leak that breaks a later call shows as that call's error
+    leaked = [(n, w or 0, s) for n, w, s in zip(numbers, held, scheduled) if w or s]
+    if leaked:
+        number, workers, scheduler = leaked[0]
+        state["phase"] = f"generate {number}"
+        raise RuntimeError(
+            f"generate {number} left {workers} requests in the workers' model runner and {scheduler} in "
+            f"the generator's scheduler (after each call: {held}, {scheduled}); nothing of a call may "
+            "stay for the next"
+        )
+    return outputs
+
+
+def compare_calls(
+    args, report: dict, state: dict, reference_path: str, numbers: list[int], batches: list, outputs: list
+) -> None:
+    """The reference (and noise) phases: every call's rows against transformers' own states where
+    the reference loads, else checked alone (check_rows); the noise band where asked."""
+    state["phase"] = "reference"
+    t0 = time.monotonic()
+    reference = None
+    if args.no_reference:
+        report["reference_skipped"] = args.no_reference
+    else:
+        try:
+            reference = Reference(reference_path, args.layers, device=args.reference_device)
+        except Exception as exc:  # only where asked (--reference-optional): the rows are still checked
+            if not args.reference_optional:
+                raise
+            report["reference_skipped"] = (
+                f"transformers cannot load {reference_path} as a causal LM: {type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+            )
+    report["compared"] = reference is not None
+    for number, prompts, results in zip(numbers, batches, outputs):
+        checked = (
+            check_call(reference, prompts, results)
+            if reference is not None
+            else check_rows(args.layers, prompts, results)
+        )
+        report["calls"].append({"call": number, "prompts": checked})
+    report["timings"]["reference_s"] = round(time.monotonic() - t0, 2)
+    if args.noise and reference is not None:
+        state["phase"] = "noise"
+        t0 = time.monotonic()
+        report["noise"] = noise_band(reference, reference_path, batches, args.reference_device)
+        report["timings"]["noise_s"] = round(time.monotonic() - t0, 2)
+
+
 def run(args) -> dict:
+    """One extraction, phase by phase (import, init, generate N, shutdown, reference, noise): the
+    report, with the phase an error stopped it in (error_record) and the generator where one is
+    still up ("_generator")."""
     report: dict = {
         "ok": False,
         "error": None,
@@ -440,122 +549,37 @@ def run(args) -> dict:
         "calls": [],
         "timings": {},
     }
-    phase = "import"
-    generator = None
+    state: dict = {"phase": "import", "generator": None}
     started = time.monotonic()
     try:
-        from transformers import AutoTokenizer
-
-        # a checkpoint on disk may ship its own tokenizer code (Kimi-K2.5's): the user's own files
-        tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=True)
-
-        reference_path = args.reference or reference_dir(args.model)
-        report["reference"] = None if args.no_reference else reference_path
-        # MoE checkpoints: a wrong expert, scale or dequantization moves every row less than the
-        # per-row tolerance sees, but moves the median (tiny_moe.py's docstring)
-        report["median_tolerance"] = tiny_marker(args.model).get("median_tolerance")
-        vocab_size = config_vocab_size(args.model)
-        batches = make_batches(tokenizer, vocab_size)
-        numbers = list(range(1, len(batches) + 1))
-        if args.calls != "all":
-            # "N" is call N; "N:K" its first K prompts (5:33: one prompt past max_num_seqs)
-            chosen = [item.partition(":") for item in args.calls.split(",")]
-            numbers = [int(number) for number, _, _ in chosen]
-            batches = [batches[int(n) - 1][: int(k)] if k else batches[int(n) - 1] for n, _, k in chosen]
-        report["call_numbers"] = numbers
-        report["planned_calls"] = len(batches)
-        report["prompts_per_call"] = [len(b) for b in batches]
-        report["tokens_per_call"] = [sum(len(p) for p in b) for b in batches]
+        reference_path, numbers, batches = prepare_calls(args, report)
 
         from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
         report["timings"]["import_s"] = round(time.monotonic() - started, 2)
-        phase = "init"
-        report["cpu_thread_binding"] = bind_cpu_threads(args.tensor_parallel_size)
-        t0 = time.monotonic()
-        generator = VllmHiddenStatesGenerator(
-            args.model,
-            layer_ids=args.layers,
-            max_model_len=args.max_model_len,
-            gpu_memory_utilization=args.memory_utilization,
-            tensor_parallel_size=args.tensor_parallel_size,
-        )
-        report["timings"]["init_s"] = round(time.monotonic() - t0, 2)
-        report["model_runner"] = model_runner_of(generator)
-        # what a call must exceed to need more than one round of requests (speculators' MAX_NUM_SEQS)
-        scheduler_config = getattr(getattr(generator, "vllm_config", None), "scheduler_config", None)
-        report["max_num_seqs"] = getattr(scheduler_config, "max_num_seqs", None)
-
-        outputs = []
-        report["worker_requests_after_call"] = held = []
-        report["scheduler_requests_after_call"] = scheduled = []
-        for number, prompts in zip(numbers, batches):
-            phase = f"generate {number}"
-            t0 = time.monotonic()
-            outputs.append(generator.generate(prompts))
-            report["timings"][f"generate_{number}_s"] = round(time.monotonic() - t0, 2)
-            held.append(requests_held(generator))
-            scheduled.append(len(getattr(getattr(generator, "scheduler", None), "requests", {})))
-        # checked after every call has run: a leak that breaks a later call shows as that call's error
-        leaked = [(n, w or 0, s) for n, w, s in zip(numbers, held, scheduled) if w or s]
-        if leaked:
-            number, workers, scheduler = leaked[0]
-            phase = f"generate {number}"
-            raise RuntimeError(
-                f"generate {number} left {workers} requests in the workers' model runner and {scheduler} in "
-                f"the generator's scheduler (after each call: {held}, {scheduled}); nothing of a call may "
-                "stay for the next"
-            )
+        outputs = generate_calls(args, report, state, VllmHiddenStatesGenerator, numbers, batches)
 
         if args.dump:
             import torch
 
             torch.save({"batches": batches, "outputs": outputs}, args.dump)
 
-        report["transfer"] = transfer_of(generator)
+        report["transfer"] = transfer_of(state["generator"])
         # vLLM's idle worker polls its queue and would slow the reference down: stop it first.
-        phase = "shutdown"
+        state["phase"] = "shutdown"
         t0 = time.monotonic()
-        generator.executor.shutdown()
-        generator = None
+        state["generator"].executor.shutdown()
+        state["generator"] = None
         report["timings"]["shutdown_s"] = round(time.monotonic() - t0, 2)
 
-        phase = "reference"
-        t0 = time.monotonic()
-        reference = None
-        if args.no_reference:
-            report["reference_skipped"] = args.no_reference
-        else:
-            try:
-                reference = Reference(reference_path, args.layers, device=args.reference_device)
-            except Exception as exc:  # only where asked (--reference-optional): the rows are still checked
-                if not args.reference_optional:
-                    raise
-                report["reference_skipped"] = (
-                    f"transformers cannot load {reference_path} as a causal LM: {type(exc).__name__}: "
-                    f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
-                )
-        report["compared"] = reference is not None
-        for number, prompts, results in zip(numbers, batches, outputs):
-            checked = (
-                check_call(reference, prompts, results)
-                if reference is not None
-                else check_rows(args.layers, prompts, results)
-            )
-            report["calls"].append({"call": number, "prompts": checked})
-        report["timings"]["reference_s"] = round(time.monotonic() - t0, 2)
-        if args.noise and reference is not None:
-            phase = "noise"
-            t0 = time.monotonic()
-            report["noise"] = noise_band(reference, reference_path, batches, args.reference_device)
-            report["timings"]["noise_s"] = round(time.monotonic() - t0, 2)
+        compare_calls(args, report, state, reference_path, numbers, batches, outputs)
     except Exception as exc:  # the symptom is the result: report it  # noqa: BLE001
-        report["error"] = error_record(exc, phase)
+        report["error"] = error_record(exc, state["phase"])
         traceback.print_exc(file=sys.stderr)
     report.setdefault("planned_calls", 0)
     report["timings"]["total_s"] = round(time.monotonic() - started, 2)
     summarize(report)
-    report["_generator"] = generator
+    report["_generator"] = state["generator"]
     return report
 
 

@@ -119,7 +119,7 @@ def ensure_tiny_model(
 # --- inside the demo environment ----------------------------------------------------------
 
 
-def _synthetic_corpus(seed: int, sentences: int = 400) -> list[str]:
+def synthetic_corpus(seed: int, sentences: int = 400) -> list[str]:
     import random
 
     rng = random.Random(seed)
@@ -138,7 +138,7 @@ def build_tokenizer(out_dir: Path, params: dict = PARAMS):
     trainer = trainers.BpeTrainer(
         vocab_size=params["vocab_size"], special_tokens=list(SPECIAL_TOKENS), show_progress=False
     )
-    tok.train_from_iterator(_synthetic_corpus(params["seed"]), trainer=trainer)
+    tok.train_from_iterator(synthetic_corpus(params["seed"]), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="<unk>",

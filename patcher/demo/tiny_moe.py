@@ -422,14 +422,14 @@ def build_tokenizer(out_dir: Path, kind: str, vocab_size: int):
     from transformers import PreTrainedTokenizerFast
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tiny_model import PARAMS, SPECIAL_TOKENS, _synthetic_corpus
+    from tiny_model import PARAMS, SPECIAL_TOKENS, synthetic_corpus
 
     specials = list(SPECIAL_TOKENS) + (list(MEDIA_TOKENS) if kind.startswith("kimi") else [])
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
-    tok.train_from_iterator(_synthetic_corpus(PARAMS["seed"]), trainer=trainer)
+    tok.train_from_iterator(synthetic_corpus(PARAMS["seed"]), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="<unk>",
@@ -455,7 +455,6 @@ def write_reference(out_dir: Path, config, weights: dict, tokenizer) -> None:
 
 
 def build(out_dir: Path, kind: str) -> None:
-    from safetensors.torch import save_file
     from transformers import DeepseekV3Config
 
     if kind not in KINDS:
@@ -481,7 +480,28 @@ def build(out_dir: Path, kind: str) -> None:
         (out_dir / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
         return
 
-    # Kimi-K2.5: the text weights under language_model., the vision tower beside them.
+    reference_weights = write_kimi_weights(out_dir, kind, weights)
+    (out_dir / "config.json").write_text(
+        json.dumps(kimi_config(config, kind, tokenizer), indent=1, sort_keys=True) + "\n"
+    )
+    (out_dir / "configuration_kimi_k25.py").write_text(CONFIGURATION_SOURCE)
+    (out_dir / "image_processing_tiny_moonvit.py").write_text(IMAGE_PROCESSOR_SOURCE)
+    (out_dir / "preprocessor_config.json").write_text(
+        json.dumps(kimi_processor_config(), indent=1, sort_keys=True) + "\n"
+    )
+    write_reference(out_dir / REFERENCE_DIR, config, reference_weights, tokenizer)
+    marker["reference"] = REFERENCE_DIR
+    if kind == "kimi-k25-int4":
+        marker["int4"] = {"group_size": INT4_GROUP_SIZE, "symmetric": True, "scales": "powers of two"}
+    (out_dir / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
+
+
+def write_kimi_weights(out_dir: Path, kind: str, weights: dict) -> dict:
+    """Kimi-K2.5's served weights: the text weights under language_model. (the routed experts packed
+    int4 for kimi-k25-int4), the vision tower beside them; the reference's weights (the int4
+    experts as they dequantize)."""
+    from safetensors.torch import save_file
+
     reference_weights = dict(weights)
     served: dict = {}
     for name, tensor in weights.items():
@@ -499,7 +519,11 @@ def build(out_dir: Path, kind: str) -> None:
             served[served_name] = tensor
     served.update(vision_weights(VISION, TEXT["hidden_size"]))
     save_file({k: v.contiguous() for k, v in served.items()}, str(out_dir / "model.safetensors"), {"format": "pt"})
+    return reference_weights
 
+
+def kimi_config(config, kind: str, tokenizer) -> dict:
+    """Kimi-K2.5's config.json: the DeepSeek-V3 text config inside its wrapper, with the vision tower's."""
     text_json = config.to_dict()
     if kind == "kimi-k25-int4":
         text_json["quantization_config"] = QUANTIZATION_CONFIG
@@ -519,11 +543,13 @@ def build(out_dir: Path, kind: str) -> None:
     }
     if kind == "kimi-k25-int4":
         wrapper["quantization_config"] = QUANTIZATION_CONFIG
-    (out_dir / "config.json").write_text(json.dumps(wrapper, indent=1, sort_keys=True) + "\n")
-    (out_dir / "configuration_kimi_k25.py").write_text(CONFIGURATION_SOURCE)
-    (out_dir / "image_processing_tiny_moonvit.py").write_text(IMAGE_PROCESSOR_SOURCE)
+    return wrapper
+
+
+def kimi_processor_config() -> dict:
+    """The tiny vision tower's preprocessor_config.json (the remote code's and vLLM's own keys)."""
     grid = 56 // VISION["patch_size"]
-    processor = {
+    return {
         "auto_map": {"AutoImageProcessor": "image_processing_tiny_moonvit.TinyMoonViTImageProcessor"},
         "image_processor_type": "TinyMoonViTImageProcessor",
         "patch_size": VISION["patch_size"],
@@ -545,12 +571,6 @@ def build(out_dir: Path, kind: str) -> None:
             "image_std": [0.5, 0.5, 0.5],
         },
     }
-    (out_dir / "preprocessor_config.json").write_text(json.dumps(processor, indent=1, sort_keys=True) + "\n")
-    write_reference(out_dir / REFERENCE_DIR, config, reference_weights, tokenizer)
-    marker["reference"] = REFERENCE_DIR
-    if kind == "kimi-k25-int4":
-        marker["int4"] = {"group_size": INT4_GROUP_SIZE, "symmetric": True, "scales": "powers of two"}
-    (out_dir / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
 
 
 def reference_of(model_dir: Path) -> Path:

@@ -96,7 +96,7 @@ def run_fleet_command(
         )
     code = EXIT_INTERRUPTED if interrupted else code
     if lost is not None:
-        from ..cli.fastexit import report_lost
+        from ..report import report_lost
 
         return report_lost(lost, code)
     return code

@@ -8,7 +8,7 @@ import pkgutil
 from functools import cache
 from pathlib import Path
 
-from ..model import Patch, ReleaseLine
+from ..model import ConnectorDrift, Patch, ReleaseLine
 
 
 class UnknownPatch(ValueError):
@@ -43,6 +43,16 @@ def release_lines(package: str = "patcher.patches") -> tuple[ReleaseLine, ...]:
     except ModuleNotFoundError:
         return ()
     return tuple(getattr(targets, "RELEASE_LINES", ()))
+
+
+def declared_drift(package: str = "patcher.patches") -> tuple[ConnectorDrift, ...]:
+    """The package's `targets` module's CONNECTOR_DRIFT: what an hs-connectors release is known to
+    meet on a vLLM release (none where the patch set declares none)."""
+    try:
+        targets = importlib.import_module(f"{package}.targets")
+    except ImportError:
+        return ()
+    return tuple(getattr(targets, "CONNECTOR_DRIFT", ()))
 
 
 def import_patches(package: str = "patcher.patches") -> tuple[Patch, ...]:

@@ -2,8 +2,9 @@
 -> changes. Shared by patcher (patcher/plan/target_plan.py runs it with the codemods) and a
 bundle (which embeds this text).
 
-Standard library only, Python 3.9+, no imports from patcher (the type checker's aside): a bundle
-runs this text as is. Two things come from the caller, so that each side keeps its own:
+Standard library only, Python 3.9+, no imports from patcher but patcher/core/versions.py's reading
+of a specifier string (a bundle carries that text beside this one; the type checker's aside): a
+bundle runs this text as is. Two things come from the caller, so that each side keeps its own:
 - `holds(spec, version) -> bool`, PEP 440 matching (patcher: packaging; a bundle: its own);
 - the transform results. `draft()` says which files need which codemods (`Draft.requests`);
   the caller computes them (patcher runs libcst, a bundle looks up the bytes it carries) and
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+
+from ..core.versions import clauses, parse_clause
 
 # The type checker's view only: typing is not imported where this text runs.
 TYPE_CHECKING = False
@@ -170,15 +173,16 @@ def describe(spec: PatchSpec, versions: dict) -> str:
 # --------------------------------------------------------------------------- conditions, for reading
 # Display only: the declarations keep their specifier strings, and selection uses them as they are.
 
-_OPERATORS = (">=", "<=", "==", "!=", ">", "<")  # two-character ones first
+_OPERATORS = (">=", "<=", "==", "!=", ">", "<")  # those a plain interval is made of
 
 
 def _clause(text: str) -> tuple | None:
     """(operator, release) of a clause such as ">=0.12.0", or None (`~=`, a pre-release, a wildcard)."""
-    text = text.strip()
-    op = next((o for o in _OPERATORS if text.startswith(o)), None)
-    release = text[len(op) :].strip() if op else ""
-    if op is None or not all(part.isdigit() and part.isascii() for part in release.split(".")):
+    try:
+        op, release = parse_clause(text)
+    except ValueError:
+        return None
+    if op not in _OPERATORS or not all(part.isdigit() and part.isascii() for part in release.split(".")):
         return None
     return op, release
 
@@ -219,7 +223,9 @@ def _parse_range(spec: str) -> _Range | None:
     """The interval a specifier set allows, or None where it is not one (a pre-release bound, `~=`,
     a `!=` inside the range): such a set is shown as written."""
     bounds, excluded = _Range(), []
-    for clause in spec.split(","):
+    if not clauses(spec):
+        return None
+    for clause in clauses(spec):
         parsed = _clause(clause)
         if parsed is None:
             return None
@@ -642,8 +648,7 @@ def model_runner(facts: PlanningFacts, lines: Sequence[dict], selected: Iterable
 def unmet_requirement(line: dict, other: str, version: str, holds: Holds) -> tuple[str, str, bool]:
     """(the clauses of `line`'s requirement on `other` that `version` fails, why the line stops
     there, whether `version` is past an upper bound); ("", "", False) where it meets them all."""
-    clauses = [c.strip() for c in line.get("requires", {}).get(other, "").split(",") if c.strip()]
-    failed = [c for c in clauses if not holds(c, version)]
+    failed = [c for c in clauses(line.get("requires", {}).get(other, "")) if not holds(c, version)]
     why = line.get("requires_why", {})
     reasons = list(dict.fromkeys(why[f"{other}{c}"] for c in failed if f"{other}{c}" in why))
     return ",".join(failed), "; ".join(reasons), any(c.startswith("<") for c in failed)

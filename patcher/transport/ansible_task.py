@@ -27,7 +27,7 @@ from ..report import EXIT_OK, EXIT_PENDING
 from ..run import RunOptions, run_target
 from ..transform.transforms import code_fingerprint, shared_transforms
 from .answer_shape import checked_answer
-from .interface import AgentFailure, TransportError, agent_texts, one_line_bootstrap
+from .interface import DEFAULT_CALL_TIMEOUT, AgentFailure, TransportError, agent_texts, one_line_bootstrap
 from .ssh import shell_python
 
 COMMANDS = ("status", "apply", "rollback")
@@ -79,7 +79,7 @@ class AnsibleTransport:
         except Exception as exc:  # noqa: BLE001 - a lost connection must not hide the task's own outcome
             self.action._display.warning(f"patcher.fleet.patch: could not remove {tmpdir} on {self.label}: {exc}")
 
-    def call(self, request: Mapping[str, Any], timeout: float = 900, limit: str = "") -> Any:
+    def call(self, request: Mapping[str, Any], timeout: float = DEFAULT_CALL_TIMEOUT, limit: str = "") -> Any:
         self.invocations += 1
         # One request per agent process: the agent, its mark and the request on one line. Its
         # answer is the line that starts with the mark, so nothing a login shell prints is

@@ -29,7 +29,6 @@ import datetime
 import hashlib
 import itertools
 import json
-import os
 import re
 import zipfile
 from collections.abc import Callable, Sequence
@@ -82,28 +81,6 @@ def default_releases(patches: Sequence[Patch], lines: Sequence[ReleaseLine] = ()
             if item.operator in (">=", "==", "~=") and (name, item.version) not in found:
                 found.append((name, item.version))
     return found
-
-
-def _cache_dirs() -> list[Path]:
-    base = Path(os.environ.get("PATCHER_CACHE", "~/.cache/patcher")).expanduser()
-    test = os.environ.get("PATCHER_TEST_CACHE")
-    dirs = [base / "wheels", (Path(test).expanduser() if test else base / "test-releases") / "wheels"]
-    return dirs
-
-
-def find_or_download(distribution: str, version: str, progress: Callable[[str], None]) -> Path:
-    from ..upstream.wheels import download_wheel, find_wheel
-
-    for directory in _cache_dirs():
-        if directory.is_dir():
-            wheel = find_wheel(directory, distribution, version)
-            if wheel is not None:
-                return wheel
-    progress(f"downloading {distribution}=={version} from the package index")
-    try:
-        return download_wheel(distribution, version, _cache_dirs()[0])
-    except Exception as exc:  # DownloadFailed, IndexUnreachable  # noqa: BLE001
-        raise BundleError(f"cannot get the {distribution} {version} wheel ({exc}); give it with --wheel FILE") from None
 
 
 _WHEEL_NAME = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)-")

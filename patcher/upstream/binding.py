@@ -541,9 +541,9 @@ class _ClassBinder:
 
     def _own_names(self, cls: ast.ClassDef, seen: set[str]) -> set[str]:
         """What the class and the file's classes it derives from define or assign on self."""
-        from .facts import _defined_names
+        from .facts import defined_names
 
-        names = {n for node in cls.body for n in _defined_names(node)}
+        names = {n for node in cls.body for n in defined_names(node)}
         for node in ast.walk(cls):
             if (
                 isinstance(node, ast.Attribute)

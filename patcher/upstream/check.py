@@ -13,6 +13,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from ..model import ConnectorDrift, Patch, TargetFile
+from ..patchset.registry import declared_drift
 from ..plan.selection import condition_holds
 from . import connectors
 from .binding import Binding, bind_cached
@@ -496,7 +497,7 @@ class _Check:
         declared = self.options.connector_drift
         with_path, _ = connectors.path_summary(report.path_vllm)
         report.connectors = connectors.verdicts(
-            report.connector_bindings, with_path, connectors.declared_drift() if declared is None else declared
+            report.connector_bindings, with_path, declared_drift() if declared is None else declared
         )
         for verdict in report.connectors:
             report.problems.extend(connectors.verdict_problems(verdict))

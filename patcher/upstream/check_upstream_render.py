@@ -358,19 +358,9 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render_markdown(report: CheckReport) -> str:
-    lines = ["# patcher check-upstream", ""]
-    if report.exit_code == 4:
-        lines += [f"**The package index could not be reached:** {_md(report.message)}", ""]
-        return "\n".join(lines)
-    verdict = "passed" if report.exit_code == 0 else f"failed (exit {report.exit_code})"
-    lines += [f"**{verdict}**: {_md(report.message)}", ""]
-    if report.problems:
-        lines += ["## Problems", ""] + [f"- {_md(p)}" for p in report.problems] + [""]
-    if report.not_covered:
-        lines += ["## Not covered (refused, exit 7; not drift)", ""] + [f"- {_md(r)}" for r in not_covered_rows(report)]
-        lines.append("")
-
+def _md_matrix(report: CheckReport) -> list[str]:
+    """The patches × releases table, its legend and why a patch is selected where it is not."""
+    lines: list[str] = []
     patches, rows = matrix_rows(report)
     lines += ["## Patches × releases", ""]
     lines.append("| release | " + " | ".join(_short(p) for p in patches) + " |")
@@ -384,8 +374,12 @@ def render_markdown(report: CheckReport) -> str:
         lines.append(f"| {dist} {_span(versions)} | " + " | ".join(shown) + " |")
     lines += ["", LEGEND + ".", ""]
     lines += [f"- {_md(line)}" for line in not_selected_reasons(report)] + [""]
+    return lines
 
-    lines += ["## Gates", "", "| patch | edit | fact | gate | first release | holds in | status |"]
+
+def _md_gates(report: CheckReport) -> list[str]:
+    """Each edit's fact against its gate, and what was read."""
+    lines: list[str] = ["## Gates", "", "| patch | edit | fact | gate | first release | holds in | status |"]
     lines.append("|---|---|---|---|---|---|---|")
     for check in report.gates:
         fact = _md(check.fact.describe()) if check.fact else "(no fact declared)"
@@ -398,46 +392,87 @@ def render_markdown(report: CheckReport) -> str:
     if versions:
         lines.append(f"`holds in`: one mark per release read, {versions[0]} to {versions[-1]} (✓ holds, · not).")
     lines += [f"{_md(line)}." for line in read_summary(report)] + [""]
-    if report.bindings:
-        lines += [
-            "## Patched files bound per vLLM release",
-            "",
-            (
-                "Static: every vLLM import and call of the files apply writes there, and every transformers "
-                "and torch import and call against each release of those the vLLM release allows; last run: "
-                "the release matrix's result (runtime drift is seen only there)."
-            ),
-            "",
-            "| vllm | allows | patches selected | imports+calls bound | static | last run |",
-            "|---|---|---|---|---|---|",
-        ]
-        for version, allowed, patches, checked, verdict, last in release_rows(report):
-            lines.append(
-                f"| {version} | {_md(allowed)} | {patches} | {checked} | "
-                f"{verdict if verdict == 'binds' else '**' + verdict + '**'} | {_md(last)} |"
-            )
-        lines += ["", _md(never_run(report)) + ".", ""]
-    if report.connectors:
-        lines += [
-            f"## {CONNECTORS_TITLE[0].upper()}{CONNECTORS_TITLE[1:]}",
-            "",
-            (
-                "Each module of each hs-connectors release that imports vLLM: its imports, calls, base classes and "
-                "the methods it overrides; every problem met must be declared in `CONNECTOR_DRIFT` "
-                "(patches/targets.py) for exactly the vLLM releases it is met on."
-            ),
-            "",
-            "| hs-connectors | module | binds on | does not bind on | status |",
-            "|---|---|---|---|---|",
-        ]
-        for connector, module, binds_on, fails_on, verdict_status in connector_rows(report):
-            bold = verdict_status if verdict_status in ("binds", "as declared") else f"**{verdict_status}**"
-            lines.append(f"| {connector} | {module} | {binds_on} | {fails_on} | {bold} |")
-        lines += [""] + [f"- {_md(line)}" for line in connector_lines(report)] + [""]
-    if report.nightlies:
-        lines += ["## Nightlies (fabricated metadata, selection only)", "", "| vllm | selected edits |", "|---|---|"]
-        for nightly_check in report.nightlies:
-            chosen = ", ".join(f"{_short(p)}: {', '.join(e)}" for p, e in nightly_check.selected.items() if e) or "none"
-            lines.append(f"| `{nightly_check.version}` | {_md(chosen)} |")
+    return lines
+
+
+def _md_bindings(report: CheckReport) -> list[str]:
+    """The patched files bound per vLLM release."""
+    if not report.bindings:
+        return []
+    lines: list[str] = [
+        "## Patched files bound per vLLM release",
+        "",
+        (
+            "Static: every vLLM import and call of the files apply writes there, and every transformers "
+            "and torch import and call against each release of those the vLLM release allows; last run: "
+            "the release matrix's result (runtime drift is seen only there)."
+        ),
+        "",
+        "| vllm | allows | patches selected | imports+calls bound | static | last run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for version, allowed, patches, checked, verdict, last in release_rows(report):
+        lines.append(
+            f"| {version} | {_md(allowed)} | {patches} | {checked} | "
+            f"{verdict if verdict == 'binds' else '**' + verdict + '**'} | {_md(last)} |"
+        )
+    lines += ["", _md(never_run(report)) + ".", ""]
+    return lines
+
+
+def _md_connectors(report: CheckReport) -> list[str]:
+    """The hs-connectors modules bound per vLLM release."""
+    if not report.connectors:
+        return []
+    lines: list[str] = [
+        f"## {CONNECTORS_TITLE[0].upper()}{CONNECTORS_TITLE[1:]}",
+        "",
+        (
+            "Each module of each hs-connectors release that imports vLLM: its imports, calls, base classes and "
+            "the methods it overrides; every problem met must be declared in `CONNECTOR_DRIFT` "
+            "(patches/targets.py) for exactly the vLLM releases it is met on."
+        ),
+        "",
+        "| hs-connectors | module | binds on | does not bind on | status |",
+        "|---|---|---|---|---|",
+    ]
+    for connector, module, binds_on, fails_on, verdict_status in connector_rows(report):
+        bold = verdict_status if verdict_status in ("binds", "as declared") else f"**{verdict_status}**"
+        lines.append(f"| {connector} | {module} | {binds_on} | {fails_on} | {bold} |")
+    lines += [""] + [f"- {_md(line)}" for line in connector_lines(report)] + [""]
+    return lines
+
+
+def _md_nightlies(report: CheckReport) -> list[str]:
+    """The nightlies' selection."""
+    if not report.nightlies:
+        return []
+    lines: list[str] = [
+        "## Nightlies (fabricated metadata, selection only)",
+        "",
+        "| vllm | selected edits |",
+        "|---|---|",
+    ]
+    for nightly_check in report.nightlies:
+        chosen = ", ".join(f"{_short(p)}: {', '.join(e)}" for p, e in nightly_check.selected.items() if e) or "none"
+        lines.append(f"| `{nightly_check.version}` | {_md(chosen)} |")
+    lines.append("")
+    return lines
+
+
+def render_markdown(report: CheckReport) -> str:
+    lines = ["# patcher check-upstream", ""]
+    if report.exit_code == 4:
+        lines += [f"**The package index could not be reached:** {_md(report.message)}", ""]
+        return "\n".join(lines)
+    verdict = "passed" if report.exit_code == 0 else f"failed (exit {report.exit_code})"
+    lines += [f"**{verdict}**: {_md(report.message)}", ""]
+    if report.problems:
+        lines += ["## Problems", ""] + [f"- {_md(p)}" for p in report.problems] + [""]
+    if report.not_covered:
+        lines += ["## Not covered (refused, exit 7; not drift)", ""] + [f"- {_md(r)}" for r in not_covered_rows(report)]
         lines.append("")
+
+    lines += _md_matrix(report) + _md_gates(report)
+    lines += _md_bindings(report) + _md_connectors(report) + _md_nightlies(report)
     return "\n".join(lines)

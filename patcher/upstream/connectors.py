@@ -49,15 +49,6 @@ class ConnectorFile:
         return dict(self.versions)[DISTRIBUTION]
 
 
-def declared_drift() -> tuple[ConnectorDrift, ...]:
-    """patches/targets.py's CONNECTOR_DRIFT (none where the patch set declares none)."""
-    try:
-        from ..patches import targets  # type: ignore[import-not-found]  # mapped by pyproject
-    except ImportError:
-        return ()
-    return tuple(getattr(targets, "CONNECTOR_DRIFT", ()))
-
-
 def read_connector(files: ReleaseFiles) -> list[ConnectorFile]:
     """The modules of this hs-connectors release that import vLLM (its wheel's RECORD lists them)."""
     record = files.read(f"{PACKAGE}-{files.version}.dist-info/RECORD") or ""

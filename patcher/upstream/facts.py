@@ -210,7 +210,7 @@ def instance_attribute(cls: ast.ClassDef, name: str) -> Definition | None:
     return None
 
 
-def _is_overload(node: ast.AST) -> bool:
+def is_overload(node: ast.AST) -> bool:
     for decorator in getattr(node, "decorator_list", ()):
         if isinstance(decorator, ast.Name) and decorator.id == "overload":
             return True
@@ -219,7 +219,7 @@ def _is_overload(node: ast.AST) -> bool:
     return False
 
 
-def _defined_names(node: ast.AST) -> list[str]:
+def defined_names(node: ast.AST) -> list[str]:
     if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
         return [node.name]
     if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
@@ -233,7 +233,7 @@ def last_definition(body: list[ast.stmt], name: str) -> Definition | None:
     """The definition of `name` in a block as Python leaves it (the last one; @overload stubs skipped)."""
     found = None
     for node in body:
-        if name in _defined_names(node) and not _is_overload(node):
+        if name in defined_names(node) and not is_overload(node):
             found = node
     return found
 

@@ -12,7 +12,7 @@ import ast
 from dataclasses import dataclass
 from typing import cast
 
-from .facts import MAX_DEPTH, SourceTree, _is_overload, last_definition, parse, top_level
+from .facts import MAX_DEPTH, SourceTree, is_overload, last_definition, parse, top_level
 
 # Packages whose functions are mostly compiled, with their signatures in type stubs: torch's
 # `torch.cat`, `torch.arange`... are `torch._C._VariableFunctions`, described by its .pyi.
@@ -59,7 +59,7 @@ def lookup(tree: SourceTree, module: str, name: str, depth: int = 0, budget: lis
     overloads = tuple(
         n
         for n in source_module.body
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name and _is_overload(n)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name and is_overload(n)
     )
     if overloads:  # only @overload stubs: a .pyi
         return Target("def", module, overloads[0], overloads=overloads)

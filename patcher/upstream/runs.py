@@ -68,7 +68,6 @@ class RunResult:
 
 # A Patch's keywords that describe it and never change what a run does: editing them (a clearer
 # without_it, a new leave-one-out declared, an example added) leaves every recorded row current.
-# (`readme`: the README's cell, which declarations had before without_it became the one text)
 DESCRIPTIVE_KEYWORDS = frozenset(
     {
         "title",
@@ -81,7 +80,6 @@ DESCRIPTIVE_KEYWORDS = frozenset(
         "examples",
         "satisfied",
         "near_misses",
-        "readme",
     }
 )
 # An Edit's keyword in words only (`fact` stays: check-upstream reads it)

@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -156,6 +156,25 @@ def download_wheel(
     if wheel is None:
         raise DownloadFailed(f"pip reported success but no {wheel_prefix(distribution, version)}*.whl in {directory}")
     return wheel
+
+
+def cache_dirs() -> list[Path]:
+    """Where a wheel already fetched may be: patcher's cache ($PATCHER_CACHE/wheels), then the tests'."""
+    base = Path(os.environ.get("PATCHER_CACHE", "~/.cache/patcher")).expanduser()
+    test = os.environ.get("PATCHER_TEST_CACHE")
+    return [base / "wheels", (Path(test).expanduser() if test else base / "test-releases") / "wheels"]
+
+
+def find_or_download(distribution: str, version: str, progress: Callable[[str], None]) -> Path:
+    """The wheel of `distribution==version` from a cache folder (cache_dirs), else downloaded into
+    the first one (`patcher bundle`'s wheels); DownloadFailed or IndexUnreachable where it cannot be."""
+    for directory in cache_dirs():
+        if directory.is_dir():
+            wheel = find_wheel(directory, distribution, version)
+            if wheel is not None:
+                return wheel
+    progress(f"downloading {distribution}=={version} from the package index")
+    return download_wheel(distribution, version, cache_dirs()[0])
 
 
 def _run_pip(command: list[str], what: str) -> subprocess.CompletedProcess:

@@ -16,19 +16,19 @@ if TYPE_CHECKING:
 
 MARK = ""  # the controller's marker for this run (session.main sets it): every answer line starts with it
 # Requests read and answered: one answer per request, the request's own or the watchdog's.
-_ANSWER: dict = {"lock": None, "read": 1, "answered": 0}
+ANSWER: dict = {"lock": None, "read": 1, "answered": 0}
 CHILD: list = []  # the verification process while it runs: ended with the agent
 
 
 def answer_once(answer: Answer) -> bool:
     """Write the answer to the current request unless one was written already (the watchdog's)."""
-    lock = _ANSWER["lock"]
+    lock = ANSWER["lock"]
     if lock is not None:
         lock.acquire()
     try:
-        if _ANSWER["answered"] >= _ANSWER["read"]:
+        if ANSWER["answered"] >= ANSWER["read"]:
             return False
-        _ANSWER["answered"] = _ANSWER["read"]
+        ANSWER["answered"] = ANSWER["read"]
         WATCHDOG.disarm()
         # A line of its own, even after a partial line something else printed.
         sys.stdout.write("\n" + MARK + " " + json.dumps(answer) + "\n")
@@ -66,7 +66,7 @@ class Watchdog:
         `option`; `after` says what that leaves.
         The bundle calls the operations directly, outside a session: it arms nothing."""
         self.disarm()
-        if seconds is None or _ANSWER["lock"] is None:
+        if seconds is None or ANSWER["lock"] is None:
             return
         import _thread
 

@@ -11,9 +11,9 @@ import sys
 from patcher.core.errors import AgentError
 
 from . import answers
-from .answers import _ANSWER, WATCHDOG, answer_once, stop_now
+from .answers import ANSWER, WATCHDOG, answer_once, stop_now
 from .faults import FAULT, FAULT_POINTS
-from .writes import _LEFT_AS_IS, set_file_limit
+from .writes import LEFT_AS_IS, set_file_limit
 
 # The type checker's view only (typing itself is not imported: it costs start-up time).
 TYPE_CHECKING = False
@@ -70,7 +70,7 @@ def serve(req: dict) -> None:
     except OSError as exc:
         kind = "not-writable" if exc.errno in (errno.EROFS, errno.EACCES) else "os-error"
         where = f": {exc.filename}" if exc.filename is not None else " (the system named no file)"
-        answer = {"ok": False, "error": {"kind": kind, "message": f"{exc.strerror}{where}; {_LEFT_AS_IS}"}}
+        answer = {"ok": False, "error": {"kind": kind, "message": f"{exc.strerror}{where}; {LEFT_AS_IS}"}}
     except Exception as exc:  # a bug: said as an answer, not as a session that ends without one  # noqa: BLE001
         answer = {"ok": False, "error": {"kind": "internal", "message": f"agent error: {type(exc).__name__}: {exc}"}}
     answer_once(answer)
@@ -93,7 +93,7 @@ def session() -> None:
     import _thread
 
     lock = _thread.allocate_lock()
-    _ANSWER.update(lock=lock, read=0, answered=0)
+    ANSWER.update(lock=lock, read=0, answered=0)
     requests: _queue.SimpleQueue = _queue.SimpleQueue()
 
     def read() -> None:
@@ -103,10 +103,10 @@ def session() -> None:
             if not line.strip():
                 break
             with lock:
-                _ANSWER["read"] += 1
+                ANSWER["read"] += 1
             requests.put(line)
         with lock:
-            if _ANSWER["answered"] < _ANSWER["read"]:
+            if ANSWER["answered"] < ANSWER["read"]:
                 stop_now(4)  # holding the lock: no answer can start after this point
         requests.put(None)
 

@@ -12,7 +12,7 @@ import time
 
 from patcher.core.errors import AgentError
 
-from .writes import _CLOEXEC, _NOFOLLOW, replace_entry, write_failure
+from .writes import CLOEXEC, NOFOLLOW, replace_entry, write_failure
 
 STATE_DIR_PARTS = ("share", "patcher")
 
@@ -188,7 +188,7 @@ class StateFolder:
 
     def _open_dir(self, name: str, dir_fd, shown: str, missing_ok: bool) -> int:
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=dir_fd)
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW | CLOEXEC, dir_fd=dir_fd)
         except FileNotFoundError:
             if missing_ok:
                 return -1
@@ -218,7 +218,7 @@ class StateFolder:
         if folder < 0:
             raise FileNotFoundError(errno.ENOENT, "no such folder", self.shown(where))
         try:
-            fd = os.open(name, flags | _NOFOLLOW | _CLOEXEC, mode, dir_fd=folder)
+            fd = os.open(name, flags | NOFOLLOW | CLOEXEC, mode, dir_fd=folder)
         except FileNotFoundError:
             raise
         except OSError as exc:

@@ -11,10 +11,10 @@ from patcher.core.errors import AgentError
 from .detect import find_distributions
 from .state import HELD
 from .writes import (
-    _CLOEXEC,
-    _LEFT_AS_IS,
-    _NOFOLLOW,
+    CLOEXEC,
     FILE_LIMIT_VARIABLE,
+    LEFT_AS_IS,
+    NOFOLLOW,
     file_flags,
     file_limit,
     replace_entry,
@@ -63,7 +63,7 @@ class Declared:
         return None if root is None else TargetPath(root, rel)
 
 
-_FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
+_FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW | CLOEXEC
 _REINSTALL = "put the package's own file back (pip install --force-reinstall the package) and run patcher again"
 
 
@@ -118,14 +118,14 @@ class TargetPath:
                 f"refusing {shown}: it is a symbolic link (to {pointed}{leaves}); patcher "
                 f"never follows a link below {self.root} on the way to a file it writes or the bytecode it "
                 "deletes (whoever can write the environment could point one anywhere while root runs "
-                f"patcher); put the real folder or file back in its place and run patcher again; {_LEFT_AS_IS}",
+                f"patcher); put the real folder or file back in its place and run patcher again; {LEFT_AS_IS}",
             )
         return type(exc)(exc.errno, exc.strerror, shown)
 
     def open_folder(self) -> int:
         """The file's folder, opened from the entry one folder at a time (the caller closes it).
         FileNotFoundError when a folder is missing."""
-        fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+        fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | CLOEXEC)
         shown = self.root
         try:
             for part in self.parts[:-1]:
@@ -149,7 +149,7 @@ class TargetPath:
             return None
         try:
             try:
-                fd = os.open(self.name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, dir_fd=folder)
+                fd = os.open(self.name, os.O_RDONLY | NOFOLLOW | CLOEXEC | os.O_NONBLOCK, dir_fd=folder)
             except FileNotFoundError:
                 return None
             except OSError as exc:
@@ -250,7 +250,7 @@ class TargetPath:
 
         def create(tmp: str) -> int:
             try:
-                return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600, dir_fd=folder)
+                return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, 0o600, dir_fd=folder)
             except FileExistsError:
                 raise
             except OSError as exc:

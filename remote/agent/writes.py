@@ -11,8 +11,8 @@ from patcher.core.errors import AgentError
 
 from .faults import checkpoint
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -48,7 +48,7 @@ def set_file_limit(value) -> None:
 
 
 # What a write that failed leaves, said with every failure: the transaction's guarantee.
-_LEFT_AS_IS = (
+LEFT_AS_IS = (
     "every file is its old or its new bytes (`patcher status` says which; the next apply completes a run cut short)"
 )
 
@@ -59,7 +59,7 @@ def file_flags(path: str, dir_fd: int | None = None) -> str:
         import fcntl
         import struct
 
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=dir_fd)
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=dir_fd)
     except (ImportError, OSError):
         return ""
     try:
@@ -84,27 +84,27 @@ def write_failure(exc: OSError, path: str, dir_fd: int | None = None, attribute:
         return AgentError(
             "not-writable",
             f"cannot replace {path}: it is {attribute} (chattr +{attribute[0]}), which stops even root; "
-            f"clear it with `chattr -{attribute[0]} {path}` and run the command again; {_LEFT_AS_IS}",
+            f"clear it with `chattr -{attribute[0]} {path}` and run the command again; {LEFT_AS_IS}",
         )
     if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
         return AgentError(
             "os-error",
             f"cannot write {path}: {exc.strerror}; free space on the filesystem that holds "
-            f"{os.path.dirname(path)} (`df {os.path.dirname(path)}`) and run the command again; {_LEFT_AS_IS}",
+            f"{os.path.dirname(path)} (`df {os.path.dirname(path)}`) and run the command again; {LEFT_AS_IS}",
         )
     if exc.errno == errno.EROFS:
         return AgentError(
             "not-writable",
             f"cannot write {path}: its filesystem is mounted read-only; remount it read-write and run the "
-            f"command again; {_LEFT_AS_IS}",
+            f"command again; {LEFT_AS_IS}",
         )
     if isinstance(exc, PermissionError):
         return AgentError(
             "not-writable",
             f"cannot write {path}: permission denied; run as a user who can write there (the environment's "
-            f"owner, or --sudo on a remote host); {_LEFT_AS_IS}",
+            f"owner, or --sudo on a remote host); {LEFT_AS_IS}",
         )
-    return AgentError("os-error", f"cannot write {path}: {exc.strerror}; {_LEFT_AS_IS}")
+    return AgentError("os-error", f"cannot write {path}: {exc.strerror}; {LEFT_AS_IS}")
 
 
 def replace_entry(folder: int, name: str, data: bytes, create, finish, failure) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from patcher.core.versions import lower_bounds
 from patcher.model import LeaveOneOut, Patch, Symptom
 from patcher.patchset.registry import load_patches
 from patcher.plan.selection import condition_holds, select_patches
@@ -36,13 +37,7 @@ def selected_ids(versions: Mapping[str, str | None], among: tuple[Patch, ...] | 
 
 def _lowest(specs: list[str]) -> str | None:
     """The lowest version every spec allows, among the bounds they name (>=X, ==X, >X is not used)."""
-    bounds = []
-    for spec in specs:
-        for item in spec.split(","):
-            item = item.strip()
-            for op in (">=", "=="):
-                if item.startswith(op):
-                    bounds.append(item[len(op) :])
+    bounds = [bound for spec in specs for bound in lower_bounds(spec)]
     for bound in sorted(set(bounds), key=Version):
         if all(condition_holds(spec, bound) for spec in specs):
             return bound
