@@ -93,4 +93,3 @@ def test_a_patch_module_reads_alone():
             if isinstance(node, ast.ImportFrom) and node.level and node.module not in (None, "targets")
         ]
         assert not siblings, f"{path.name} imports from {siblings}: move what it shares to patcher/codemod.py"
-

@@ -94,6 +94,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "patcher.remote",
             "patcher.plan.planning",
             "patcher.shared_states",
+            "patcher.device_memory",
             "patcher.cache",
             "patcher.output_files",
         ),
