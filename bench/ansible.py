@@ -72,7 +72,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        from patcher.transport.ansible_task import run_task
+        from patcher.frontends.ansible_task import run_task
 
         result.update(
             run_task(self, dict(self._task.args), task_vars or {}, bool(self._task.check_mode), bool(self._task.diff))

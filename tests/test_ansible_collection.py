@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from patcher.frontends.ansible_task import COMMANDS, OPTIONS
 from patcher.patchset.registry import load_patches
-from patcher.transport.ansible_task import COMMANDS, OPTIONS
 from tests.support.files import GENERATOR
 from tests.test_hostile_answers import answers_changed
 from workbench.ansible_test_sanity import SHORT_FORM, run_sanity
@@ -581,7 +581,7 @@ def test_patcher_is_imported_once_by_ansible_playbook_before_it_forks_the_hosts_
         timeout=600,
     )
     assert done.returncode == 0 and "ok=1" in done.stdout, done.stdout + done.stderr[-3000:]
-    imports = [line for line in done.stderr.splitlines() if line.endswith("| patcher.transport.ansible_task")]
+    imports = [line for line in done.stderr.splitlines() if line.endswith("| patcher.frontends.ansible_task")]
     assert len(imports) == 1, imports
 
 

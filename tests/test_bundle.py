@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from patcher.frontends.bundle import PROGRAM_MARK, program_of, reseal
 from patcher.patchset.registry import load_patches
-from patcher.transport.bundle import PROGRAM_MARK, program_of, reseal
 from tests.support.cli import patcher
 from tests.support.files import GENERATOR
 from workbench.envs import demo_env, light_env, site_file
@@ -129,10 +129,10 @@ def _embedded(bundle: Path, name: str) -> dict:
 
 def test_every_error_kind_exits_alike_through_patcher_and_a_bundle(bundle: Path):
     from patcher.core.errors import ERROR_KINDS
+    from patcher.frontends.bundle import BUNDLE_SHARED_MODULES
     from patcher.remote.agent.bootstrap import read_texts
     from patcher.report import TargetReport
     from patcher.run import _fail
-    from patcher.transport.bundle import BUNDLE_SHARED_MODULES
 
     modules = json.loads(_embedded(bundle, "MODULES"))
     # patcher's own agent, planning, errors and versions, not copies

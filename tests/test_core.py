@@ -161,7 +161,7 @@ def test_specs_carry_every_declaration_and_round_trip_as_json():
 
 def test_core_is_standard_library_only_and_imports_nothing_of_patcher_but_what_a_bundle_carries():
     from patcher.core import versions
-    from patcher.transport.bundle import BUNDLE_SHARED_MODULES
+    from patcher.frontends.bundle import BUNDLE_SHARED_MODULES
 
     for module in (core, errors, protocol, versions):
         tree = ast.parse(Path(module.__file__).read_text())

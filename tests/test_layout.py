@@ -106,10 +106,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "places",
         ("patcher.patchset", "patcher.plan", "patcher.transform", "patcher.report", "patcher.run_check_request"),
     ),
-    # one target end to end and the transports that carry it (the Ansible action's work runs run_target)
+    # one target end to end and the transports that carry it
     ("spine", ("patcher.run", "patcher.transport")),
-    # many hosts, check-upstream and the release matrix, the demo's environments
-    ("many", ("patcher.fleet", "patcher.upstream", "patcher.demo")),
+    # many hosts, the front ends besides the command line (a bundle, the Ansible action's work, which
+    # runs run_target), check-upstream and the release matrix, the demo's environments
+    ("many", ("patcher.fleet", "patcher.frontends", "patcher.upstream", "patcher.demo")),
     # the commands: the command line, `patcher demo`'s command, the Ansible collection's plugins
     # (controller side: Ansible runs them, and they call patcher)
     ("commands", ("patcher.cli", "patcher.__main__", "patcher.demo.demo_command", "patcher.remote.ansible")),

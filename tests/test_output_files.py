@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from patcher.frontends.bundle import write as write_bundle
 from patcher.output_files import OutputFileError, write_output_file
-from patcher.transport.bundle import write as write_bundle
 from tests.support.cli import patcher
 
 NOBODY = 65534

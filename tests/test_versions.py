@@ -33,7 +33,7 @@ def test_plan_selection_selects_with_this_implementation():
 
 
 def test_every_declared_condition_at_every_probe_is_packagings():
-    from patcher.transport.bundle import _all_specs, check_runtime_versions, probe_versions
+    from patcher.frontends.bundle import _all_specs, check_runtime_versions, probe_versions
 
     specs = _all_specs(load_patches())
     probes = {name: probe_versions(conditions) for name, conditions in specs.items()}

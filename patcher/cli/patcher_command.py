@@ -673,9 +673,9 @@ def bundle(output, releases, wheels, quiet) -> None:
     only; the same agent, records and exit codes as patcher). It knows the pristine files by
     sha256 and carries their patched bytes; it refuses any other file.
     """
+    from ..frontends.bundle import BundleError, build, default_releases, write
     from ..output_files import OutputFileError, check_destination
     from ..patchset.registry import load_patches, release_lines
-    from ..transport.bundle import BundleError, build, default_releases, write
     from ..upstream.wheels import find_or_download
 
     def wheel(name: str, version: str) -> Path:

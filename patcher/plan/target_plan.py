@@ -57,12 +57,12 @@ def within_limit(facts: PlanningFacts, limit: int) -> PlanningFacts:
 
 
 def spec_of(patch: Patch) -> PatchSpec:
-    """Kept for patcher/transport/bundle.py, which another branch reworks: elsewhere patch.spec()."""
+    """Kept for patcher/frontends/bundle.py, which another branch reworks: elsewhere patch.spec()."""
     return patch.spec()
 
 
 def specs_of(patches: Sequence[Patch]) -> list[PatchSpec]:
-    """Kept for patcher/transport/bundle.py (as spec_of): elsewhere [p.spec() for p in patches]."""
+    """Kept for patcher/frontends/bundle.py (as spec_of): elsewhere [p.spec() for p in patches]."""
     return [p.spec() for p in patches]
 
 

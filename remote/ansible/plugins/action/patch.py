@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The action of `patcher.fleet.patch`. It runs on the controller: the work is patcher's own
-(patcher.transport.ansible_task), which plans with libcst here and starts patcher's standard-library agent
+(patcher.frontends.ansible_task), which plans with libcst here and starts patcher's standard-library agent
 on the host over Ansible's connection. Nothing of this file runs on a host."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ansible.plugins.action import ActionBase
 # paying for both once per host.
 MISSING = ""
 try:
-    from patcher.transport.ansible_task import prepare, run_task
+    from patcher.frontends.ansible_task import prepare, run_task
 except ImportError as exc:
     run_task = None  # type: ignore[assignment]  # the task then fails with MISSING
     MISSING = str(exc)

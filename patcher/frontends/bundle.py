@@ -360,8 +360,8 @@ BUNDLE_SHARED_MODULES = ("plan.planning", "core.versions")
 
 
 def _render(data: dict) -> str:
+    from ..transport.interface import agent_bootstrap
     from . import bundle_runtime
-    from .interface import agent_bootstrap
 
     runtime = Path(bundle_runtime.__file__).read_text(encoding="utf-8")
     # The agent and the shared core, as module texts: the bundle runs patcher's own code, not a copy.

@@ -26,9 +26,9 @@ from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
 from ..report import EXIT_OK, EXIT_PENDING
 from ..run import RunOptions, run_target
 from ..transform.transforms import code_fingerprint, shared_transforms
-from .answer_shape import checked_answer
-from .interface import DEFAULT_CALL_TIMEOUT, AgentFailure, TransportError, agent_texts, one_line_bootstrap
-from .ssh import shell_python
+from ..transport.answer_shape import checked_answer
+from ..transport.interface import DEFAULT_CALL_TIMEOUT, AgentFailure, TransportError, agent_texts, one_line_bootstrap
+from ..transport.ssh import shell_python
 
 COMMANDS = ("status", "apply", "rollback")
 # the task's options: remote/ansible/plugins/action/patch.py (_VALID_ARGS) and the module's
