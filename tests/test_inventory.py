@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from patcher.fleet.host_address import Host, HostError, parse_host
 from patcher.fleet.inventory import InventoryError, hosts_from_options, inventory_line, load_hosts, read_inventory
-from patcher.transport.ssh import Host, HostError, SshSettings, SshTransport, parse_host
+from patcher.transport.ssh import SshSettings, SshTransport
 
 
 def test_host_strings():

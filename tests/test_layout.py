@@ -97,6 +97,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "patcher.device_memory",
             "patcher.cache",
             "patcher.output_files",
+            # the host-address grammar: the fleet parses hosts with it, the ssh transport takes a Host
+            "patcher.fleet.host_address",
         ),
     ),
     # what a patch is written in, and the patches

@@ -17,8 +17,9 @@ from ..patchset.registry import load_patches
 from ..report import EXIT_INTERRUPTED, EXIT_USAGE, overall_exit
 from ..run import RunOptions
 from ..transform.transforms import shared_transforms
-from ..transport.ssh import Host, SshSettings, check_remote_python, check_settings, check_ssh_option
+from ..transport.ssh import SshSettings, check_settings, check_ssh_option
 from . import inventory
+from .host_address import Host, check_remote_python
 from .options import DEFAULT_RETRY_NAME, RemoteOptions
 from .rollout import (
     FleetInterrupted,

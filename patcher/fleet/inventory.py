@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import printable
-from ..transport.ssh import Host, HostError, check_address, check_port, check_remote_python, check_user, parse_host
+from .host_address import Host, HostError, check_address, check_port, check_remote_python, check_user, parse_host
 from .host_patterns import select
 from .inventory_files import Entry, Inventory, InventoryError, read_files
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from ..report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
 from ..run import RunOptions, run_target
-from ..transport.ssh import Host, SshSettings, SshTransport
+from ..transport.ssh import SshSettings, SshTransport
+from .host_address import Host
 from .options import DEFAULT_FORKS
 
 SKIPPED = "skipped"

@@ -20,110 +20,20 @@ transport are the same as for a local target.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import shlex
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from ..fleet.host_address import CONTROL_CHARACTER, Host, HostError, check_remote_python
 from .interface import AgentFailure, TransportError, one_line_bootstrap
 from .process import AgentProcess, AgentSession
 
 DEFAULT_REMOTE_PYTHON = "python3"
 DEFAULT_CONNECT_TIMEOUT = 10
 
-_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\Z")
-_HOSTNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\Z")
 _OPTION_KEY = re.compile(r"[A-Za-z][A-Za-z0-9]*\Z")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-class HostError(ValueError):
-    """A host string (or a remote path) that is refused before anything runs: exit 2."""
-
-
-@dataclass(frozen=True)
-class Host:
-    """One target host. `name` is how reports and retry files call it; `address` is what ssh is
-    given (a name from ~/.ssh/config, a DNS name or an IP address)."""
-
-    name: str
-    address: str
-    user: str | None = None
-    port: int | None = None
-    python: str | None = None  # per-host interpreter (ansible_python_interpreter); None: --python
-    become: bool = False  # through `sudo -n` (ansible_become), as --sudo does for every host
-    key_file: str | None = None  # ansible_ssh_private_key_file: `ssh -i`
-    # ansible_ssh_common_args + ansible_ssh_extra_args, split as a shell would: from inventory
-    # files only (trusted like an ssh_config: ProxyCommand runs local commands), never the command line
-    ssh_args: tuple[str, ...] = ()
-    # the inventory groups it belongs to, for --limit; not part of what the host is
-    groups: tuple[str, ...] = field(default=(), compare=False)
-    notes: tuple[str, ...] = field(default=(), compare=False)  # e.g. inventory variables ignored
-
-    @property
-    def spec(self) -> str:
-        """`[user@]host[:port]` as it would be written on the command line."""
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return (f"{self.user}@" if self.user else "") + host + (f":{self.port}" if self.port else "")
-
-    @property
-    def known_hosts_name(self) -> str:
-        """The name ssh files the host key under (what `ssh-keygen -R` wants)."""
-        if self.port and self.port != 22:
-            return f"[{self.address}]:{self.port}"
-        return self.address
-
-
-def _check_free_text(what: str, text: str) -> None:
-    if not text:
-        raise HostError(f"empty {what}")
-    if text.startswith("-"):
-        raise HostError(f"refusing {what} {text!r}: it starts with '-' and could be read as an ssh option")
-    if _CONTROL.search(text):
-        raise HostError(f"refusing {what} {text!r}: it contains a control character")
-    if any(c.isspace() for c in text):
-        raise HostError(f"refusing {what} {text!r}: it contains whitespace")
-
-
-def check_user(user: str) -> str:
-    _check_free_text("user name", user)
-    if not _USER.match(user):
-        raise HostError(f"refusing user name {user!r}: only letters, digits, '.', '_' and '-' are allowed")
-    return user
-
-
-def check_address(address: str) -> str:
-    """A host name or an IP address (IPv6 without brackets)."""
-    _check_free_text("host", address)
-    if ":" in address:
-        literal = address.split("%", 1)
-        try:
-            ipaddress.IPv6Address(literal[0])
-        except ValueError:
-            raise HostError(f"refusing host {address!r}: not an IPv6 address") from None
-        if len(literal) == 2 and not re.fullmatch(r"[A-Za-z0-9_.-]+", literal[1]):
-            raise HostError(f"refusing host {address!r}: bad IPv6 zone")
-        return address
-    if not _HOSTNAME.match(address):
-        # ASCII only: a fullwidth or other Unicode letter is alphanumeric to Python, not to DNS or ssh
-        bad = sorted({c for c in address if not (c.isascii() and c.isalnum() or c in "._-")})
-        named = ", ".join(repr(c) if c.isascii() else f"{c!r} (U+{ord(c):04X})" for c in bad)
-        if not bad:  # only a '.' first fails the pattern otherwise
-            named = f"{address[0]!r} first"
-        raise HostError(
-            f"refusing host {address!r}: {named} not allowed in a host name "
-            "(ASCII letters, digits, '.', '_' and '-' only, not '.' or '-' first)"
-        )
-    return address
-
-
-def check_port(port: str | int) -> int:
-    text = str(port)
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise HostError(f"refusing port {text!r}: a number from 1 to 65535")
-    return int(text)
 
 
 def shell_python(python: str) -> str:
@@ -133,51 +43,6 @@ def shell_python(python: str) -> str:
     if python.startswith("~/") and len(python) > 2:
         return '"$HOME"/' + shlex.quote(python[2:])
     return shlex.quote(python)
-
-
-def check_remote_python(python: str) -> str:
-    """An interpreter path or a command name on the remote PATH. It is shell-quoted anyway;
-    this refuses what could only be a mistake or an attack."""
-    if not python:
-        raise HostError("empty remote python")
-    if python.startswith("-"):
-        raise HostError(f"refusing remote python {python!r}: it starts with '-' and could be read as an option")
-    if _CONTROL.search(python):
-        raise HostError(f"refusing remote python {python!r}: it contains a control character")
-    if "\\" in python:
-        raise HostError(f"refusing remote python {python!r}: backslash")
-    return python
-
-
-def parse_host(text: str, *, name: str | None = None, python: str | None = None) -> Host:
-    """`[user@]HOST[:PORT]`, `[user@][IPv6]:PORT`, or a bare IPv6 address."""
-    raw = text
-    _check_free_text("host", raw)
-    user = None
-    if "@" in text:
-        user, _, text = text.rpartition("@")
-        check_user(user)
-    port: int | None = None
-    if text.startswith("["):
-        inner, sep, rest = text[1:].partition("]")
-        if not sep:
-            raise HostError(f"refusing host {raw!r}: '[' without ']'")
-        if rest:
-            if not rest.startswith(":"):
-                raise HostError(f"refusing host {raw!r}: expected ':PORT' after ']'")
-            port = check_port(rest[1:])
-        address = inner
-    elif text.count(":") == 1:
-        address, _, port_text = text.partition(":")
-        port = check_port(port_text)
-    else:
-        address = text  # a host name, or an IPv6 address without port
-    check_address(address)
-    if name is not None:
-        _check_free_text("host name", name)
-    if python is not None:
-        check_remote_python(python)
-    return Host(name=name or raw, address=address, user=user, port=port, python=python)
 
 
 # ssh options patcher's command line never passes on: those that run a local command or load code
@@ -205,7 +70,7 @@ def check_ssh_option(option: str) -> str:
     """`Key=Value` as for `ssh -o`, and none of REFUSED_SSH_OPTIONS."""
     key, sep, value = option.partition("=")
     key = key.strip()
-    if not sep or not _OPTION_KEY.match(key) or option.startswith("-") or _CONTROL.search(option):
+    if not sep or not _OPTION_KEY.match(key) or option.startswith("-") or CONTROL_CHARACTER.search(option):
         raise HostError(
             f"refusing --ssh-option {option!r}: expected KEY=VALUE as for ssh -o, e.g. IdentityFile=~/.ssh/gpu"
         )
