@@ -11,7 +11,7 @@ its recipe (patcher/demo/releases.json; ~7 GB, one at a time, deleted after use 
 one step's token budget and the one of more than twice the generator's max_num_seqs included),
 compare with transformers, `patcher rollback`, and compare every target file's bytes with the
 pristine ones. A row records its prompts per call and the generator's max_num_seqs: a row without
-a call past it is not current (patcher.upstream.runs.row_filled_the_scheduler).
+a call past it is not current (patcher.upstream.release_rows.row_filled_the_scheduler).
 
 vLLM 0.33.0 has no CPU wheel: its recipe names the `vllm` (CUDA) wheel with the torch it pins, from
 the index (the CUDA build, which imports without a GPU); its row is `patcher apply` with
@@ -21,7 +21,7 @@ without the extraction, which needs a GPU there.
 Resumable: each row is recorded in bench/results/releases/<release>-<key>.json, in the repository
 (the key covers what the row ran: the code of the patches it selected less their version gates,
 the edits selected on its versions, its speculators release and that release's recipe:
-patcher.upstream.runs.row_key), so a rerun only does what changed (patcher.upstream.runs.row_is_current:
+patcher.upstream.row_keys.row_key), so a rerun only does what changed (patcher.upstream.release_rows.row_is_current:
 today's declarations select the same patches and edits on the row's versions, and what they run and
 the recipe are the ones it ran with), on any machine; a patch added or changed leaves the rows it is
 not selected on current, and a gate moved without changing what a row selects leaves every row
@@ -70,7 +70,8 @@ from patcher.demo.environment import build_demo_env, demo_env_dir, run_environme
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
 from patcher.demo.tiny_model import PARAMS, WIDE_PARAMS, ensure_tiny_model  # noqa: E402
-from patcher.upstream.runs import DEFAULT_SPECULATORS, row_is_current, row_key, row_versions  # noqa: E402
+from patcher.upstream.release_rows import row_is_current, row_versions  # noqa: E402
+from patcher.upstream.row_keys import DEFAULT_SPECULATORS, row_key  # noqa: E402
 from workbench.release_matrix import (  # noqa: E402  (the record's rules, shared with the tests and the docs)
     cell,
     record_row,

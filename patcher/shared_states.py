@@ -15,7 +15,7 @@ the same text). The mechanism, and why it is built so, is in the patches' docstr
 - the generator maps the buffer the worker made and copies each prompt's rows out of it into
   tensors of their own, several prompts at a time.
 
-`patcher.upstream.runs.row_key` keys a recorded row by the definitions of this module a patch
+`patcher.upstream.row_keys.row_key` keys a recorded row by the definitions of this module a patch
 imports, as it does by the patch modules a patch imports from.
 """
 

@@ -53,7 +53,7 @@ def help_text() -> str:
 
 
 def release_record() -> str:
-    from patcher.upstream.runs import record_index
+    from patcher.upstream.release_rows import record_index
     from workbench.release_matrix import RECORD  # importable: pages.py puts the checkout on sys.path
 
     return record_index(RECORD, RECORD.relative_to(ROOT).as_posix())

@@ -82,7 +82,7 @@ def test_a_patch_module_reads_alone():
     """No patch module imports from another: helpers several patches share live in patcher/codemod.py
     (and the sources they write in patcher/device_memory.py, patcher/shared_states.py), constants
     and symptoms in patches/targets.py; row keys hash what a patch imports from those
-    (patcher.upstream.runs.row_key)."""
+    (patcher.upstream.row_keys.row_key)."""
     import ast
 
     for path in sorted((ROOT / "patches").glob("v*.py")):

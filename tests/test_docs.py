@@ -119,7 +119,7 @@ def test_a_figure_the_record_does_not_hold_is_found():
 
 
 def test_the_speculators_0_4_rows_the_docs_name_are_recorded_passing_and_current():
-    from patcher.upstream.runs import row_is_current
+    from patcher.upstream.release_rows import row_is_current
     from workbench.release_matrix import recorded_rows, row_passed, speculators_of
 
     page = (ROOT / "docs" / "speculators-releases.md").read_text(encoding="utf-8")

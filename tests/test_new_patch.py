@@ -66,7 +66,9 @@ def run(tree: Path, *args: str, timeout: float = 900) -> subprocess.CompletedPro
 
 def test_a_new_patch_module_is_all_a_patch_author_writes(tree: Path):
     probe = run(
-        tree, "-c", "import patcher.patches, patcher.upstream.runs as r; print(patcher.patches.__file__, r.__file__)"
+        tree,
+        "-c",
+        "import patcher.patches, patcher.upstream.row_keys as r; print(patcher.patches.__file__, r.__file__)",
     )
     assert all(path.startswith(str(tree)) for path in probe.stdout.split()), probe.stdout + probe.stderr
     assert run(tree, "scripts/generate.py", "--check", "--no-golden").returncode == 0

@@ -15,7 +15,8 @@ import pytest
 
 from patcher.demo.environment import env_key, run_environment
 from patcher.demo.recipes import RecipeError, recipe_for
-from patcher.upstream.runs import expected_selection, load_runs, patch_code, row_key, row_versions
+from patcher.upstream.release_rows import expected_selection, load_runs, row_versions
+from patcher.upstream.row_keys import patch_code, row_key
 
 # The keys of the environments built before 0.33.0's recipe (distribution "vllm") existed.
 BUILT = {"0.16.0": "73387572161f", "0.32.0": "c6ce0a0251f9"}

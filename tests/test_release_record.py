@@ -13,14 +13,8 @@ from pathlib import Path
 import pytest
 
 from patcher.demo.recipes import recipe_for
-from patcher.upstream.runs import (
-    expected_selection,
-    load_runs,
-    read_folder,
-    row_is_current,
-    row_key,
-    row_versions,
-)
+from patcher.upstream.release_rows import expected_selection, load_runs, read_folder, row_is_current, row_versions
+from patcher.upstream.row_keys import row_key
 from workbench import release_matrix as matrix
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,18 +147,18 @@ def test_a_rows_speculators_is_in_its_key_and_a_row_without_it_ran_0_3_0():
 def test_a_row_is_keyed_by_the_source_its_patches_write_from_outside_patches(monkeypatch, tmp_path):
     # v26 writes patcher/shared_states.py's source into the generator: an edit of that code is an
     # edit of what the row ran, its docstring is not
-    from patcher.upstream import runs
+    from patcher.upstream import row_keys
 
     row = row_of("0.16.0", apply="exit 0, changed")
     row["versions_detected"]["speculators"] = "0.4.0.1"
     row["selected"] = expected_selection(row)
     assert "v26" in row["selected"]
     key = row_key("0.16.0", row["selected"], row_versions(row))
-    real = runs._imported_module_path
+    real = row_keys._imported_module_path
     helper = real(ROOT / "patches", "patcher.shared_states")
     edited = tmp_path / "shared_states.py"
     monkeypatch.setattr(
-        runs,
+        row_keys,
         "_imported_module_path",
         lambda folder, module: edited if module == "patcher.shared_states" else real(folder, module),
     )
@@ -178,17 +172,17 @@ def test_a_row_is_keyed_by_the_shared_helpers_its_patches_call_not_by_the_engine
     # v14 and v15 call patcher/codemod.py's import helpers, v9 and v23 its CudaCallToDeviceHelper:
     # an edit of a helper a row's patch calls is an edit of what it ran; an edit of PatchCodemod's
     # counting (every patch's base) or of a helper no selected patch calls is not
-    from patcher.upstream import runs
+    from patcher.upstream import row_keys
 
     row = row_of("0.32.0", apply="exit 0, changed")
     row["selected"] = expected_selection(row)
     assert {"v9", "v14", "v15"} <= set(row["selected"]) and "v23" not in row["selected"]
     key = row_key("0.32.0", row["selected"], row_versions(row))
-    real = runs._imported_module_path
+    real = row_keys._imported_module_path
     helper = real(ROOT / "patches", "patcher.codemod")
     edited = tmp_path / "codemod.py"
     monkeypatch.setattr(
-        runs,
+        row_keys,
         "_imported_module_path",
         lambda folder, module: edited if module == "patcher.codemod" else real(folder, module),
     )
@@ -259,7 +253,7 @@ def test_the_rows_of_the_releases_the_suite_runs_speak_for_todays_patches():
 
 
 def test_every_row_run_with_other_patches_says_so():
-    from patcher.upstream.runs import row_is_current
+    from patcher.upstream.release_rows import row_is_current
 
     page = (ROOT / "docs" / "reference" / "releases.md").read_text(encoding="utf-8")
     for row in matrix.recorded_rows() + matrix.recorded_rows(left_out=True):
@@ -322,7 +316,7 @@ def test_a_runs_exit_says_whether_every_row_it_ran_passed():
     assert matrix.row_passed(left_out) and not matrix.row_passed({**left_out, "rollback_identical": False})
     # every row that speaks for today's patches passes by that rule; a row recorded before it (four
     # calls, none past max_num_seqs) or with other patches reads as run with an earlier check
-    from patcher.upstream.runs import row_is_current
+    from patcher.upstream.release_rows import row_is_current
 
     rows = matrix.recorded_rows() + matrix.recorded_rows(left_out=True)
     assert all(matrix.row_passed(r) for r in rows if row_is_current(r) is not False)
@@ -387,7 +381,7 @@ def test_check_upstream_reads_a_release_without_a_cpu_build_as_its_apply_and_rol
 def test_check_upstream_shows_the_record_patcher_ships(tmp_path, monkeypatch):
     # the shipped copy is the record's own reading, stale rows included (tests/test_generated.py keeps
     # it current); with no runs of the user's own, it is what check-upstream shows
-    from patcher.upstream.runs import shipped_runs
+    from patcher.upstream.release_rows import shipped_runs
 
     monkeypatch.setenv("PATCHER_CACHE", str(tmp_path))
     record = {
@@ -440,7 +434,8 @@ def test_an_installed_wheel_ships_the_record_check_upstream_reads(tmp_path):
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     # and a row of the user's own is keyed there as here (its patches found where patcher.patches is installed)
     code = (
-        "import json, patcher; from patcher.upstream.runs import expected_selection, load_runs, row_key, row_versions\n"
+        "import json, patcher; from patcher.upstream.release_rows import expected_selection, load_runs, row_versions\n"
+        "from patcher.upstream.row_keys import row_key\n"
         "row = {'release': '0.16.0'}\n"
         "key = row_key('0.16.0', expected_selection(row), row_versions(row))\n"
         "print(json.dumps({'where': patcher.__file__, 'key': key, 'runs': {v: r.to_json() for v, r in load_runs().items()}}))"

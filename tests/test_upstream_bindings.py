@@ -24,7 +24,7 @@ from patcher.upstream.deps import TORCH_SOURCE_TAGS
 from patcher.upstream.facts import SourceTree
 from patcher.upstream.names import source_tree
 from patcher.upstream.patched import variants
-from patcher.upstream.runs import load_runs
+from patcher.upstream.release_rows import load_runs
 from patcher.upstream.sources import ReleaseFiles
 from tests.support.upstream import pinned_index, upstream_cache
 

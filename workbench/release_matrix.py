@@ -3,7 +3,7 @@ release page (scripts/pages.py), check-upstream's shipped record (patcher/upstre
 made from RECORD by scripts/generate.py) and the tests that hold the record to its rules: which
 releases the matrix runs, a row's name, where rows are kept, the table they are shown in and the
 rule a row passes by. How a row is keyed and whether it speaks for today's patches is the
-product's (patcher.upstream.runs: row_key, row_is_current), since check-upstream reads rows too.
+product's (patcher.upstream.row_keys: row_key; patcher.upstream.release_rows: row_is_current), since check-upstream reads rows too.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from patcher.upstream.runs import (
-    DEFAULT_SPECULATORS,
+from patcher.upstream.release_rows import (
     bench_row_passed,
     row_filled_the_scheduler,
     row_is_current,
     row_patches_current,
 )
+from patcher.upstream.row_keys import DEFAULT_SPECULATORS
 
 ROOT = Path(__file__).resolve().parent.parent
 # One file per row, committed: the docs' release pages and check-upstream's shipped record are made from it
@@ -152,7 +152,7 @@ def table(rows: list[dict]) -> str:
 
 
 def row_passed(row: dict) -> bool:
-    """A release's row passes by check-upstream's rule (patcher.upstream.runs.bench_row_passed: its
+    """A release's row passes by check-upstream's rule (patcher.upstream.release_rows.bench_row_passed: its
     extraction, where it has one, with a call past the generator's max_num_seqs); a leave-one-out
     row is evidence whatever its verdict, so only its byte-identical rollback must hold."""
     if row.get("left_out"):

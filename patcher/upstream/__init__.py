@@ -17,6 +17,8 @@ what did each release do when it ran? The modules, from the command down:
 - deps.py: the transformers and torch releases each vLLM release allows, bound against too
 - connectors.py: the speculators 0.5+ path: hs-connectors' KV connector modules bound per vLLM release
 - nightly.py: nightly version strings the index does not serve (selection only)
-- runs.py: the release matrix's recorded runs (the user's own and release_record.json, generated)
-  and whether a row is current for today's patches
+- release_rows.py: the release matrix's recorded rows (the user's own runs and release_record.json,
+  generated) and whether a row is current for today's patches
+- row_keys.py: a row's key, the digest of what it ran (the patch modules' code, the shared helpers
+  they import, the recipe)
 """

@@ -24,7 +24,7 @@ from .index import Index, load_index, within
 from .matrix import Cell, release_cells, window
 from .nightly import DEFAULT_NIGHTLIES, NightlyCheck, check_nightly
 from .patched import Variant, variants
-from .runs import RunResult, load_runs
+from .release_rows import RunResult, load_runs
 from .sources import ReleaseFiles, default_cache
 from .wheels import DownloadFailed, IndexUnreachable
 
