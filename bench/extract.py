@@ -69,7 +69,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULT_PREFIX = "EXTRACT-BENCH-RESULT "
 SHAPES = {
-    # the demo's model (patcher/demo/tiny_model.py): hidden 128, 4 layers
+    # the demo's model (patcher/run_check/tiny_model.py): hidden 128, 4 layers
     "tiny": None,
     # issue 26's model: a 1.0B Llama (hidden 2048, 16 layers, bf16)
     "llama-1b": {
@@ -176,7 +176,7 @@ def make_prompts(count: int, length: int, vocab_size: int, seed: int = 26) -> li
     import random
 
     rng = random.Random(seed)
-    first_free = 3  # <unk>, <s>, </s> (patcher/demo/tiny_model.py)
+    first_free = 3  # <unk>, <s>, </s> (patcher/run_check/tiny_model.py)
     return [[rng.randrange(first_free, vocab_size) for _ in range(length)] for _ in range(count)]
 
 
@@ -187,7 +187,7 @@ def vocab_of(model: str) -> int:
 
 def phase_make_model(config: dict) -> dict:
     """Random Llamas, {shape: folder} in config["models"]: weights drawn directly (no init pass),
-    bfloat16, on the GPU where there is one; the demo's tokenizer (patcher/demo/tiny_model.py).
+    bfloat16, on the GPU where there is one; the demo's tokenizer (patcher/run_check/tiny_model.py).
     "tiny" is the demo's own model (tiny_model.build)."""
     import importlib.util
 
@@ -195,7 +195,7 @@ def phase_make_model(config: dict) -> dict:
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    spec = importlib.util.spec_from_file_location("tiny_model", ROOT / "patcher" / "demo" / "tiny_model.py")
+    spec = importlib.util.spec_from_file_location("tiny_model", ROOT / "patcher" / "run_check" / "tiny_model.py")
     assert spec is not None and spec.loader is not None
     tiny_model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny_model)
@@ -774,8 +774,8 @@ def cpu_target(work: Path, log, speculators: str = "0.3.0") -> tuple[str, str]:
     tiny model."""
     sys.path.insert(0, str(ROOT))
     from patcher.demo.environment import build_demo_env
+    from patcher.demo.model_cache import ensure_tiny_model
     from patcher.demo.overlay import make_overlay
-    from patcher.demo.tiny_model import ensure_tiny_model
     from workbench.envs import cache_dir, download_wheel
 
     demo = build_demo_env(progress=log)

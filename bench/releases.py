@@ -67,9 +67,10 @@ sys.path.insert(0, str(ROOT))
 
 from patcher.demo.c_runtime import describe as c_runtime_of  # noqa: E402
 from patcher.demo.environment import build_demo_env, demo_env_dir, run_environment  # noqa: E402
+from patcher.demo.model_cache import ensure_tiny_model  # noqa: E402
 from patcher.demo.overlay import make_overlay  # noqa: E402
 from patcher.demo.recipes import recipe_for  # noqa: E402
-from patcher.demo.tiny_model import PARAMS, WIDE_PARAMS, ensure_tiny_model  # noqa: E402
+from patcher.run_check.tiny_model import PARAMS, WIDE_PARAMS  # noqa: E402
 from patcher.upstream.release_rows import row_is_current, row_versions  # noqa: E402
 from patcher.upstream.row_keys import DEFAULT_SPECULATORS, row_key  # noqa: E402
 from workbench.release_matrix import (  # noqa: E402  (the record's rules, shared with the tests and the docs)
@@ -82,7 +83,7 @@ from workbench.release_matrix import (  # noqa: E402  (the record's rules, share
     table,
 )
 
-EXTRACT = ROOT / "patcher" / "demo" / "extract.py"
+EXTRACT = ROOT / "patcher" / "run_check" / "extract.py"
 WORKER_PREFIX = re.compile(r"^\([A-Za-z_]+ pid=[0-9]+\) ")
 NO_CPU_WHEEL = ("0.33.0",)
 # 0.11.0: speculators 0.3.0's own target (which of the patches it still needs); 0.11.1.post2: the

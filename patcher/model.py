@@ -204,7 +204,7 @@ class ConnectorDrift:
 # What a patch's codemods may say on the files of the speculators release that fixed it upstream.
 FIXED_IN_OUTCOMES = ("already-satisfied", "anchor-missing", "applies")
 
-# Where a leave-one-out's symptom shows: the extraction driver's phase (patcher/demo/extract.py:
+# Where a leave-one-out's symptom shows: the extraction driver's phase (patcher/run_check/extract.py:
 # "import", "init", "generate N"), "verify" (apply's verification refuses and restores every
 # file: the release matrix's row says so) or "rows" (no error: rows come back short or wrong).
 SYMPTOM_PHASES = ("import", "init", "verify", "rows")

@@ -428,7 +428,7 @@ def _then_run_check(transport: Transport, report: TargetReport, options: RunOpti
     if not options.run_check:
         return report
     from .core.errors import EXIT_USAGE
-    from .run_check_request import DEFAULT_TIMEOUT, memory_cap_mib, request, summary
+    from .run_check.request import DEFAULT_TIMEOUT, memory_cap_mib, request, summary
 
     try:
         memory_cap = memory_cap_mib()

@@ -112,6 +112,6 @@ def demo_python() -> Path:
 def model() -> Path:
     """The tiny random Llama checkpoint, made once with the 0.16 environment: every release reads
     the same weights."""
-    from patcher.demo.tiny_model import ensure_tiny_model
+    from patcher.demo.model_cache import ensure_tiny_model
 
     return ensure_tiny_model(demo_env(), progress=lambda message: None)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.demo.extract import cpu_thread_binding
+from patcher.run_check.extract import cpu_thread_binding
 from tests.support.cli import patcher
 from tests.support.e2e import assert_all_correct, extract, prompts, rolled_back_overlay
 

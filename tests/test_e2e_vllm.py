@@ -5,7 +5,7 @@ original failure back.
 The demo environment and the tiny model are built once per machine and reused (patcher.demo);
 every run patches a throwaway overlay target on top of it (its own pristine speculators 0.3.0),
 through the real CLI: `patcher rollback`, then `patcher apply --skip vN --no-verify` (verification
-is tested in test_verify_vllm.py), then the extraction driver (patcher/demo/extract.py) in the
+is tested in test_verify_vllm.py), then the extraction driver (patcher/run_check/extract.py) in the
 target's interpreter. One vLLM process at a time; about ten vLLM starts in all.
 
 Which patches are left out, and what each run must show, is declared by the patches themselves

@@ -40,7 +40,7 @@ def test_a_wheel_of_the_checkout_installs_and_runs_in_a_fresh_venv(tmp_path: Pat
         "patcher/demo/releases.json",
         "patcher/demo/requirements.txt",
         "patcher/remote/agent/session.py",
-        "patcher/remote/runcheck.py",
+        "patcher/remote/run_check_driver.py",
         "patcher/core/versions.py",
     ):
         assert data in names, data

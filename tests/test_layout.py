@@ -106,7 +106,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the places of one run's flow: which patches exist, select and plan, transform, what a run says
     (
         "places",
-        ("patcher.patchset", "patcher.plan", "patcher.transform", "patcher.report", "patcher.run_check_request"),
+        ("patcher.patchset", "patcher.plan", "patcher.transform", "patcher.report", "patcher.run_check"),
     ),
     # one target end to end and the transports that carry it
     ("spine", ("patcher.run", "patcher.transport")),

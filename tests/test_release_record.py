@@ -18,7 +18,7 @@ from patcher.upstream.row_keys import row_key
 from workbench import release_matrix as matrix
 
 ROOT = Path(__file__).resolve().parent.parent
-# What the driver's five calls hold (patcher/demo/extract.py), as a row records them
+# What the driver's five calls hold (patcher/run_check/extract.py), as a row records them
 FIVE_CALLS = {"prompts_per_call": [7, 5, 11, 4, 70], "max_num_seqs": 32}
 
 

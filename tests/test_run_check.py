@@ -30,7 +30,7 @@ def _run_check_folders() -> set[str]:
 
 @pytest.mark.vllm
 def test_apply_run_check_passes_and_the_lock_is_free_meanwhile(tmp_path: Path, demo_python: Path):
-    from patcher.demo.tiny_model import ensure_tiny_model
+    from patcher.demo.model_cache import ensure_tiny_model
 
     target = overlay_env(tmp_path, demo_python)
     # the tiny Llama on disk, as a user's checkpoint: the same check as the one made in the target

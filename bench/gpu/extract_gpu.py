@@ -23,7 +23,7 @@ PYTHONPATH=/tmp/site). Steps, most telling first, each result saved as soon as i
 6. llama-1b without v21 (old throughput, 64 prompts, and the same first call for the equality
    check against the v21 run);
 7. wide-7168, 128 prompts of 1024 tokens: the generator, vLLM's prefill with its settings;
-8. the end-to-end check of gpu_run.py (patcher/demo/extract.py against transformers, TP 1);
+8. the end-to-end check of gpu_run.py (patcher/run_check/extract.py against transformers, TP 1);
 9. llama-1b with vLLM's defaults (the longest start: compilation and CUDA graphs);
 10. wide-7168 without v21 (old throughput, 64 prompts; equality);
 11. `patcher rollback`: every target file's sha256 equal to its pristine one.

@@ -9,10 +9,10 @@ timed, each result written under --out (at most 8 files come back from the devic
 1. join the staged parts (manifest.json from fetch.py), check every wheel's sha256;
 2. `pip install --no-index --no-deps --target /tmp/site` (PYTHONPATH=/tmp/site for what follows:
    where the wheels were installed, the only variable the run sets besides the machine's own);
-3. make the tiny models (--models: llama, patcher/demo/tiny_model.py; deepseek-v3, kimi-k25,
+3. make the tiny models (--models: llama, patcher/run_check/tiny_model.py; deepseek-v3, kimi-k25,
    kimi-k25-int4, patcher/demo/tiny_moe.py), random weights, no download;
 4. `patcher status`, then `patcher apply` WITH verification: exit 0 required, no hand edit;
-5. the end-to-end check of tests/test_e2e_vllm.py (patcher/demo/extract.py: five generate() calls,
+5. the end-to-end check of tests/test_e2e_vllm.py (patcher/run_check/extract.py: five generate() calls,
    hidden states against transformers) for each model at each tensor parallel size, --parallel of
    them at once on the same GPUs (each vLLM takes a tenth of the memory); --noise adds
    transformers' own bfloat16-vs-float32 band on the same prompts;
@@ -224,7 +224,7 @@ class Extraction:
             env.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
         command = [
             sys.executable,
-            str(SITE / "patcher" / "demo" / "extract.py"),
+            str(SITE / "patcher" / "run_check" / "extract.py"),
             "--model",
             str(model),
             "--calls",
@@ -318,7 +318,7 @@ def make_models(run: Run, names: list[str]) -> bool:
         if target.exists():
             shutil.rmtree(target)
         if name == "llama":
-            command = [sys.executable, str(SITE / "patcher" / "demo" / "tiny_model.py"), str(target)]
+            command = [sys.executable, str(SITE / "patcher" / "run_check" / "tiny_model.py"), str(target)]
         else:
             command = [sys.executable, str(SITE / "patcher" / "demo" / "tiny_moe.py"), name, str(target)]
         done = run.step("tiny-model" if name == "llama" else f"tiny-{name}", command)
@@ -329,7 +329,7 @@ def make_models(run: Run, names: list[str]) -> bool:
 
 
 def run_check(run: Run, key: str, step: str) -> None:
-    """patcher's own run check (remote/runcheck.py) in this CUDA target: its verdict and figures."""
+    """patcher's own run check (remote/run_check_driver.py) in this CUDA target: its verdict and figures."""
     checked, verified = patcher_json(run, step, "verify", "--run")
     target = (verified or {}).get("targets", [{}])[0]
     check = target.get("run_check") or {}

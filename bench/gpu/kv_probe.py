@@ -5,7 +5,7 @@ on Model Runner V2, patched with and without v28, step by step.
 
 gpu_run.py leaves /tmp/site installed and rolled back; each variant applies the patches (without
 verification: gpu_run.py verified them), runs the tiny model's four generate() calls of
-patcher/demo/extract.py in a child with CUDA_LAUNCH_BLOCKING=1, and rolls back:
+patcher/run_check/extract.py in a child with CUDA_LAUNCH_BLOCKING=1, and rolls back:
 - with-v28: every patch; the KV cache is allocated whole (enable_extensible_kv_cache False);
 - without-v28: the extensible KV cache as vLLM 0.34 resolves it, only its first granule backed
   (gpu_run.py --leave-out v28 --leave-out-calls 3 shows its end: not run unless --variants names it);
@@ -168,7 +168,7 @@ def child(args) -> int:
 
     from transformers import AutoTokenizer
 
-    from patcher.demo.extract import config_vocab_size, make_batches
+    from patcher.run_check.extract import config_vocab_size, make_batches
 
     report: dict = {"variant": args.variant, "extend": args.extend, "steps": [], "calls": [], "ok": False}
     path = Path(args.report)

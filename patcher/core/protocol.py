@@ -215,7 +215,7 @@ if TYPE_CHECKING:
         forgotten: list[str]
 
     class RunCheckResult(TypedDict, total=False):
-        """remote/runcheck.py's answer (its docstring lists the fields), or the agent's when
+        """remote/run_check_driver.py's answer (its docstring lists the fields), or the agent's when
         that script ended without one."""
 
         ok: bool

@@ -1,6 +1,8 @@
 """The demo: a real vLLM 0.16.0 (CPU build) environment with speculators 0.3.0, a tiny Llama made
-on the spot, and a driver that extracts hidden states and checks them against transformers.
+on the spot (patcher/run_check/tiny_model.py, cached by model_cache), and the driver that extracts
+hidden states and checks them against transformers (patcher/run_check/extract.py).
 
-`environment` and the host-side helpers of `tiny_model` use only the standard library and run in
-patcher's interpreter; `tiny_model` (as a script) and `extract` run inside the demo environment.
+`environment` and `model_cache` use only the standard library and run in patcher's interpreter;
+tiny_moe.py makes the tiny MoE checkpoints the GPU bench and the tests run (as a script, inside
+the demo environment).
 """

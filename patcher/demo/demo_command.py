@@ -28,7 +28,7 @@ def _step(number: int, title: str) -> None:
 
 
 def _extract(python: Path, model: Path, calls: str, report_path: Path, env: dict[str, str]) -> dict:
-    from . import extract
+    from ..run_check import extract
 
     started = time.monotonic()
     proc = subprocess.Popen(
@@ -148,8 +148,8 @@ def _environment(vllm: str | None, work: Path) -> tuple[Path, Path]:
     """The throwaway target's python (pristine speculators over the shared environment) and the tiny model.
     A release the package index lacks is a usage error (exit 2), any other failed build exits 1: one line each."""
     from .environment import DemoEnvError, UnknownRelease, build_demo_env
+    from .model_cache import ensure_tiny_model
     from .overlay import make_overlay
-    from .tiny_model import ensure_tiny_model
 
     # a pip step says nothing for minutes: the time since its line shows (closed before any error line)
     with Ticker(_say) as ticker:

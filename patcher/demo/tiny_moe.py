@@ -36,10 +36,10 @@ A flip moves a few rows; a wrong MoE moves every row, by less than the per-row t
 (float32, these weights: routed_scaling_factor lost: largest 0.16, median 0.086; experts shifted
 by one: 0.15, median 0.070; int4 nibbles in the wrong order: 0.37, median 0.22; the correction
 bias ignored: 0.08, median 0.007). So tiny-model.json also sets a median tolerance, MEDIAN_TOLERANCE
-(0.05), which extract.py holds every row's median to: vLLM's CPU build gave 0.022-0.024 (DeepSeek-V3
+(0.05), which patcher/run_check/extract.py holds every row's median to: vLLM's CPU build gave 0.022-0.024 (DeepSeek-V3
 and Kimi-K2.5, VLLM_MLA_DISABLE=1), transformers' bfloat16 0.006.
 
-Standard library only at module level (like tiny_model.py); `python tiny_moe.py KIND OUT_DIR` runs
+Standard library only at module level (like patcher/run_check/tiny_model.py); `python tiny_moe.py KIND OUT_DIR` runs
 inside an environment with torch, transformers, tokenizers and safetensors.
 """
 
@@ -56,6 +56,9 @@ from pathlib import Path
 KINDS = ("deepseek-v3", "kimi-k25", "kimi-k25-int4")
 REFERENCE_DIR = "reference"  # inside the Kimi checkpoints: the transformers reference
 MARKER = "tiny-model.json"  # kind, params and where the reference is
+# The tiny Llama's script, whose tokenizer this one extends (found by path: run as a script, this
+# file imports it from its folder)
+TINY_MODEL = Path(__file__).resolve().parent.parent / "run_check" / "tiny_model.py"
 
 TEXT: dict = {
     "recipe": 1,  # bump when build() changes what it writes
@@ -236,11 +239,11 @@ class TinyMoonViTImageProcessor(BaseImageProcessor):
 
 
 def model_key(kind: str) -> str:
-    """The cache key of one kind: every input of build() (this file and tiny_model.py's tokenizer)."""
-    here = Path(__file__).resolve().parent
+    """The cache key of one kind: every input of build() (this file and the tokenizer of
+    patcher/run_check/tiny_model.py)."""
     digest = hashlib.sha256(kind.encode())
-    for name in ("tiny_moe.py", "tiny_model.py"):
-        digest.update((here / name).read_bytes())
+    for path in (Path(__file__).resolve(), TINY_MODEL):
+        digest.update(path.read_bytes())
     return f"{kind}-{digest.hexdigest()[:12]}"
 
 
@@ -250,7 +253,7 @@ def ensure_tiny_moe(
     """Make (or reuse) the tiny checkpoint `kind` with `python` (torch, transformers, tokenizers,
     safetensors); return its directory, under <cache>/demo-model/ beside the tiny Llama."""
     from .environment import resolve_cache
-    from .tiny_model import make_in_place
+    from .model_cache import make_in_place
 
     base = resolve_cache(cache_root) / "demo-model"
     final = base / model_key(kind)
@@ -421,7 +424,7 @@ def build_tokenizer(out_dir: Path, kind: str, vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(TINY_MODEL.parent))
     from tiny_model import PARAMS, SPECIAL_TOKENS, synthetic_corpus
 
     specials = list(SPECIAL_TOKENS) + (list(MEDIA_TOKENS) if kind.startswith("kimi") else [])

@@ -20,7 +20,7 @@ cannot be taken for an answer. Operations (session.py's OPERATIONS):
 - verify:     the check apply runs, on its own: in a fresh interpreter (verify-here, the check
               itself, is what that interpreter is asked; verification.py).
 - forget:     drop record entries (and backups) of files pip has since replaced (transaction.py).
-- run-check:  run remote/runcheck.py (sent as text with the scripts it drives) in a temporary
+- run-check:  run remote/run_check_driver.py (sent as text with the scripts it drives) in a temporary
               folder: a tiny model through speculators and vLLM, compared with transformers.
               No lock is taken (verification.py).
 

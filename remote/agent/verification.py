@@ -1,7 +1,7 @@
 """Verification and the run check. verify-here, in a fresh interpreter of the target: every patched
 module imports, and every call into vLLM binds to its real signature; run_verification starts
 that interpreter (with this agent's module texts) and reads its answer. The run check runs
-remote/runcheck.py (sent as text with the scripts it drives) in a private temporary folder.
+remote/run_check_driver.py (sent as text with the scripts it drives) in a private temporary folder.
 
 ast, inspect, importlib and subprocess are imported where they are used: a run that does not
 verify does not pay for them."""
@@ -222,7 +222,7 @@ def check_attribute_call(module, tree, call: AttributeCall) -> list:
 
 
 def op_run_check(req: RunCheckRequest) -> RunCheckResult:
-    """The run check (remote/runcheck.py and the scripts it drives, sent as text): written to a
+    """The run check (remote/run_check_driver.py and the scripts it drives, sent as text): written to a
     fresh temporary folder and run there with this interpreter. It takes no lock: it writes
     nothing of the environment's and may run for minutes, during which other runs must not wait
     (they may change the files under it; the controller says so when they did)."""

@@ -117,7 +117,7 @@ def not_needed_on(vllm: str) -> list[str]:
 
 
 def error_shows(symptom: Symptom, error: Mapping | None) -> list[str]:
-    """What the extraction driver's error record (patcher/demo/extract.py) lacks of the symptom
+    """What the extraction driver's error record (patcher/run_check/extract.py) lacks of the symptom
     ([] when it shows it)."""
     if error is None:
         return [f"no error; expected {describe(symptom)}"]

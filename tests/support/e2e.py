@@ -23,7 +23,7 @@ PRISTINE = {
     GENERATOR: "514f3f585afa335b558f98c1954a1dc5b804003cd7b08aeeac7c4cd333cd5106",
     WORKER: "e9a95cf6422fa3e3efb3edb658e4898ba23ee141619f58d7096ea7fbde8af548",
 }
-EXTRACT = Path(__file__).resolve().parent.parent.parent / "patcher" / "demo" / "extract.py"
+EXTRACT = Path(__file__).resolve().parent.parent.parent / "patcher" / "run_check" / "extract.py"
 TIMINGS: dict[str, float] = {}
 
 

@@ -1,5 +1,5 @@
 """The run check, controller side: what is sent to the agent's `run-check` operation, and how
-its answer reads. The check itself is remote/runcheck.py (run in the target, not under the lock).
+its answer reads. The check itself is remote/run_check_driver.py (run in the target, not under the lock).
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .core.protocol import RunCheckRequest, RunCheckResult
+    from ..core.protocol import RunCheckRequest, RunCheckResult
 
 DEFAULT_TIMEOUT = 1200.0  # seconds for the whole check in the target; measured 1-2 minutes on 2 CPUs
 
-# The files shipped: the driver and the two demo scripts it runs (standard library only at
+# The files shipped: the driver and the two scripts of this package it runs (standard library only at
 # module level, so they load in any target; they import the target's own libraries when run).
 SHIPPED = {
-    "runcheck.py": "patcher.remote.runcheck",
-    "tiny_model.py": "patcher.demo.tiny_model",
-    "extract.py": "patcher.demo.extract",
+    "run_check_driver.py": "patcher.remote.run_check_driver",
+    "tiny_model.py": "patcher.run_check.tiny_model",
+    "extract.py": "patcher.run_check.extract",
 }
 
 
@@ -58,7 +58,13 @@ def request(
         args += ["--model", model]
     if memory_cap is not None:
         args += ["--memory-cap-mib", str(memory_cap)]
-    return {"op": "run-check", "files": shipped_files(), "entry": "runcheck.py", "timeout": timeout, "args": args}
+    return {
+        "op": "run-check",
+        "files": shipped_files(),
+        "entry": "run_check_driver.py",
+        "timeout": timeout,
+        "args": args,
+    }
 
 
 def summary(result: RunCheckResult) -> str:

@@ -1,11 +1,10 @@
 """A tiny Llama made on the spot, never downloaded: random weights (fixed seed), a local tokenizer.
 
-Two halves in one file:
-- `ensure_tiny_model()` runs in patcher's interpreter (standard library only): it reuses
-  <cache>/demo-model/<key> or runs this file as a script in the demo environment's python to
-  make it, into a temporary directory that is renamed into place when complete.
-- `python tiny_model.py OUT_DIR` runs inside the demo environment (transformers, tokenizers,
-  torch): it writes a model that both transformers and vLLM's CPU build load.
+`python tiny_model.py OUT_DIR [PARAMS_JSON]` runs inside the demo environment or a target
+(transformers, tokenizers, torch): it writes a model that both transformers and vLLM's CPU build
+load. Standard library only at module level, so the run check sends it as text
+(patcher/run_check/request.py); patcher's interpreter makes it once and reuses it through
+patcher/demo/model_cache.py (ensure_tiny_model).
 
 Shape: head size 64 (vLLM's CPU attention takes 32, 64, 80, ...; not 16); weights in bfloat16,
 because speculators builds its ModelConfig with dtype="auto" and vLLM's "auto" downcasts a float32
@@ -16,14 +15,8 @@ non-final layers and the final one; max_position_embeddings 2048 so prompts of ~
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 PARAMS: dict = {
@@ -53,70 +46,7 @@ WIDE_PARAMS: dict = {
     "num_key_value_heads": 8,
 }
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2
-COMPLETE_MARKER = ".patcher-demo-complete"
-
-
-def model_key(params: dict = PARAMS) -> str:
-    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def make_in_place(final: Path, marker: str, make: Callable[[Path], None]) -> None:
-    """Make the folder `final`: `make` fills a temporary folder beside it, renamed into place only
-    once complete (with `marker` in it), so a half-made one is never used; where another process
-    put a complete one there first, that one stands."""
-    shutil.rmtree(final, ignore_errors=True)  # not complete: the caller reuses a complete one
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-build-", dir=final.parent))
-    try:
-        make(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / marker).is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def ensure_tiny_model(
-    python: Path | str,
-    cache_root: Path | None = None,
-    progress: Callable[[str], None] = print,
-    params: dict = PARAMS,
-) -> Path:
-    """Make (or reuse) the tiny model with the demo environment's `python`; return its directory."""
-    from .environment import resolve_cache
-
-    base = resolve_cache(cache_root) / "demo-model"
-    final = base / model_key(params)
-    if (final / COMPLETE_MARKER).is_file():
-        progress(f"tiny model: reusing {final}")
-        return final
-    base.mkdir(parents=True, exist_ok=True)
-    progress(
-        f"tiny model: making {final} (Llama, {params['num_hidden_layers']} layers, "
-        f"{params['num_attention_heads']} heads, random weights)"
-    )
-
-    def make(folder: Path) -> None:
-        proc = subprocess.run(
-            [str(python), str(Path(__file__).resolve()), str(folder), json.dumps(params)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"making the tiny model failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-        (folder / COMPLETE_MARKER).write_text(json.dumps(params, sort_keys=True) + "\n")
-
-    make_in_place(final, COMPLETE_MARKER, make)
-    progress(f"tiny model: ready at {final}")
-    return final
-
-
-# --- inside the demo environment ----------------------------------------------------------
+# --- inside the demo environment or a target ----------------------------------------------------------
 
 
 def synthetic_corpus(seed: int, sentences: int = 400) -> list[str]:

@@ -1,8 +1,8 @@
 """The run check, inside the target: does the patched speculators really extract hidden states?
 
 Standard library only at module level (Python 3.9+), like the agent: it is shipped as text with
-the demo's two scripts (`tiny_model.py`, `extract.py`, also standard library only at module
-level) and run by the agent's `run-check` operation as `python runcheck.py --workdir DIR`, in a
+patcher/run_check/'s two scripts (`tiny_model.py`, `extract.py`, also standard library only at module
+level) and run by the agent's `run-check` operation as `python run_check_driver.py --workdir DIR`, in a
 fresh temporary folder that holds the three files. It imports the target's own torch,
 transformers, vLLM and speculators only in its child processes:
 
