@@ -132,7 +132,7 @@ def test_every_error_kind_exits_alike_through_patcher_and_a_bundle(bundle: Path)
     from patcher.frontends.bundle import BUNDLE_SHARED_MODULES
     from patcher.remote.agent.bootstrap import read_texts
     from patcher.report import TargetReport
-    from patcher.run import _fail
+    from patcher.target_run import _fail
 
     modules = json.loads(_embedded(bundle, "MODULES"))
     # patcher's own agent, planning, errors and versions, not copies

@@ -65,7 +65,7 @@ def test_second_apply_changes_nothing_and_does_not_parse(env: Path):
         "def refuse(*a, **k): raise AssertionError('parsed')\n"
         "libcst.parse_module = refuse\n"
         "from patcher.patchset.registry import load_patches\n"
-        "from patcher.run import RunOptions, run_target\n"
+        "from patcher.target_run import RunOptions, run_target\n"
         "from patcher.transport.local import LocalTransport\n"
         f"r = run_target(LocalTransport({str(env)!r}), load_patches(), RunOptions('apply', verify=False))\n"
         "print(r.status, r.message)\n"
@@ -84,7 +84,7 @@ def test_a_withdrawn_patch_a_target_carries_is_stale_and_apply_removes_it(tmp_pa
     probe = (
         "import dataclasses\n"
         "from patcher.patchset.registry import load_patches\n"
-        "from patcher.run import RunOptions, run_target\n"
+        "from patcher.target_run import RunOptions, run_target\n"
         "from patcher.transport.local import LocalTransport\n"
         "then = [dataclasses.replace(p, withdrawn='') for p in load_patches()]\n"
         f"r = run_target(LocalTransport({str(env)!r}), then, RunOptions('apply', verify=False))\n"

@@ -109,7 +109,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("patcher.patchset", "patcher.plan", "patcher.transform", "patcher.report", "patcher.run_check"),
     ),
     # one target end to end and the transports that carry it
-    ("spine", ("patcher.run", "patcher.transport")),
+    ("spine", ("patcher.target_run", "patcher.transport")),
     # many hosts, the front ends besides the command line (a bundle, the Ansible action's work, which
     # runs run_target), check-upstream and the release matrix, the demo's environments
     ("many", ("patcher.fleet", "patcher.frontends", "patcher.upstream", "patcher.demo")),
@@ -149,7 +149,7 @@ def test_no_import_goes_up_a_layer():
 
 
 def test_the_check_sees_an_upward_import():
-    graph = {"patcher.run": {"patcher.core.errors"}, "patcher.core.errors": {"patcher.cli.render"}}
+    graph = {"patcher.target_run": {"patcher.core.errors"}, "patcher.core.errors": {"patcher.cli.render"}}
     assert upward_imports(graph) == [
         "patcher.core.errors (ground) imports patcher.cli.render (commands), a layer above it"
     ]

@@ -35,7 +35,7 @@ from pathlib import Path
 from patcher.patchset.registry import load_patches
 from patcher.plan.planning import condition_names, target_files
 from patcher.plan.target_plan import plan_target
-from patcher.run import RunOptions, run_target
+from patcher.target_run import RunOptions, run_target
 from patcher.transport.local import LocalTransport
 
 from .envs import site_file

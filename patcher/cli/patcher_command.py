@@ -104,7 +104,7 @@ def _run(command: str, python: str | None, json_mode: bool, quiet: bool, remote:
         # The agent's interpreter starts (and compiles the agent) while patcher loads the rest.
         local = _transport(python)
         local.prestart()
-    from ..run import RunOptions
+    from ..target_run import RunOptions
 
     out = Output(json_mode, quiet)
     only = _resolve(kwargs.pop("only", ()), out)
@@ -127,7 +127,7 @@ def _run_local(command: str, local, options, out: Output) -> None:
     """One local interpreter: run, show (--json: the document on stdout) and exit."""
     from ..patchset.registry import load_patches
     from ..report import document, overall_exit
-    from ..run import run_target
+    from ..target_run import run_target
     from ..transform.transforms import shared_transforms
     from .render import render_reports
 
@@ -401,7 +401,7 @@ class _Commands(click.Group):
         return sorted([*super().list_commands(ctx), *self.LAZY])
 
     def invoke(self, ctx: click.Context):
-        # A Ctrl-C that a command did not turn into its report (the runs do, see patcher.run):
+        # A Ctrl-C that a command did not turn into its report (the runs do, see patcher.target_run):
         # exit 130 as a shell would, rather than click's "Aborted!" and 1.
         try:
             return super().invoke(ctx)

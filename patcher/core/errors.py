@@ -1,5 +1,5 @@
 """Exit codes (README's and the docs' tables are written from EXIT_MEANINGS) and every error kind a
-run can end with, in one table shared by the controller (report.py, run.py), the agent
+run can end with, in one table shared by the controller (report.py, target_run.py), the agent
 (remote/agent/ imports AgentError from here, and the target gets this module's text with the
 agent's) and a bundle (which carries it too).
 

@@ -76,7 +76,7 @@ def demo(keep: bool, vllm: str | None) -> None:
     """Run the main job on a built-in default: build, fail, plan, apply, verify, extract, roll back."""
     from ..cli.render import render_reports
     from ..patchset.registry import load_patches
-    from ..run import RunOptions, run_target
+    from ..target_run import RunOptions, run_target
     from ..transport.local import LocalTransport
     from .environment import DemoEnvError, resolve_cache
 
@@ -183,7 +183,7 @@ def _run_environment(vllm: str | None) -> dict[str, str]:
 def _roll_back(transport, patches):
     """Step 6: roll back, then show the files are as pip installed them."""
     from ..cli.render import render_reports
-    from ..run import RunOptions, run_target
+    from ..target_run import RunOptions, run_target
 
     _step(6, "roll back")
     restored = run_target(transport, patches, RunOptions("rollback"))

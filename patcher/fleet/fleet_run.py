@@ -15,7 +15,7 @@ from typing import Protocol
 from ..output_files import OutputFileError
 from ..patchset.registry import load_patches
 from ..report import EXIT_INTERRUPTED, EXIT_USAGE, overall_exit
-from ..run import RunOptions
+from ..target_run import RunOptions
 from ..transform.transforms import shared_transforms
 from ..transport.ssh import SshSettings, check_settings, check_ssh_option
 from . import inventory

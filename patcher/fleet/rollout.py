@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from ..report import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PENDING, TargetReport, document
-from ..run import RunOptions, run_target
+from ..target_run import RunOptions, run_target
 from ..transport.ssh import SshSettings, SshTransport
 from .host_address import Host
 from .options import DEFAULT_FORKS

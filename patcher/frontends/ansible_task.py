@@ -24,7 +24,7 @@ from typing import Any
 from ..core.errors import time_limit_problem
 from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
 from ..report import EXIT_OK, EXIT_PENDING
-from ..run import RunOptions, run_target
+from ..target_run import RunOptions, run_target
 from ..transform.transforms import code_fingerprint, shared_transforms
 from ..transport.answer_shape import checked_answer
 from ..transport.interface import DEFAULT_CALL_TIMEOUT, AgentFailure, TransportError, agent_texts, one_line_bootstrap

@@ -1,4 +1,4 @@
-"""What every transport is to the run (patcher.run.run_target): a way to hand the agent one
+"""What every transport is to the run (patcher.target_run.run_target): a way to hand the agent one
 request at a time on a target and get its answer back, and the errors that says it could not.
 LocalTransport (a subprocess), SshTransport (the system ssh) and AnsibleTransport (an Ansible
 action's connection) implement `Transport`; the type checker holds them to it."""
