@@ -297,7 +297,7 @@ def _unpatched_path(report: TargetReport) -> str:
 
 def _connector_drift_notes(report: TargetReport) -> list[str]:
     """On the speculators 0.5+ path: what the installed KV connector is known to meet on the
-    installed vLLM (patches/targets.py's CONNECTOR_DRIFT, which check-upstream keeps exact), one
+    installed vLLM (patches/connector_drift.py's CONNECTOR_DRIFT, which check-upstream keeps exact), one
     note each, so `status` does not read as an all-clear where a connector silently misbehaves."""
     from .patchset.registry import declared_drift
     from .plan.selection import condition_holds

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from patcher.model import ConnectorDrift
-from patcher.patches.targets import CONNECTOR_DRIFT, HS_FP8, HS_MOONCAKE
+from patcher.patches.connector_drift import CONNECTOR_DRIFT, HS_FP8, HS_MOONCAKE
 from patcher.upstream import connectors
 from patcher.upstream.binding import bind_file
 from patcher.upstream.check import EXIT_CONNECTOR, EXIT_OK, EXIT_UNREACHABLE, EXIT_WRONG_GATE, CheckOptions, run_check

@@ -233,7 +233,7 @@ def test_speculators_0_5_and_later_say_which_path_they_use(tmp_path: Path, relea
 def test_status_on_the_connector_path_names_the_drift_declared_for_the_installed_vllm(
     tmp_path: Path, vllm: str, expected: int
 ):
-    # check-upstream found them (patches/targets.py CONNECTOR_DRIFT); a user on one of those vLLM
+    # check-upstream found them (patches/connector_drift.py CONNECTOR_DRIFT); a user on one of those vLLM
     # releases reads them in status instead of a plain "nothing to do"
     from patcher.patchset.registry import declared_drift
 

@@ -36,23 +36,23 @@ def load_patches(package: str = "patcher.patches", *, indexed: bool = True) -> t
 
 @cache
 def release_lines(package: str = "patcher.patches") -> tuple[ReleaseLine, ...]:
-    """The release lines the package's `targets` module declares (RELEASE_LINES): the releases a
-    target must be on for patcher to answer for it (see patcher.plan.planning.coverage)."""
+    """The release lines the package's `release_lines` module declares (RELEASE_LINES): the releases
+    a target must be on for patcher to answer for it (see patcher.plan.planning.coverage)."""
     try:
-        targets = importlib.import_module(f"{package}.targets")
+        declared = importlib.import_module(f"{package}.release_lines")
     except ModuleNotFoundError:
         return ()
-    return tuple(getattr(targets, "RELEASE_LINES", ()))
+    return tuple(getattr(declared, "RELEASE_LINES", ()))
 
 
 def declared_drift(package: str = "patcher.patches") -> tuple[ConnectorDrift, ...]:
-    """The package's `targets` module's CONNECTOR_DRIFT: what an hs-connectors release is known to
-    meet on a vLLM release (none where the patch set declares none)."""
+    """The package's `connector_drift` module's CONNECTOR_DRIFT: what an hs-connectors release is
+    known to meet on a vLLM release (none where the patch set declares none)."""
     try:
-        targets = importlib.import_module(f"{package}.targets")
+        declared = importlib.import_module(f"{package}.connector_drift")
     except ImportError:
         return ()
-    return tuple(getattr(targets, "CONNECTOR_DRIFT", ()))
+    return tuple(getattr(declared, "CONNECTOR_DRIFT", ()))
 
 
 def import_patches(package: str = "patcher.patches") -> tuple[Patch, ...]:

@@ -62,7 +62,7 @@ class CheckOptions:
     targets: Sequence[TargetFile] | None = (
         None  # files bound even where no patch changes them (default: declared_targets)
     )
-    # what the 0.5+ path's connector modules are known to meet (default: patches/targets.py's CONNECTOR_DRIFT)
+    # what the 0.5+ path's connector modules are known to meet (default: patches/connector_drift.py's CONNECTOR_DRIFT)
     connector_drift: Sequence[ConnectorDrift] | None = None
     progress: Callable[[str], None] = lambda message: None
 

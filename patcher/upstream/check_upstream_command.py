@@ -92,7 +92,7 @@ def check_upstream(
     selected for, or a patched file's import or call does not bind on a vLLM release or on a
     transformers/torch release it allows; 4 the package index cannot be reached; 5 the
     speculators 0.5+ path: an hs-connectors module does not bind on a vLLM release in a way
-    CONNECTOR_DRIFT (patches/targets.py) does not declare there.
+    CONNECTOR_DRIFT (patches/connector_drift.py) does not declare there.
     """
     from ..output_files import OutputFileError, check_destination, write_output_file
     from ..patchset.registry import load_patches

@@ -430,7 +430,7 @@ def _md_connectors(report: CheckReport) -> list[str]:
         (
             "Each module of each hs-connectors release that imports vLLM: its imports, calls, base classes and "
             "the methods it overrides; every problem met must be declared in `CONNECTOR_DRIFT` "
-            "(patches/targets.py) for exactly the vLLM releases it is met on."
+            "(patches/connector_drift.py) for exactly the vLLM releases it is met on."
         ),
         "",
         "| hs-connectors | module | binds on | does not bind on | status |",

@@ -8,7 +8,7 @@ Those modules import vLLM's internals and subclass its connector classes, so the
 drift on this path. Each module of each hs-connectors release on the index that imports vLLM is
 bound (binding.bind_file with its class checks) against every vLLM release read that has the
 speculative method. What a module meets is upstream's, not a patch's: each problem must be one
-patches/targets.py declares (CONNECTOR_DRIFT) for exactly the releases it is met on, as a gate
+patches/connector_drift.py declares (CONNECTOR_DRIFT) for exactly the releases it is met on, as a gate
 must select exactly the releases where its fact holds.
 """
 
