@@ -1,5 +1,5 @@
-"""The test side of the shared-memory transfer's checks (tests/test_v21_shared_states.py for
-speculators 0.3.0, tests/test_v26_shared_states.py for 0.4.x): the driver run in a target and its
+"""The test side of the shared-memory transfer's checks (tests/test_patch_v21_shared_states.py for
+speculators 0.3.0, tests/test_patch_v26_shared_states.py for 0.4.x): the driver run in a target and its
 report read, what a block leaves behind, tensors compared in the target, a loop's calls read."""
 
 from __future__ import annotations

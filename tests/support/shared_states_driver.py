@@ -1,6 +1,6 @@
 """Runs INSIDE a target environment (vLLM, speculators patched or not): one generator, the
-situations tests/test_v21_shared_states.py checks v21 in (speculators 0.3.0) and
-tests/test_v26_shared_states.py v26 (0.4.x), and a JSON report as the last line.
+situations tests/test_patch_v21_shared_states.py checks v21 in (speculators 0.3.0) and
+tests/test_patch_v26_shared_states.py v26 (0.4.x), and a JSON report as the last line.
 
     python shared_states_driver.py MODE --model DIR [--dump FILE]
 
