@@ -18,7 +18,7 @@ from patcher.upstream.row_keys import row_key
 from workbench import release_matrix as matrix
 
 ROOT = Path(__file__).resolve().parent.parent
-# What the driver's five calls hold (patcher/run_check/extract.py), as a row records them
+# What the driver's five calls hold (patcher/demo/extract.py), as a row records them
 FIVE_CALLS = {"prompts_per_call": [7, 5, 11, 4, 70], "max_num_seqs": 32}
 
 
@@ -144,48 +144,45 @@ def test_a_rows_speculators_is_in_its_key_and_a_row_without_it_ran_0_3_0():
     )
 
 
+def edited_helper(monkeypatch, tmp_path: Path, module: str) -> tuple[str, Path]:
+    """Row keys read `module` (a shared helpers' module patches import) from a copy the test edits:
+    its original text and the copy's path."""
+    from patcher.upstream import row_keys
+
+    real = row_keys._imported_module_path
+    original = real(ROOT / "patches", module).read_text()
+    edited = tmp_path / f"{module.rsplit('.', 1)[-1]}.py"
+    edited.write_text(original)
+    monkeypatch.setattr(
+        row_keys, "_imported_module_path", lambda folder, name: edited if name == module else real(folder, name)
+    )
+    return original, edited
+
+
 def test_a_row_is_keyed_by_the_source_its_patches_write_from_outside_patches(monkeypatch, tmp_path):
     # v26 writes patcher/shared_states.py's source into the generator: an edit of that code is an
     # edit of what the row ran, its docstring is not
-    from patcher.upstream import row_keys
-
     row = row_of("0.16.0", apply="exit 0, changed")
     row["versions_detected"]["speculators"] = "0.4.0.1"
     row["selected"] = expected_selection(row)
     assert "v26" in row["selected"]
     key = row_key("0.16.0", row["selected"], row_versions(row))
-    real = row_keys._imported_module_path
-    helper = real(ROOT / "patches", "patcher.shared_states")
-    edited = tmp_path / "shared_states.py"
-    monkeypatch.setattr(
-        row_keys,
-        "_imported_module_path",
-        lambda folder, module: edited if module == "patcher.shared_states" else real(folder, module),
-    )
-    edited.write_text(helper.read_text().replace("min(8, os.cpu_count()", "min(4, os.cpu_count()"))
+    helper, edited = edited_helper(monkeypatch, tmp_path, "patcher.shared_states")
+    edited.write_text(helper.replace("min(8, os.cpu_count()", "min(4, os.cpu_count()"))
     assert row_key("0.16.0", row["selected"], row_versions(row)) != key
-    edited.write_text(helper.read_text().replace("The host buffer that carries", "The buffer that carries"))
+    edited.write_text(helper.replace("The host buffer that carries", "The buffer that carries"))
     assert row_key("0.16.0", row["selected"], row_versions(row)) == key
 
 
 def test_a_row_is_keyed_by_the_shared_helpers_its_patches_call_not_by_the_engines_contract(monkeypatch, tmp_path):
-    # v14 and v15 call patcher/codemod.py's import helpers, v9 and v23 its CudaCallToDeviceHelper:
-    # an edit of a helper a row's patch calls is an edit of what it ran; an edit of PatchCodemod's
-    # counting (every patch's base) or of a helper no selected patch calls is not
-    from patcher.upstream import row_keys
-
+    # v14 and v15 call patcher/codemod.py's import helpers, v9 its CudaCallToDeviceHelper: an edit
+    # of a helper a row's patch calls is an edit of what it ran; an edit of PatchCodemod's counting
+    # (every patch's base) or of a comment is not
     row = row_of("0.32.0", apply="exit 0, changed")
     row["selected"] = expected_selection(row)
     assert {"v9", "v14", "v15"} <= set(row["selected"]) and "v23" not in row["selected"]
     key = row_key("0.32.0", row["selected"], row_versions(row))
-    real = row_keys._imported_module_path
-    helper = real(ROOT / "patches", "patcher.codemod")
-    edited = tmp_path / "codemod.py"
-    monkeypatch.setattr(
-        row_keys,
-        "_imported_module_path",
-        lambda folder, module: edited if module == "patcher.codemod" else real(folder, module),
-    )
+    helper, edited = edited_helper(monkeypatch, tmp_path, "patcher.codemod")
     for old, new, changes in (
         ("at = (vllm or imports or [-1])[-1] + 1", "at = (vllm or imports or [-1])[-1] + 2", True),
         (
@@ -196,8 +193,8 @@ def test_a_row_is_keyed_by_the_shared_helpers_its_patches_call_not_by_the_engine
         ("self.rewrites += 1", "self.rewrites = self.rewrites + 1", False),  # PatchCodemod
         ("separator = (", "separator = (  # the layout's", False),  # a comment
     ):
-        assert old in helper.read_text(), old
-        edited.write_text(helper.read_text().replace(old, new))
+        assert old in helper, old
+        edited.write_text(helper.replace(old, new))
         assert (row_key("0.32.0", row["selected"], row_versions(row)) != key) is changes, old
 
 
@@ -434,8 +431,7 @@ def test_an_installed_wheel_ships_the_record_check_upstream_reads(tmp_path):
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     # and a row of the user's own is keyed there as here (its patches found where patcher.patches is installed)
     code = (
-        "import json, patcher; from patcher.upstream.release_rows import expected_selection, load_runs, row_versions\n"
-        "from patcher.upstream.row_keys import row_key\n"
+        "import json, patcher; from patcher.upstream.release_rows import expected_selection, load_runs, row_key, row_versions\n"
         "row = {'release': '0.16.0'}\n"
         "key = row_key('0.16.0', expected_selection(row), row_versions(row))\n"
         "print(json.dumps({'where': patcher.__file__, 'key': key, 'runs': {v: r.to_json() for v, r in load_runs().items()}}))"
