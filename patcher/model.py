@@ -14,7 +14,9 @@ if TYPE_CHECKING:  # libcst is imported only where a codemod actually runs
     from .codemod import PatchCodemod
     from .plan.planning import PatchSpec
 
-PATCH_ID = re.compile(r"^v(?P<number>[0-9]+)-[a-z0-9]+(?:-[a-z0-9]+)*$")
+# `vN-slug`; a patch of a set other than patcher's own reads `SET:vN-slug` once loaded
+# (patcher.patchset.sets): its module declares the bare form
+PATCH_ID = re.compile(r"^(?:(?P<set>[a-z0-9][a-z0-9-]*):)?(?P<local>v(?P<number>[0-9]+)-[a-z0-9]+(?:-[a-z0-9]+)*)$")
 
 
 @dataclass(frozen=True)
@@ -320,7 +322,7 @@ class Patch:
         object.__setattr__(self, "satisfied", tuple(dedented(s) for s in self.satisfied))
         object.__setattr__(self, "near_misses", tuple(dedented(s) for s in self.near_misses))
         if not PATCH_ID.match(self.id):
-            raise ValueError(f"patch id {self.id!r} is not of the form vN-slug")
+            raise ValueError(f"patch id {self.id!r} is not of the form vN-slug (e.g. v1-block-hasher)")
         if not self.edits:
             raise ValueError(f"{where} declares no edits")
         if not self.examples:
@@ -342,7 +344,21 @@ class Patch:
     @property
     def module_name(self) -> str:
         """The module that must declare it: v12-kv-cache-planning in v12_kv_cache_planning.py."""
-        return self.id.replace("-", "_")
+        return self.local_id.replace("-", "_")
+
+    @property
+    def patch_set(self) -> str:
+        """The set its id is qualified by ("" for patcher's own patches)."""
+        match = PATCH_ID.match(self.id)
+        assert match is not None
+        return match.group("set") or ""
+
+    @property
+    def local_id(self) -> str:
+        """Its id as its module declares it, without the set."""
+        match = PATCH_ID.match(self.id)
+        assert match is not None
+        return match.group("local")
 
     @property
     def next_release(self) -> str:
@@ -371,7 +387,7 @@ class Patch:
 
     @property
     def short_id(self) -> str:
-        return f"v{self.number}"
+        return f"{self.patch_set}:v{self.number}" if self.patch_set else f"v{self.number}"
 
     def spec(self) -> PatchSpec:
         """What the shared planning core needs of this declaration, as plain data."""

@@ -114,6 +114,24 @@ def _run_target(transport: Transport, patches: Sequence[Patch], options: RunOpti
         return _fail(report, "interrupted", transport.interrupted_message())
 
 
+def sets_installed_here(patches: Sequence[Patch], installed: set[str]) -> tuple[list[Patch], list[str]]:
+    """The patches of the sets that target a distribution installed here, and a note per set that
+    does not (its patches have nothing to act on: they stay out of the report)."""
+    by_set: dict[str, list[Patch]] = {}
+    for patch in patches:
+        by_set.setdefault(patch.patch_set, []).append(patch)
+    kept: list[Patch] = []
+    notes: list[str] = []
+    for name, members in by_set.items():
+        targets = sorted({p.target.distribution for p in members})
+        if set(targets) & installed:
+            kept += members
+        else:
+            label = f"patch set {name}" if name else "patcher's own patches"
+            notes.append(f"{label}: not used here ({', '.join(targets)} not installed)")
+    return kept, notes
+
+
 def _fail(report: TargetReport, kind: str, message: str) -> TargetReport:
     report.status, report.exit_code = outcome(kind)
     report.message = message
@@ -137,8 +155,10 @@ def _run(transport: Transport, patches: Sequence[Patch], options: RunOptions, re
             "usage",
             f"{names} is not installed in {report.python}; name the environment's interpreter with --python PATH",
         )
+    patches, unused = sets_installed_here(patches, set(facts["distributions"]))
     mode: Mode = "rollback" if options.command == "rollback" else "apply"
     plan = _plan(facts, patches, mode, options, report)
+    report.notes = [*unused, *report.notes]
     if plan.conflicts:
         return _conflicted(plan, report)
     if options.command == "verify":

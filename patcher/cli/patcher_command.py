@@ -418,8 +418,33 @@ class _Commands(click.Group):
         return super().get_command(ctx, name)
 
 
+def _use_patch_folders(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    if value:
+        from ..patchset.sets import PatchSetError, use_folders
+
+        try:
+            use_folders(list(value))
+        except PatchSetError as exc:
+            Output(False, False).error(str(exc))
+            sys.exit(2)
+    return value
+
+
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="patcher")
+@click.option(
+    "--patches",
+    "patch_folders",
+    multiple=True,
+    metavar="DIR",
+    envvar="PATCHER_PATCHES",
+    type=click.Path(file_okay=False),
+    expose_value=False,
+    is_eager=True,
+    callback=_use_patch_folders,
+    help="also use the patch set in DIR (patch modules vN_*.py and their targets.py, laid out as "
+    "patcher's own patches/); repeatable; PATCHER_PATCHES holds DIRs separated by ':'",
+)
 def main() -> None:
     """Versioned, verified, reversible patches that keep speculators running on newer vLLM.
 

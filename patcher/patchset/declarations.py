@@ -26,8 +26,6 @@ from typing import Any
 from .. import __version__, model
 from ..cache import cache_root, trusted, write_cache_file
 
-PATCH_PACKAGE = "patcher.patches"
-
 _TYPES = {
     cls.__name__: cls
     for cls in (
@@ -118,12 +116,14 @@ def encode(value: Any) -> Any:
 
 @functools.cache
 def _declares_class(module: str, qualname: str) -> bool:
-    """Whether `module` is one of patcher's patch modules and its source defines the top-level class
+    """Whether `module` is a patch module of a set in use and its source defines the top-level class
     `qualname` (read, not imported: the index exists so that no patch module is imported)."""
+    from .sets import active_sets
+
     package, _, name = module.rpartition(".")
-    if package != PATCH_PACKAGE or not name.isidentifier() or not qualname.isidentifier():
+    if package not in {s.package for s in active_sets()} or not name.isidentifier() or not qualname.isidentifier():
         return False
-    spec = importlib.util.find_spec(PATCH_PACKAGE)
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return False
     try:
@@ -137,7 +137,7 @@ def decode(value: Any) -> Any:
     if isinstance(value, dict):
         if "@codemod" in value:
             module, qualname = value["@codemod"]
-            if not _declares_class(module, qualname):  # only patcher's own patches' codemods, ever
+            if not _declares_class(module, qualname):  # only the codemods of the sets in use, ever
                 raise ValueError(f"the index names {module}.{qualname}, which no patch module defines as a class")
             return LazyCodemod(module, qualname)
         if "@tuple" in value:

@@ -1,7 +1,9 @@
-"""Find every patch declared in `patcher.patches`, in canonical order (by vN)."""
+"""Find every patch of the sets a run uses (patcher.patchset.sets): patcher's own first, then each
+other set's, each in canonical order (by vN); a set's patch ids are qualified by its name."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import pkgutil
@@ -9,16 +11,52 @@ from functools import cache
 from pathlib import Path
 
 from ..model import ConnectorDrift, Patch, ReleaseLine
+from .sets import FIRST_PARTY, active_sets
 
 
 class UnknownPatch(ValueError):
     pass
 
 
+def load_patches(package: str | None = None, *, indexed: bool = True) -> tuple[Patch, ...]:
+    """Every patch of `package`, or (by default) of every set the run uses. With `indexed`, from the
+    declaration index when it is current (codemods imported on first use, see
+    patcher.patchset.declarations), else by importing the modules."""
+    if package is not None:
+        return set_patches(package, indexed=indexed)
+    return tuple(p for patch_set in active_sets() for p in set_patches(patch_set.package, indexed=indexed))
+
+
+def forget_loaded() -> None:
+    """After the sets in use change (--patches): load them again."""
+    set_patches.cache_clear()
+    release_lines.cache_clear()
+
+
 @cache
-def load_patches(package: str = "patcher.patches", *, indexed: bool = True) -> tuple[Patch, ...]:
-    """Every patch of `package`. With `indexed`, from the declaration index when it is current
-    (codemods imported on first use, see patcher.patchset.declarations), else by importing the modules."""
+def set_patches(package: str, *, indexed: bool = True) -> tuple[Patch, ...]:
+    patches = _declared_patches(package, indexed)
+    qualifier = _qualifier(package)
+    return tuple(qualified(p, qualifier) for p in patches) if qualifier else patches
+
+
+def _qualifier(package: str) -> str:
+    for patch_set in active_sets():
+        if patch_set.package == package:
+            return patch_set.qualifier
+    return "" if package == FIRST_PARTY else package.rpartition(".")[2].replace("_", "-")
+
+
+def qualified(patch: Patch, qualifier: str) -> Patch:
+    """A set's patch with its id, and the ids it needs, prefixed by the set's name."""
+    if patch.patch_set:
+        raise ValueError(f"{patch.id}: a patch module declares its id without a set (vN-slug)")
+    return dataclasses.replace(
+        patch, id=f"{qualifier}:{patch.id}", needs=tuple(f"{qualifier}:{n}" for n in patch.needs)
+    )
+
+
+def _declared_patches(package: str, indexed: bool) -> tuple[Patch, ...]:
     if not indexed:
         return import_patches(package)
     from .declarations import index_path, read_index, write_index
@@ -35,17 +73,22 @@ def load_patches(package: str = "patcher.patches", *, indexed: bool = True) -> t
 
 
 @cache
-def release_lines(package: str = "patcher.patches") -> tuple[ReleaseLine, ...]:
-    """The release lines the package's `release_lines` module declares (RELEASE_LINES): the releases
-    a target must be on for patcher to answer for it (see patcher.plan.planning.coverage)."""
+def release_lines(package: str | None = None) -> tuple[ReleaseLine, ...]:
+    """The release lines the package's `release_lines` module declares (RELEASE_LINES), or (by
+    default) every set's: the releases a target must be on for patcher to answer for it (see
+    patcher.plan.planning.coverage)."""
+    if package is None:
+        return tuple(line for patch_set in active_sets() for line in release_lines(patch_set.package))
     try:
         declared = importlib.import_module(f"{package}.release_lines")
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{package}.release_lines":
+            raise
         return ()
     return tuple(getattr(declared, "RELEASE_LINES", ()))
 
 
-def declared_drift(package: str = "patcher.patches") -> tuple[ConnectorDrift, ...]:
+def declared_drift(package: str = FIRST_PARTY) -> tuple[ConnectorDrift, ...]:
     """The package's `connector_drift` module's CONNECTOR_DRIFT: what an hs-connectors release is
     known to meet on a vLLM release (none where the patch set declares none)."""
     try:
@@ -55,7 +98,7 @@ def declared_drift(package: str = "patcher.patches") -> tuple[ConnectorDrift, ..
     return tuple(getattr(declared, "CONNECTOR_DRIFT", ()))
 
 
-def import_patches(package: str = "patcher.patches") -> tuple[Patch, ...]:
+def import_patches(package: str = FIRST_PARTY) -> tuple[Patch, ...]:
     pkg = importlib.import_module(package)
     found: list[Patch] = []
     for info in pkgutil.iter_modules(pkg.__path__):
@@ -76,12 +119,24 @@ def import_patches(package: str = "patcher.patches") -> tuple[Patch, ...]:
 
 
 def resolve_ids(patches: tuple[Patch, ...], wanted: list[str]) -> list[str]:
-    """Map `vN` or full ids to full ids; unknown ones raise UnknownPatch."""
-    by_any = {p.id: p.id for p in patches} | {p.short_id: p.id for p in patches}
+    """Map `vN`, full ids and their `SET:` forms to full ids; unknown ones raise UnknownPatch, and
+    so does a bare form two sets share (`v1` where another set has a v1 too)."""
+    first_party = next((s.name for s in active_sets() if s.package == FIRST_PARTY), "speculators")
+    names: dict[str, set[str]] = {}
+    for p in patches:
+        forms = {p.id, p.short_id, p.local_id, f"v{p.number}"}
+        if not p.patch_set:
+            forms |= {f"{first_party}:{p.local_id}", f"{first_party}:v{p.number}"}
+        for form in forms:
+            names.setdefault(form, set()).add(p.id)
     out = []
     for item in wanted:
-        if item not in by_any:
+        found = names.get(item, set())
+        if len(found) > 1:
+            choices = ", ".join(sorted(p.short_id for p in patches if p.id in found))
+            raise UnknownPatch(f"patch id {item!r} names a patch of several sets ({choices}): qualify it as SET:vN")
+        if not found:
             known = ", ".join(p.id for p in patches)
             raise UnknownPatch(f"unknown patch id {item!r}; known: {known} (or their vN short forms)")
-        out.append(by_any[item])
+        out.append(next(iter(found)))
     return out

@@ -96,18 +96,20 @@ class _Shared:
         return self.result
 
 
-@lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """sha256 of every line of code that can change a transform's result: the patch package,
+    """sha256 of every line of code that can change a transform's result: the patch sets in use,
     the transform engine, the source patches write (shared_states.py), and libcst's installed
     version."""
+    from ..patchset.sets import active_sets
+
+    return _code_fingerprint(tuple((s.name, s.folder) for s in active_sets()))
+
+
+@lru_cache(maxsize=4)
+def _code_fingerprint(sets: tuple[tuple[str, Path], ...]) -> str:
     import hashlib
-    import importlib.util
 
     digest = hashlib.sha256()
-    spec = importlib.util.find_spec("patcher.patches")
-    assert spec is not None and spec.submodule_search_locations
-    patches_dir = Path(next(iter(spec.submodule_search_locations)))
     top = Path(__file__).parent.parent  # patcher/
     engine = (
         "transform/transforms.py",
@@ -118,7 +120,11 @@ def code_fingerprint() -> str:
         "transform/outcomes.py",
         "shared_states.py",
     )
-    for path in [*sorted(patches_dir.rglob("*.py")), *(top / name for name in engine)]:
+    for name, folder in sets:
+        digest.update(name.encode() + b"\0")
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in (top / name for name in engine):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update(_libcst_release().encode())
     return digest.hexdigest()
