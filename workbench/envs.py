@@ -119,3 +119,22 @@ def overlay_env(tmp_path: Path, base_python: Path, speculators: str = "0.3.0") -
 
     wheel = download_wheel("speculators", speculators, cache_dir() / "wheels")
     return make_overlay(base_python, tmp_path / "overlay", str(wheel))
+
+
+# Flask 2.2.2's own requirements, at releases of its day (the drift is Werkzeug's alone)
+FLASK_REQUIREMENTS = (("jinja2", "3.1.2"), ("itsdangerous", "2.1.2"), ("click", "8.1.7"), ("markupsafe", "2.1.3"))
+
+
+def flask_env(tmp_path: Path, flask: str = "2.2.2", werkzeug: str = "3.0.0") -> Path:
+    """A copy of a cached venv with real Flask and Werkzeug releases (the patch-set example of
+    docs/writing-a-patch-set.md); returns its python."""
+
+    def build(env: Path) -> None:
+        wheels = cache_dir() / "wheels"
+        for name, version in (("flask", flask), ("werkzeug", werkzeug), *FLASK_REQUIREMENTS):
+            pip_install_no_deps(env, download_wheel(name, version, wheels))
+
+    template = _template(f"flask-{flask}-werkzeug-{werkzeug}-{Path(PYTHON_FOR_TARGETS).name}", build)
+    env = tmp_path / "flask-env"
+    shutil.copytree(template, env, symlinks=True)
+    return env / "bin" / "python"

@@ -420,7 +420,8 @@ class _Commands(click.Group):
 
 def _use_patch_folders(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
     if value:
-        from ..patchset.sets import PatchSetError, use_folders
+        from ..patchset.registry import use_folders
+        from ..patchset.sets import PatchSetError
 
         try:
             use_folders(list(value))

@@ -11,6 +11,7 @@ from functools import cache
 from pathlib import Path
 
 from ..model import ConnectorDrift, Patch, ReleaseLine
+from . import sets
 from .sets import FIRST_PARTY, active_sets
 
 
@@ -27,8 +28,10 @@ def load_patches(package: str | None = None, *, indexed: bool = True) -> tuple[P
     return tuple(p for patch_set in active_sets() for p in set_patches(patch_set.package, indexed=indexed))
 
 
-def forget_loaded() -> None:
-    """After the sets in use change (--patches): load them again."""
+def use_folders(folders: list[str]) -> None:
+    """Use the patch sets in these folders from now on, beside the installed ones (--patches);
+    PatchSetError says why one cannot be used."""
+    sets.use_folders(folders)
     set_patches.cache_clear()
     release_lines.cache_clear()
 

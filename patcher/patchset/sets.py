@@ -89,13 +89,9 @@ def active_sets() -> list[PatchSet]:
 
 
 def use_folders(folders: list[str]) -> None:
-    """Make the sets in these folders part of every later run in this process (--patches)."""
-    from .registry import forget_loaded
-
-    _folders.clear()
-    for given in folders:
-        _folders.append(import_folder(Path(given)))
-    forget_loaded()
+    """Make the sets in these folders part of every later run in this process (--patches;
+    patcher.patchset.registry.use_folders also forgets the patches loaded so far)."""
+    _folders[:] = [import_folder(Path(given)) for given in folders]
 
 
 def set_name_of_folder(folder: Path) -> str:

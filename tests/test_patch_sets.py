@@ -1,0 +1,160 @@
+"""A patch set from outside patcher's package, through the command line as users run it: the
+Flask 2.2 / Werkzeug 3 set of tests/support/flask_werkzeug3 on real Flask and Werkzeug releases,
+given as a folder (--patches DIR) and installed from a wheel built here (entry point
+`patcher.patch_sets`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import patcher, run_patcher, sha, states
+from workbench.envs import flask_env, site_file
+
+SET_SOURCE = Path(__file__).parent / "support" / "flask_werkzeug3"
+IDS = ["flask-werkzeug3:v1-url-quote", "flask-werkzeug3:v2-url-parse"]
+FILES = ("flask/app.py", "flask/testing.py")
+
+
+def copy_of_set(tmp_path: Path, name: str = "flask_werkzeug3") -> Path:
+    """The set as a user keeps it: a folder of their own, nobody else can write."""
+    folder = tmp_path / "sets" / name
+    shutil.copytree(SET_SOURCE, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [folder.parent, folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return folder
+
+
+def flask_works(python: Path) -> subprocess.CompletedProcess:
+    code = "import flask\napp = flask.Flask('t')\napp.add_url_rule('/', 'i', lambda: 'hi')\n"
+    code += "print(app.test_client().get('/').data.decode())\n"
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def flask_target(tmp_path):
+    python = flask_env(tmp_path)
+    return python, {rel: site_file(python, rel).read_bytes() for rel in FILES}
+
+
+def test_a_folder_set_goes_through_status_plan_apply_and_rollback(tmp_path, flask_target):
+    python, pristine = flask_target
+    folder = copy_of_set(tmp_path)
+    broken = flask_works(python)
+    assert broken.returncode != 0 and "cannot import name 'url_quote' from 'werkzeug.urls'" in broken.stderr
+
+    code, doc, err = patcher("--patches", str(folder), "status", "--python", str(python), "--json")
+    assert code == 0, err
+    assert states(doc) == dict.fromkeys(IDS, "pending")  # patcher's own patches have nothing here
+    assert any("patcher's own patches: not used here" in n for n in doc["targets"][0]["notes"])
+
+    code, doc, err = patcher("--patches", str(folder), "plan", "--python", str(python), "--json")
+    assert code == 6, err
+
+    code, doc, err = patcher("--patches", str(folder), "apply", "--python", str(python), "--json")
+    assert code == 0, err
+    assert states(doc) == dict.fromkeys(IDS, "applied")
+    assert flask_works(python).stdout.strip() == "hi"
+    patched = {rel: sha(site_file(python, rel)) for rel in FILES}
+
+    code, doc, err = patcher("--patches", str(folder), "apply", "--python", str(python), "--json")
+    assert code == 0 and doc["targets"][0]["status"] == "ok", err  # nothing to do: a fixed point
+    assert {rel: sha(site_file(python, rel)) for rel in FILES} == patched
+
+    code, doc, err = patcher("--patches", str(folder), "rollback", "--python", str(python), "--json")
+    assert code == 0, err
+    assert {rel: site_file(python, rel).read_bytes() for rel in FILES} == pristine
+
+
+def test_a_set_serves_only_the_releases_its_gates_name(tmp_path):
+    # Werkzeug 2.3 still has url_quote: Flask 2.2.2 runs, nothing is selected; Flask 2.2.5 is on the
+    # set's unpatched line: status says so
+    folder = copy_of_set(tmp_path)
+    python = flask_env(tmp_path / "a", werkzeug="2.3.8")
+    code, doc, err = patcher("--patches", str(folder), "status", "--python", str(python), "--json")
+    assert code == 0, err
+    assert set(states(doc).values()) == {"not-selected"}
+    assert flask_works(python).stdout.strip() == "hi"
+
+
+def test_an_installed_set_is_found_by_its_entry_point(tmp_path, flask_target):
+    python, pristine = flask_target
+    project = tmp_path / "project"
+    shutil.copytree(SET_SOURCE, project / "flask_werkzeug3", ignore=shutil.ignore_patterns("__pycache__"))
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "flask-werkzeug3-patches"\nversion = "1.0"\n\n'
+        '[project.entry-points."patcher.patch_sets"]\nflask-werkzeug3 = "flask_werkzeug3"\n\n'
+        '[tool.setuptools]\npackages = ["flask_werkzeug3"]\n'
+    )
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(project)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    site = tmp_path / "controller-site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            *map(str, wheels.glob("*.whl")),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")]))}
+
+    proc = run_patcher("list", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert '"flask-werkzeug3:v1-url-quote"' in proc.stdout and '"v1-block-hasher"' in proc.stdout
+
+    code, doc, err = patcher("apply", "--python", str(python), "--json", env=env)
+    assert code == 0, err
+    assert states(doc) == dict.fromkeys(IDS, "applied")
+    assert flask_works(python).stdout.strip() == "hi"
+    code, doc, err = patcher("rollback", "--only", "flask-werkzeug3:v1", "--python", str(python), "--json", env=env)
+    assert code == 0, err
+    assert site_file(python, "flask/app.py").read_bytes() == pristine["flask/app.py"]
+    assert site_file(python, "flask/testing.py").read_bytes() != pristine["flask/testing.py"]
+
+
+def test_a_bare_id_two_sets_share_is_refused(tmp_path, flask_target):
+    python, _ = flask_target
+    folder = copy_of_set(tmp_path)
+    proc = run_patcher("--patches", str(folder), "apply", "--only", "v1", "--python", str(python))
+    assert proc.returncode == 2
+    assert "names a patch of several sets (flask-werkzeug3:v1, v1): qualify it as SET:vN" in proc.stderr
+    proc = run_patcher("--patches", str(folder), "plan", "--only", "v1-url-quote", "--python", str(python))
+    assert proc.returncode == 6, proc.stderr  # a bare form only one set has is enough
+
+
+@pytest.mark.parametrize(
+    "arrange,expected",
+    [
+        (lambda folder: folder.chmod(0o775), "is writable by its group"),
+        (lambda folder: (folder / "v1_url_quote.py").chmod(0o666), "v1_url_quote.py is writable by others"),
+        (lambda folder: [p.unlink() for p in folder.glob("v*.py")], "no patch module (vN_slug.py) in it"),
+        (lambda folder: shutil.rmtree(folder), "not a folder"),
+    ],
+    ids=["group-writable", "file-writable-by-others", "no-patch-modules", "missing"],
+)
+def test_a_folder_that_cannot_be_used_is_refused_in_one_line(tmp_path, arrange, expected):
+    folder = copy_of_set(tmp_path)
+    arrange(folder)
+    proc = run_patcher("--patches", str(folder), "list")
+    assert proc.returncode == 2
+    assert expected in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
