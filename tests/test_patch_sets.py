@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.cli import patcher, run_patcher, sha, states
 from workbench.envs import flask_env, site_file
+from workbench.sshd import why_no_sshd
 
 SET_SOURCE = Path(__file__).parent / "support" / "flask_werkzeug3"
 IDS = ["flask-werkzeug3:v1-url-quote", "flask-werkzeug3:v2-url-parse"]
@@ -158,3 +159,47 @@ def test_a_folder_that_cannot_be_used_is_refused_in_one_line(tmp_path, arrange, 
     proc = run_patcher("--patches", str(folder), "list")
     assert proc.returncode == 2
     assert expected in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
+def test_a_fleet_applies_a_folder_set_over_ssh(tmp_path, client, servers):
+    # two hosts (sshd on two loopback addresses), each with its own Flask environment
+    folder = copy_of_set(tmp_path)
+    pythons = [flask_env(tmp_path / "h0"), flask_env(tmp_path / "h1")]
+    pristine = {rel: site_file(pythons[0], rel).read_bytes() for rel in FILES}
+    inventory = tmp_path / "hosts.ini"
+    lines = [
+        f"h{i} ansible_host={server.address} ansible_port={server.port} ansible_user=root "
+        f"ansible_python_interpreter={python}"
+        for i, (server, python) in enumerate(zip((servers(), servers()), pythons))
+    ]
+    inventory.write_text("[gpu]\n" + "\n".join(lines) + "\n")
+    common = ["-i", str(inventory), *client.args(), "--no-retry-file", "--json"]
+    code, doc, err = patcher("--patches", str(folder), "apply", *common, clean_ssh=True)
+    assert code == 0, err
+    assert [t["status"] for t in doc["targets"]] == ["changed", "changed"], doc
+    assert all(flask_works(python).stdout.strip() == "hi" for python in pythons)
+    code, doc, err = patcher("--patches", str(folder), "rollback", *common, clean_ssh=True)
+    assert code == 0, err
+    for python in pythons:
+        assert {rel: site_file(python, rel).read_bytes() for rel in FILES} == pristine
+
+
+def test_a_bundle_carries_a_set_and_only_the_sets_it_is_asked_for(tmp_path, flask_target):
+    python, pristine = flask_target
+    folder = copy_of_set(tmp_path)
+    out = tmp_path / "flask-bundle.py"
+    code, _, err = patcher("--patches", str(folder), "bundle", "--set", "flask-werkzeug3", "-o", str(out))
+    assert code == 0, err
+    info = subprocess.run([str(python), str(out), "info"], capture_output=True, text=True, timeout=300).stdout
+    assert "flask 2.2.2, werkzeug >= 3.0.0: flask-werkzeug3:v1, flask-werkzeug3:v2" in info, info
+    assert "speculators" not in info  # only the set it was asked for
+    apply = subprocess.run([str(python), str(out), "apply"], capture_output=True, text=True, timeout=300)
+    assert apply.returncode == 0, apply.stderr + apply.stdout
+    assert flask_works(python).stdout.strip() == "hi"
+    rollback = subprocess.run([str(python), str(out), "rollback"], capture_output=True, text=True, timeout=300)
+    assert rollback.returncode == 0, rollback.stderr + rollback.stdout
+    assert {rel: site_file(python, rel).read_bytes() for rel in FILES} == pristine
+
+    code, _, err = patcher("--patches", str(folder), "bundle", "--set", "flask", "-o", str(tmp_path / "x.py"))
+    assert code == 2 and "no patch set named flask is in use; in use: speculators, flask-werkzeug3" in err, err

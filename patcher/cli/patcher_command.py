@@ -690,8 +690,15 @@ def forget(python, remote, forget_all, lock_timeout, facts_timeout, write_timeou
 @click.option(
     "--wheel", "wheels", multiple=True, metavar="FILE", help="take the pristine files from this wheel (offline)"
 )
+@click.option(
+    "--set",
+    "set_names",
+    multiple=True,
+    metavar="NAME",
+    help="carry only this patch set (see `patcher list`; default: every set in use); repeatable",
+)
 @quiet_option
-def bundle(output, releases, wheels, quiet) -> None:
+def bundle(output, releases, wheels, set_names, quiet) -> None:
     """Write one self-contained Python file for hosts patcher cannot reach.
 
     Copy it to the host (scp, a container image) and run it with the environment's Python:
@@ -701,7 +708,7 @@ def bundle(output, releases, wheels, quiet) -> None:
     """
     from ..frontends.bundle import BundleError, build, default_releases, write
     from ..output_files import OutputFileError, check_destination
-    from ..patchset.registry import load_patches, release_lines
+    from ..patchset.registry import UnknownPatch, patches_of_sets
     from ..upstream.wheels import find_or_download
 
     def wheel(name: str, version: str) -> Path:
@@ -711,7 +718,11 @@ def bundle(output, releases, wheels, quiet) -> None:
             raise BundleError(f"cannot get the {name} {version} wheel ({exc}); give it with --wheel FILE") from None
 
     out = Output(False, quiet)
-    patches, lines = load_patches(), release_lines()
+    try:
+        patches, lines = patches_of_sets(set_names)
+    except UnknownPatch as exc:
+        out.error(str(exc))
+        sys.exit(2)
     try:
         check_destination(output)  # before the minutes of work a bundle takes
         chosen = []

@@ -344,7 +344,7 @@ def _ranges(patches: Sequence[Patch], names: list[str], probes: dict[str, list[s
             groups: list[tuple[str, str]] = []  # (first version, selection)
             for probe in sorted(probes[other], key=Version):
                 chosen = select_patches(patches, {dist: version, other: probe})
-                sel = ", ".join(p.id.split("-")[0] for p in patches if chosen[p.id].selected) or "nothing"
+                sel = ", ".join(p.short_id for p in patches if chosen[p.id].selected) or "nothing"
                 if not groups or groups[-1][1] != sel:
                     groups.append((probe, sel))
             for i, (start, sel) in enumerate(groups):

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import importlib.util
 import pkgutil
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -26,6 +27,19 @@ def load_patches(package: str | None = None, *, indexed: bool = True) -> tuple[P
     if package is not None:
         return set_patches(package, indexed=indexed)
     return tuple(p for patch_set in active_sets() for p in set_patches(patch_set.package, indexed=indexed))
+
+
+def patches_of_sets(names: Sequence[str]) -> tuple[tuple[Patch, ...], tuple[ReleaseLine, ...]]:
+    """The patches and release lines of the sets in use named `names` (all of them for none);
+    UnknownPatch names the sets there are."""
+    in_use = active_sets()
+    unknown = [n for n in names if n not in {s.name for s in in_use}]
+    if unknown:
+        known = ", ".join(s.name for s in in_use)
+        raise UnknownPatch(f"no patch set named {', '.join(unknown)} is in use; in use: {known}")
+    chosen = [s for s in in_use if not names or s.name in names]
+    patches = tuple(p for s in chosen for p in set_patches(s.package))
+    return patches, tuple(line for s in chosen for line in release_lines(s.package))
 
 
 def use_folders(folders: list[str]) -> None:
