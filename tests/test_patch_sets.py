@@ -203,3 +203,54 @@ def test_a_bundle_carries_a_set_and_only_the_sets_it_is_asked_for(tmp_path, flas
 
     code, _, err = patcher("--patches", str(folder), "bundle", "--set", "flask", "-o", str(tmp_path / "x.py"))
     assert code == 2 and "no patch set named flask is in use; in use: speculators, flask-werkzeug3" in err, err
+
+
+def test_new_writes_a_skeleton_that_test_patches_passes(tmp_path):
+    folder = tmp_path / "team_set"
+    for name, target in (("url-quote", "flask:flask/app.py"), ("url_parse", "flask:flask/testing.py")):
+        proc = run_patcher("new", name, "--target", target, "--into", str(folder))
+        assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in folder.glob("v*.py")) == ["v1_url_quote.py", "v2_url_parse.py"]
+    targets = (folder / "targets.py").read_text()
+    assert (
+        'APP = TargetFile("flask", "flask/app.py")' in targets
+        and 'TESTING = TargetFile("flask", "flask/testing.py")' in targets
+    )
+    proc = run_patcher("test-patches", str(folder))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok   team-set:v1-url-quote: 5 of 5 checks hold" in proc.stdout
+
+    for args, expected in (
+        (["new", "Url Quote", "--target", "flask:flask/app.py"], "name the patch in lowercase letters"),
+        (["new", "x", "--target", "flask/app.py"], "expected DIST:PATH"),
+        (["new", "x", "--target", "flask:../../etc/passwd.py"], "expected DIST:PATH"),
+    ):
+        proc = run_patcher(*args, "--into", str(folder))
+        assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
+    assert len(list(folder.glob("v*.py"))) == 2  # nothing written
+
+
+def test_test_patches_says_which_check_fails(tmp_path):
+    folder = copy_of_set(tmp_path)
+    module = folder / "v1_url_quote.py"
+    source = module.read_text()
+    # an after that is not what the codemod writes, and a near miss the codemod does rewrite
+    module.write_text(
+        source.replace(
+            'rv = f"{rv}#{_anchor}"\n\n            return rv',
+            "rv = f\"{rv}#{_anchor}\"\n\n            return rv + ''",
+            1,
+        )
+        .replace("from werkzeug.urls import iri_to_uri", "from werkzeug.urls import url_quote")
+        .replace("return iri_to_uri(self.build(endpoint))", 'rv = f"{rv}#{url_quote(_anchor)}"')
+    )
+    proc = run_patcher("test-patches", str(folder))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL flask-werkzeug3:v1-url-quote" in proc.stdout
+    assert "example 1: before does not become after:" in proc.stdout and "-        return rv + ''" in proc.stdout
+    assert "near miss 1: reads applied, not anchor-missing" in proc.stdout
+    assert "ok   flask-werkzeug3:v2-url-parse" in proc.stdout
+
+    module.write_text(source.replace("PATCH = Patch(", "PATCH = Patch(unknown=1,", 1))
+    proc = run_patcher("test-patches", str(folder))
+    assert proc.returncode == 2 and "its patch modules do not load: TypeError" in proc.stderr, proc.stderr

@@ -395,6 +395,8 @@ class _Commands(click.Group):
     LAZY: ClassVar[dict[str, str]] = {
         "demo": "patcher.demo.demo_command:demo",
         "check-upstream": "patcher.upstream.check_upstream_command:check_upstream",
+        "test-patches": "patcher.patchset.set_commands:test_patches",
+        "new": "patcher.patchset.set_commands:new_patch",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
