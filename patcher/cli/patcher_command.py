@@ -465,13 +465,17 @@ def main() -> None:
 def list_patches(json_mode: bool) -> None:
     """Every patch: id, title, target file, conditions, upstream reference."""
     from ..patchset.registry import load_patches
+    from ..patchset.sets import active_sets
     from .render import render_patch_list
 
     patches = load_patches()
+    sets = active_sets()
+    first_party = next((s.name for s in sets if not s.qualifier), "")
     if json_mode:
         rows = [
             {
                 "id": p.id,
+                "set": p.patch_set or first_party,
                 "title": p.title,
                 "distribution": p.target.distribution,
                 "file": p.target.path,
@@ -484,9 +488,11 @@ def list_patches(json_mode: bool) -> None:
             }
             for p in patches
         ]
-        click.echo(json.dumps({"schema_version": 1, "patches": rows}, indent=2))
+        in_use = [{"name": x.name, "package": x.package, "origin": x.origin} for x in sets]
+        click.echo(json.dumps({"schema_version": 1, "patches": rows, "sets": in_use}, indent=2))
         return
     render_patch_list(patches)
+    Output(False, False).progress("patch sets in use: " + "; ".join(f"{x.name} ({x.origin})" for x in sets))
 
 
 @main.command()

@@ -24,6 +24,7 @@ GROUP = "patcher.patch_sets"
 # patcher's own set: its patch ids stay unqualified (`v1-block-hasher`), as state records written
 # before patch sets existed name them; every other set's ids read `SET:vN-slug`
 FIRST_PARTY = "patcher.patches"
+OWN = "patcher's own patches"
 SET_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # where a folder given with --patches is imported: <FOLDER_PACKAGES>.<set name with _>
 FOLDER_PACKAGES = "patcher_patch_sets"
@@ -67,10 +68,11 @@ def installed_sets() -> list[PatchSet]:
             raise PatchSetError(f"{where}: name a patch set in lowercase letters, digits and '-'")
         if point.name in found and found[point.name].package != point.value:
             raise PatchSetError(f"two installed patch sets are named {point.name}: {found[point.name].origin}; {where}")
-        found[point.name] = PatchSet(point.name, point.value, where)
+        # patcher's own set reads the same however patcher was installed
+        found[point.name] = PatchSet(point.name, point.value, OWN if point.value == FIRST_PARTY else where)
     if not any(s.package == FIRST_PARTY for s in found.values()):
         # a checkout run without its metadata (PYTHONPATH): patcher's own set is there all the same
-        found.setdefault("speculators", PatchSet("speculators", FIRST_PARTY, "patcher's own patches"))
+        found.setdefault("speculators", PatchSet("speculators", FIRST_PARTY, OWN))
     return sorted(found.values(), key=lambda s: (s.package != FIRST_PARTY, s.name))
 
 
