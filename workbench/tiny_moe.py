@@ -252,7 +252,7 @@ def tiny_model_script(path: Path | None = None) -> Path:
     """patcher/run_check/tiny_model.py: `path` where given, else the installed patcher's."""
     found = path or TINY_MODEL
     if found is None:
-        raise SystemExit("patcher is not installed here: name patcher/run_check/tiny_model.py (TINY_MODEL)")
+        raise SystemExit("patcher is not installed here: name its run_check/tiny_model.py (TINY_MODEL)")
     return found
 
 
@@ -607,4 +607,4 @@ def reference_of(model_dir: Path) -> Path:
 if __name__ == "__main__":
     if len(sys.argv) not in (3, 4) or sys.argv[1] not in KINDS:
         sys.exit(f"usage: {sys.argv[0]} {{{','.join(KINDS)}}} OUT_DIR [TINY_MODEL]")
-    build(Path(sys.argv[2]), sys.argv[1], Path(sys.argv[3]) if len(sys.argv) == 4 else None)
+    build(Path(sys.argv[2]), sys.argv[1], tiny_model_script(Path(sys.argv[3]) if len(sys.argv) == 4 else None))
