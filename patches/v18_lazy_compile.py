@@ -27,7 +27,7 @@ Two fixes were weighed:
 
 The CPU suite shows the effect without a GPU: torch._C._cuda_getDeviceCount is there in a
 CUDA-built torch with or without a device, and importing speculators calls it before the patch
-and never after (tests/test_lazy_compile.py, torch 2.10 in the demo environment).
+and never after (tests/test_patch_v18_v24_lazy_compile.py, torch 2.10 in the demo environment).
 speculators 0.4.0 does not fix it: it replaced the decorator with one that asks
 `torch.cuda.is_available()` at class definition, which touches CUDA the same way.
 """

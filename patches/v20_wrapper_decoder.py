@@ -263,7 +263,7 @@ PATCH = Patch(
     leave_one_out=(
         # the tiny Llama of the end-to-end tests needs no wrapper lookup
         LeaveOneOut("0.16.0", None, calls="all"),
-        # tiny Kimi-K2.5 and Kimi-K2.5 INT4 (patcher/demo/tiny_moe.py) on an H200
+        # tiny Kimi-K2.5 and Kimi-K2.5 INT4 (workbench/tiny_moe.py) on an H200
         LeaveOneOut(
             "0.20.0",
             Symptom("init", messages=("'KimiK25ForConditionalGeneration' object has no attribute 'model'",)),

@@ -165,8 +165,8 @@ PATCH = Patch(
     without_it="without it, on a CUDA host `import speculators` initialises CUDA behind torch's back "
     "(`torch.cuda.is_available()` at class definition) and vLLM's forked workers can die at start: "
     "`RuntimeError: Cannot re-initialize CUDA in forked subprocess` (v18's symptom with 0.3.0; seen with "
-    "0.4.0.1 on an H200, vLLM 0.22.0 and 0.26.0, every model). `tests/test_lazy_compile.py` counts the "
-    "device-count calls of `import speculators` without a GPU: 1 before, 0 after",
+    "0.4.0.1 on an H200, vLLM 0.22.0 and 0.26.0, every model). `tests/test_patch_v18_v24_lazy_compile.py` "
+    "counts the device-count calls of `import speculators` without a GPU: 1 before, 0 after",
     leave_one_out=(
         LeaveOneOut("0.16.0", None, calls="all", speculators="0.4.0.1"),
         LeaveOneOut(

@@ -1,6 +1,6 @@
 """The DeepSeek-V3 family on vLLM 0.16.0's CPU build: what the CPU can show of it.
 
-The tiny DeepSeek-V3 and Kimi-K2.5 checkpoints of patcher/demo/tiny_moe.py through the patched
+The tiny DeepSeek-V3 and Kimi-K2.5 checkpoints of workbench/tiny_moe.py through the patched
 speculators 0.3.0, as the GPU run (bench/gpu/gpu_run.py --models ...) takes them, with one
 difference said here: vLLM's CPU build has no MLA ("MLA is not supported on CPU."), so these runs
 set VLLM_MLA_DISABLE=1 and vLLM runs the same attention decompressed (DeepseekV2Attention: the
@@ -32,7 +32,7 @@ CPU_ENV = {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 def checkpoint(demo_python: Path, kind: str) -> Path:
-    from patcher.demo.tiny_moe import ensure_tiny_moe
+    from workbench.tiny_moe import ensure_tiny_moe
 
     return ensure_tiny_moe(demo_python, kind, progress=lambda message: None)
 

@@ -185,7 +185,9 @@ def test_one_module_per_name():
 
 # A path in the tree as the product's docstrings and comments name one: `patcher/cli/entry.py`
 # (a name with a wildcard or a placeholder, `bench/gpu/results/*/`, `<release>-<key>.json`, is not one)
-TREE_PATH = re.compile(r"(?<![\w./-])((?:patcher|patches|remote|bench|tests|scripts|docs)/[\w./-]*\w)(?![\w*<{])")
+TREE_PATH = re.compile(
+    r"(?<![\w./-])((?:patcher|patches|remote|bench|tests|workbench|scripts|docs)/[\w./-]*\w)(?![\w*<{])"
+)
 
 
 def test_the_products_texts_name_only_files_that_exist():

@@ -3,7 +3,7 @@
 
 The tiny Llama with its transformers reference is `apply --run-check --model DIR` in
 tests/test_run_check.py (that test's one vLLM run covers both). Here: the tiny Kimi-K2.5 wrapper
-of patcher/demo/tiny_moe.py with vLLM's MLA off (the CPU build has none; as test_e2e_moe_cpu.py
+of workbench/tiny_moe.py with vLLM's MLA off (the CPU build has none; as test_e2e_moe_cpu.py
 runs it), with PATCHER_RUN_CHECK_MEMORY_MIB lowered below what its reference needs, so the rows
 are checked whole, in order and finite without transformers, and the output says why; and the
 bad inputs, each one line and exit 2, found before vLLM starts (seconds each: `apply` on a
@@ -42,7 +42,7 @@ def target(tmp_path_factory, demo_python: Path):
 
 
 def test_kimi_k25_rows_whole_in_order_and_finite_reference_over_the_memory_limit(target: Path, demo_python: Path):
-    from patcher.demo.tiny_moe import ensure_tiny_moe
+    from workbench.tiny_moe import ensure_tiny_moe
 
     model = ensure_tiny_moe(demo_python, "kimi-k25", progress=lambda message: None)
     started = time.monotonic()

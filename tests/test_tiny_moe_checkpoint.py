@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from workbench import tiny_moe
 from workbench.envs import demo_env
 
 pytestmark = pytest.mark.vllm
 
-TINY_MOE = Path(__file__).resolve().parent.parent / "patcher" / "demo" / "tiny_moe.py"
+TINY_MOE = Path(tiny_moe.__file__).resolve()
 
 # Each python loads the checkpoint with its own transformers, runs one prompt in float32 and saves
 # every layer's hidden states.
@@ -59,7 +60,8 @@ def test_one_checkpoint_under_transformers_4_and_5(pythons, tmp_path: Path):
 
     v4, v5 = pythons
     for name, python in (("t4", v4), ("t5", v5)):
-        run(python, str(TINY_MOE), "deepseek-v3", str(tmp_path / name))
+        # run as a script in the demo environment, which has no patcher: given the tiny Llama's script
+        run(python, str(TINY_MOE), "deepseek-v3", str(tmp_path / name), str(tiny_moe.tiny_model_script()))
         (tmp_path / f"forward-{name}.py").write_text(FORWARD)
         run(python, str(tmp_path / f"forward-{name}.py"), str(tmp_path / name), str(tmp_path / f"{name}.pt"))
     result = json.loads(

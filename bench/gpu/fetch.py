@@ -1,7 +1,7 @@
 """Download the pinned wheels of vLLM releases here and cut them into folders the device tool can carry.
 
     python bench/gpu/fetch.py 0.20.0 [0.20.1 ...] [--dest DIR]  # download, cut into folders
-    python bench/gpu/fetch.py --run-only [--dest DIR]  # only refresh DEST/run (script + patcher)
+    python bench/gpu/fetch.py --run-only [--dest DIR]  # only refresh DEST/run (scripts + patcher)
     python bench/gpu/fetch.py --run-only --speculators 0.4.0.1  # DEST/run also holds that release
 
 
@@ -10,7 +10,8 @@ in folders of at most 56 MiB (`DEST/stage-0.20.0/00`, `01`, ...; `stage-0.20.1+0
 several releases, each shared wheel once): large wheels cut into parts, small ones packed
 together, and `manifest.json` beside them giving each release's wheels, each wheel's sha256 and
 the parts it is cut into, so `gpu_run.py` can join them and check every byte before installing.
-`DEST/run` holds gpu_run.py, kv_probe.py and a patcher wheel built from this checkout (`pip wheel --no-deps`);
+`DEST/run` holds gpu_run.py, kv_probe.py, workbench/tiny_moe.py (the tiny MoE checkpoints' builder) and a
+patcher wheel built from this checkout (`pip wheel --no-deps`);
 it is small and is carried with the call that runs, so a change to patcher needs no new staging.
 
 DEST defaults to `.gpu` in the repository the device tool sends (ignored by git there).
@@ -90,6 +91,7 @@ def pack_run(run: Path, speculators: str | None) -> None:
     run.mkdir(parents=True)
     shutil.copy2(HERE / "gpu_run.py", run / "gpu_run.py")
     shutil.copy2(HERE / "kv_probe.py", run / "kv_probe.py")  # the KV cache probe (v28), run after it
+    shutil.copy2(REPO / "workbench" / "tiny_moe.py", run / "tiny_moe.py")  # gpu_run.py --models makes them
     # From the tracked files only: a build/ folder left by an earlier build would put modules
     # that no longer exist (a renamed patch) into the wheel.
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
@@ -156,7 +158,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("releases", nargs="*", help="vLLM releases, each with a list bench/gpu/vllm-RELEASE.txt")
     parser.add_argument(
-        "--run-only", action="store_true", help="only refresh DEST/run (gpu_run.py and the patcher wheel)"
+        "--run-only", action="store_true", help="only refresh DEST/run (the scripts and the patcher wheel)"
     )
     parser.add_argument(
         "--dest", type=Path, default=REPO / ".gpu", help="where wheels-*/, stage-*/ and run/ go (default: .gpu)"
@@ -166,7 +168,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     pack_run(args.dest / "run", args.speculators)
-    print(f"{args.dest / 'run'}: gpu_run.py, kv_probe.py and {next((args.dest / 'run').glob('patcher-*.whl')).name}")
+    wheel = next((args.dest / "run").glob("patcher-*.whl")).name
+    print(f"{args.dest / 'run'}: gpu_run.py, kv_probe.py, tiny_moe.py and {wheel}")
     if args.run_only:
         return
     if not args.releases:

@@ -10,7 +10,8 @@ timed, each result written under --out (at most 8 files come back from the devic
 2. `pip install --no-index --no-deps --target /tmp/site` (PYTHONPATH=/tmp/site for what follows:
    where the wheels were installed, the only variable the run sets besides the machine's own);
 3. make the tiny models (--models: llama, patcher/run_check/tiny_model.py; deepseek-v3, kimi-k25,
-   kimi-k25-int4, patcher/demo/tiny_moe.py), random weights, no download;
+   kimi-k25-int4, workbench/tiny_moe.py, which fetch.py carries in the run folder), random weights,
+   no download;
 4. `patcher status`, then `patcher apply` WITH verification: exit 0 required, no hand edit;
 5. the end-to-end check of tests/test_e2e_vllm.py (patcher/run_check/extract.py: five generate() calls,
    hidden states against transformers) for each model at each tensor parallel size, --parallel of
@@ -312,15 +313,23 @@ def extract_all(run: Run, jobs: list[tuple[str, Path, int]], calls: str, report_
     return reports
 
 
-def make_models(run: Run, names: list[str]) -> bool:
+def tiny_moe_script(run_dir: Path) -> Path:
+    """workbench/tiny_moe.py: fetch.py's copy in the run folder (beside the patcher wheel; a copy of
+    that folder, /tmp/run, has no checkout around it), else the checkout's around this file."""
+    carried = run_dir / "tiny_moe.py"
+    return carried if carried.is_file() else HERE.parent.parent / "workbench" / "tiny_moe.py"
+
+
+def make_models(run: Run, names: list[str], run_dir: Path) -> bool:
+    tiny_model = SITE / "patcher" / "run_check" / "tiny_model.py"
     for name in names:
         target = model_dir(name)
         if target.exists():
             shutil.rmtree(target)
         if name == "llama":
-            command = [sys.executable, str(SITE / "patcher" / "run_check" / "tiny_model.py"), str(target)]
+            command = [sys.executable, str(tiny_model), str(target)]
         else:
-            command = [sys.executable, str(SITE / "patcher" / "demo" / "tiny_moe.py"), name, str(target)]
+            command = [sys.executable, str(tiny_moe_script(run_dir)), name, str(target), str(tiny_model)]
         done = run.step("tiny-model" if name == "llama" else f"tiny-{name}", command)
         if done.returncode != 0:
             run.say(done.stderr[-3000:])
@@ -434,7 +443,7 @@ def main() -> int:
     if not install(run, args.stage, args.release, args.run_dir, args.speculators):
         return 1
     run.summary["models"] = names
-    if not make_models(run, names):
+    if not make_models(run, names, args.run_dir):
         return 1
 
     code, status = patcher_json(run, "status", "status")

@@ -1,7 +1,7 @@
 """The tiny checkpoints made on the spot, kept under <cache>/demo-model/<key>: made by running
-patcher/run_check/tiny_model.py (or patcher/demo/tiny_moe.py) as a script in the demo environment's
-python, into a temporary folder renamed into place when complete (make_in_place), and reused
-after. Runs in patcher's interpreter, standard library only."""
+patcher/run_check/tiny_model.py (or a checkout's workbench/tiny_moe.py) as a script in the demo
+environment's python, into a temporary folder renamed into place when complete (make_in_place),
+and reused after. Runs in patcher's interpreter, standard library only."""
 
 from __future__ import annotations
 

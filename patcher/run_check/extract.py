@@ -33,12 +33,12 @@ A failure inside speculators or vLLM is caught and reported with its exception t
 the innermost frame, so a test can assert the exact symptom. The exit status is 0 when ok.
 
 The reference is transformers' model of --reference (default: the model directory itself, or the
-directory a tiny checkpoint's tiny-model.json names: the Kimi-K2.5 wrappers of patcher/demo/
-tiny_moe.py keep a DeepseekV3ForCausalLM of their text weights in reference/). The report also
-gives "median_rel_diff" (over every row of every prompt and layer; a wrong MoE expert, scale or
+directory a tiny checkpoint's tiny-model.json names: the Kimi-K2.5 wrappers of workbench/tiny_moe.py
+keep a DeepseekV3ForCausalLM of their text weights in reference/). The report also gives
+"median_rel_diff" (over every row of every prompt and layer; a wrong MoE expert, scale or
 dequantization moves every row, a near-tied routing choice flipped by bfloat16 only a few), held to
-the checkpoint's "median_tolerance" where its tiny-model.json sets one ("median_ok"), and,
-with --noise, "noise": transformers' own bfloat16 run against its float32 run on the same prompts
+the checkpoint's "median_tolerance" where its tiny-model.json sets one ("median_ok"), and, with
+--noise, "noise": transformers' own bfloat16 run against its float32 run on the same prompts
 ({"max_rel_diff", "median_rel_diff"}): the band bfloat16 alone spans, beside the tolerance.
 """
 
@@ -118,7 +118,7 @@ def make_batches(tokenizer, vocab_size: int, seed: int = 7) -> list[list[list[in
 
 
 def tiny_marker(model: str) -> dict:
-    """A tiny checkpoint's tiny-model.json (patcher/demo/tiny_moe.py), or {}."""
+    """A tiny checkpoint's tiny-model.json (workbench/tiny_moe.py), or {}."""
     try:
         with open(os.path.join(model, "tiny-model.json")) as handle:
             marker = json.load(handle)
@@ -441,7 +441,7 @@ def prepare_calls(args, report: dict) -> tuple[str, list[int], list]:
     reference_path = args.reference or reference_dir(args.model)
     report["reference"] = None if args.no_reference else reference_path
     # MoE checkpoints: a wrong expert, scale or dequantization moves every row less than the
-    # per-row tolerance sees, but moves the median (tiny_moe.py's docstring)
+    # per-row tolerance sees, but moves the median (workbench/tiny_moe.py's docstring)
     report["median_tolerance"] = tiny_marker(args.model).get("median_tolerance")
     vocab_size = config_vocab_size(args.model)
     batches = make_batches(tokenizer, vocab_size)

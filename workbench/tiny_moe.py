@@ -39,8 +39,12 @@ bias ignored: 0.08, median 0.007). So tiny-model.json also sets a median toleran
 (0.05), which patcher/run_check/extract.py holds every row's median to: vLLM's CPU build gave 0.022-0.024 (DeepSeek-V3
 and Kimi-K2.5, VLLM_MLA_DISABLE=1), transformers' bfloat16 0.006.
 
-Standard library only at module level (like patcher/run_check/tiny_model.py); `python tiny_moe.py KIND OUT_DIR` runs
-inside an environment with torch, transformers, tokenizers and safetensors.
+In workbench/, not patcher/demo/: only the GPU bench (bench/gpu/gpu_run.py) and the tests make
+these checkpoints. Standard library only at module level (like patcher/run_check/tiny_model.py;
+patcher where it is installed). `python tiny_moe.py KIND OUT_DIR [TINY_MODEL]` runs inside an
+environment with torch, transformers, tokenizers and safetensors, which need not have patcher (the
+demo environments have not): TINY_MODEL names patcher/run_check/tiny_model.py (ensure_tiny_moe and
+the GPU bench pass it; without it, the installed patcher's).
 """
 
 from __future__ import annotations
@@ -56,9 +60,15 @@ from pathlib import Path
 KINDS = ("deepseek-v3", "kimi-k25", "kimi-k25-int4")
 REFERENCE_DIR = "reference"  # inside the Kimi checkpoints: the transformers reference
 MARKER = "tiny-model.json"  # kind, params and where the reference is
-# The tiny Llama's script, whose tokenizer this one extends (found by path: run as a script, this
-# file imports it from its folder)
-TINY_MODEL = Path(__file__).resolve().parent.parent / "run_check" / "tiny_model.py"
+# The tiny Llama's script, whose tokenizer this one extends: the installed patcher's (run as a
+# script, this file imports it from its folder); None where patcher is not installed (a demo
+# environment's python: the command line names the file).
+try:
+    import patcher.run_check
+
+    TINY_MODEL: Path | None = Path(patcher.run_check.__file__).resolve().parent / "tiny_model.py"
+except ImportError:
+    TINY_MODEL = None
 
 TEXT: dict = {
     "recipe": 1,  # bump when build() changes what it writes
@@ -238,11 +248,19 @@ class TinyMoonViTImageProcessor(BaseImageProcessor):
 '''
 
 
+def tiny_model_script(path: Path | None = None) -> Path:
+    """patcher/run_check/tiny_model.py: `path` where given, else the installed patcher's."""
+    found = path or TINY_MODEL
+    if found is None:
+        raise SystemExit("patcher is not installed here: name its run_check/tiny_model.py (TINY_MODEL)")
+    return found
+
+
 def model_key(kind: str) -> str:
     """The cache key of one kind: every input of build() (this file and the tokenizer of
     patcher/run_check/tiny_model.py)."""
     digest = hashlib.sha256(kind.encode())
-    for path in (Path(__file__).resolve(), TINY_MODEL):
+    for path in (Path(__file__).resolve(), tiny_model_script()):
         digest.update(path.read_bytes())
     return f"{kind}-{digest.hexdigest()[:12]}"
 
@@ -252,8 +270,8 @@ def ensure_tiny_moe(
 ) -> Path:
     """Make (or reuse) the tiny checkpoint `kind` with `python` (torch, transformers, tokenizers,
     safetensors); return its directory, under <cache>/demo-model/ beside the tiny Llama."""
-    from .environment import resolve_cache
-    from .model_cache import make_in_place
+    from patcher.demo.environment import resolve_cache
+    from patcher.demo.model_cache import make_in_place
 
     base = resolve_cache(cache_root) / "demo-model"
     final = base / model_key(kind)
@@ -265,7 +283,7 @@ def ensure_tiny_moe(
 
     def make(folder: Path) -> None:
         proc = subprocess.run(
-            [str(python), str(Path(__file__).resolve()), kind, str(folder)],
+            [str(python), str(Path(__file__).resolve()), kind, str(folder), str(tiny_model_script())],
             capture_output=True,
             text=True,
             timeout=900,
@@ -419,12 +437,13 @@ def vision_weights(vision: dict, text_hidden: int, seed: int = SEED + 1, std: fl
     return weights
 
 
-def build_tokenizer(out_dir: Path, kind: str, vocab_size: int):
-    """The demo's BPE tokenizer (tiny_model.build_tokenizer), with Kimi's media tokens for Kimi."""
+def build_tokenizer(out_dir: Path, kind: str, vocab_size: int, tiny_model: Path | None = None):
+    """The demo's BPE tokenizer (tiny_model.build_tokenizer, of `tiny_model`: by default the
+    installed patcher's), with Kimi's media tokens for Kimi."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    sys.path.insert(0, str(TINY_MODEL.parent))
+    sys.path.insert(0, str(tiny_model_script(tiny_model).parent))
     from tiny_model import PARAMS, SPECIAL_TOKENS, synthetic_corpus
 
     specials = list(SPECIAL_TOKENS) + (list(MEDIA_TOKENS) if kind.startswith("kimi") else [])
@@ -457,13 +476,13 @@ def write_reference(out_dir: Path, config, weights: dict, tokenizer) -> None:
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out_dir / "model.safetensors"), {"format": "pt"})
 
 
-def build(out_dir: Path, kind: str) -> None:
+def build(out_dir: Path, kind: str, tiny_model: Path | None = None) -> None:
     from transformers import DeepseekV3Config
 
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out_dir, kind, TEXT["vocab_size"])
+    tokenizer = build_tokenizer(out_dir, kind, TEXT["vocab_size"], tiny_model)
     text = text_config_dict()
     text.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     config = DeepseekV3Config(**text)
@@ -586,6 +605,6 @@ def reference_of(model_dir: Path) -> Path:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in KINDS:
-        sys.exit(f"usage: {sys.argv[0]} {{{','.join(KINDS)}}} OUT_DIR")
-    build(Path(sys.argv[2]), sys.argv[1])
+    if len(sys.argv) not in (3, 4) or sys.argv[1] not in KINDS:
+        sys.exit(f"usage: {sys.argv[0]} {{{','.join(KINDS)}}} OUT_DIR [TINY_MODEL]")
+    build(Path(sys.argv[2]), sys.argv[1], tiny_model_script(Path(sys.argv[3]) if len(sys.argv) == 4 else None))
