@@ -254,3 +254,14 @@ def test_test_patches_says_which_check_fails(tmp_path):
     module.write_text(source.replace("PATCH = Patch(", "PATCH = Patch(unknown=1,", 1))
     proc = run_patcher("test-patches", str(folder))
     assert proc.returncode == 2 and "its patch modules do not load: TypeError" in proc.stderr, proc.stderr
+
+
+def test_the_docs_show_the_sets_files_as_they_are():
+    # docs/writing-a-patch-set.md shows targets.py, v1 and release_lines.py whole: each block is the file
+    import re
+
+    page = (Path(__file__).parent.parent / "docs" / "writing-a-patch-set.md").read_text(encoding="utf-8")
+    shown = dict(re.findall(r"<!-- tests/support/flask_werkzeug3/(\S+) -->\n```python\n(.*?)```", page, re.DOTALL))
+    assert sorted(shown) == ["release_lines.py", "targets.py", "v1_url_quote.py"]
+    for name, text in shown.items():
+        assert text == (SET_SOURCE / name).read_text(encoding="utf-8"), f"{name}: the page shows another text"
