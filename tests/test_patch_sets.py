@@ -265,3 +265,33 @@ def test_the_docs_show_the_sets_files_as_they_are():
     assert sorted(shown) == ["release_lines.py", "targets.py", "v1_url_quote.py"]
     for name, text in shown.items():
         assert text == (SET_SOURCE / name).read_text(encoding="utf-8"), f"{name}: the page shows another text"
+
+
+def test_check_upstream_reads_a_sets_own_distributions(tmp_path):
+    # the matrix on Flask releases (2.2.4 is upstream's fix), the gates on Werkzeug's (3.0.0 removed
+    # the helpers); nothing of vLLM is read for a set whose gates and facts do not name it
+    folder = copy_of_set(tmp_path)
+    releases = ["--release", "flask=2.2.2,2.2.4", "--release", "werkzeug=2.3.8,3.0.0"]
+    args = ["--patches", str(folder), "check-upstream", "--set", "flask-werkzeug3", *releases, "--json", "-q"]
+    code, doc, err = patcher(*args)
+    assert code == 0, err
+    cells = {(c["patch"], c["version"]): c["status"] for c in doc["matrix"]}
+    assert cells[("flask-werkzeug3:v1-url-quote", "2.2.2")] == "applies"
+    assert cells[("flask-werkzeug3:v1-url-quote", "2.2.4")] == "not-selected"
+    assert {g["first_release"] for g in doc["gates"]} == {"3.0.0"} and {g["status"] for g in doc["gates"]} == {"ok"}
+    assert set(doc["releases_read"]) == {"werkzeug"} and not doc["bindings"], doc["releases_read"]  # no vLLM
+
+    # a gate one release too early is what the check is for: exit 1, naming the patch and the release
+    targets = folder / "targets.py"
+    targets.write_text(
+        targets.read_text().replace('WERKZEUG_3 = {"werkzeug": ">=3.0.0"}', 'WERKZEUG_3 = {"werkzeug": ">=2.3.0"}')
+    )
+    code, doc, err = patcher(*args)
+    assert code == 1, err
+    assert any(g["status"] != "ok" and "2.3.8" in json_text(g) for g in doc["gates"]), doc["gates"]
+
+
+def json_text(value) -> str:
+    import json
+
+    return json.dumps(value)

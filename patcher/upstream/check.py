@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ..model import ConnectorDrift, Patch, TargetFile
+from ..model import ConnectorDrift, Patch, ReleaseLine, TargetFile
 from ..patchset.registry import declared_drift
 from ..plan.selection import condition_holds
 from . import connectors
@@ -64,6 +65,8 @@ class CheckOptions:
     )
     # what the 0.5+ path's connector modules are known to meet (default: patches/connector_drift.py's CONNECTOR_DRIFT)
     connector_drift: Sequence[ConnectorDrift] | None = None
+    # the release lines of the sets checked (default: every set's in use)
+    lines: Sequence[ReleaseLine] | None = None
     progress: Callable[[str], None] = lambda message: None
 
 
@@ -155,10 +158,19 @@ def declared_targets(patches: Sequence[Patch]) -> list[TargetFile]:
     return sorted(found, key=lambda t: (t.distribution, t.path))
 
 
+def names_vllm(patches: Sequence[Patch]) -> bool:
+    """Whether the patches' gates or facts name vLLM: only then are their files bound against vLLM
+    releases, the 0.5+ path's connectors read and vLLM nightly version strings selected on (a set
+    for another library has its matrix and its gates)."""
+    return any("vllm" in p.conditions() for p in patches) or "vllm" in fact_distributions(patches)
+
+
 def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
     """Read the index, the releases each patch and fact needs, bind the patched files there, then
     compare: matrix cells, gates, nightlies. An unreachable index ends the check with exit 4 and
     what was gathered until then."""
+    if not names_vllm(patches):
+        options = dataclasses.replace(options, bind=False, nightlies=())
     check = _Check(patches, options)
     try:
         check.run()
@@ -197,7 +209,8 @@ class _Check:
         self.patched: dict[str, list[Variant]] = {}  # vLLM release -> the patched files apply writes there
         from ..patchset.registry import release_lines
 
-        self.lines = [x.as_json() for x in release_lines()]
+        lines = release_lines() if options.lines is None else options.lines
+        self.lines = [x.as_json() for x in lines]
         self.connector_files: list[ConnectorFile] = []  # every hs-connectors release's modules importing vLLM
 
     @contextmanager
@@ -520,11 +533,14 @@ def _binding_problems(binding: Binding) -> list[str]:
 
 def _summary(report: CheckReport, drift: list[Cell], unbound: list[Binding]) -> str:
     wrong = sum(1 for g in report.gates if not g.ok)
-    return (
-        f"{len(report.cells)} matrix cells ({len(drift)} drift), {len(report.gates)} gates ({wrong} wrong), "
+    bound = (
         f"{len(report.bindings)} patched files bound on {len(report.binding_releases())} vLLM releases "
         f"and the {len({b.release for b in report.bindings if b.allowed_by})} transformers/torch releases they allow "
         f"({len({v for b in unbound for v in b.vllm_releases})} with calls that do not bind), "
+    )
+    return (
+        f"{len(report.cells)} matrix cells ({len(drift)} drift), {len(report.gates)} gates ({wrong} wrong), "
+        f"{bound if report.bindings else ''}"
         f"{_connector_summary(report)}"
         f"{sum(len(r) for r in report.reads.values())} upstream releases read, {len(report.nightlies)} nightlies"
         + "".join(

@@ -65,9 +65,16 @@ def _split_dist(value: str, default: str) -> tuple[str, str]:
     help="also write the report as Markdown to FILE",
 )
 @click.option("--json", "json_mode", is_flag=True, help="print the JSON report (schema_version 1) on stdout")
+@click.option(
+    "--set",
+    "set_names",
+    multiple=True,
+    metavar="NAME",
+    help="check only this patch set (see `patcher list`; default: every set in use); repeatable",
+)
 @click.option("--quiet", "-q", is_flag=True, help="no progress and no tables, only problems and the verdict")
 def check_upstream(
-    since, releases, until, pre, nightlies, no_nightlies, workers, cache, markdown, json_mode, quiet
+    since, releases, until, pre, nightlies, no_nightlies, workers, cache, markdown, json_mode, set_names, quiet
 ) -> None:
     """Check every patch against upstream releases from the package index.
 
@@ -95,7 +102,7 @@ def check_upstream(
     CONNECTOR_DRIFT (patches/connector_drift.py) does not declare there.
     """
     from ..output_files import OutputFileError, check_destination, write_output_file
-    from ..patchset.registry import load_patches
+    from ..patchset.registry import UnknownPatch, patches_of_sets
     from .check import run_check
     from .check_upstream_render import render_markdown, render_terminal
 
@@ -105,6 +112,11 @@ def check_upstream(
     except click.BadParameter as error:
         click.echo(f"error: {error.message}", err=True)
         sys.exit(EXIT_USAGE)
+    try:
+        patches, lines = patches_of_sets(set_names)
+    except UnknownPatch as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(EXIT_USAGE)
     if markdown is not None:
         try:
             check_destination(markdown)
@@ -113,7 +125,8 @@ def check_upstream(
             sys.exit(EXIT_USAGE)
     options = _options(since_map, only, pre, nightlies, no_nightlies, workers, cache, quiet)
     options.until = newest
-    report = run_check(load_patches(), options)
+    options.lines = lines
+    report = run_check(patches, options)
     if json_mode:
         click.echo(json.dumps(report.to_json(), indent=2))
     render_terminal(report, quiet=quiet)

@@ -33,7 +33,15 @@ def _versions(values) -> list[str]:
 
 
 def _short(patch_id: str) -> str:
-    return patch_id.split("-", 1)[0]
+    """v1-block-hasher -> v1; flask-werkzeug3:v1-url-quote -> flask-werkzeug3:v1."""
+    qualifier, _, local = patch_id.rpartition(":")
+    short = local.split("-", 1)[0]
+    return f"{qualifier}:{short}" if qualifier else short
+
+
+def _short_order(short: str) -> tuple[str, int]:
+    qualifier, _, local = short.rpartition(":")
+    return qualifier, int(local[1:])
 
 
 def _span(versions: list[str]) -> str:
@@ -92,7 +100,7 @@ def not_selected_reasons(report: CheckReport) -> list[str]:
             patches_by[(why, cell.distribution)].add(_short(cell.patch_id))
     out = []
     for (why, dist), versions in grouped.items():
-        shown = ", ".join(sorted(patches_by[(why, dist)], key=lambda s: int(s[1:])))
+        shown = ", ".join(sorted(patches_by[(why, dist)], key=_short_order))
         out.append(f"{shown} on {dist} {_span(_versions(versions))}: {why}")
     return out
 
