@@ -5,6 +5,7 @@ given as a folder (--patches DIR) and installed from a wheel built here (entry p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -43,31 +44,72 @@ def flask_target(tmp_path):
     return python, {rel: site_file(python, rel).read_bytes() for rel in FILES}
 
 
-def test_a_folder_set_goes_through_status_plan_apply_and_rollback(tmp_path, flask_target):
+@pytest.fixture(scope="module")
+def installed_set(tmp_path_factory) -> dict:
+    """The set built into a wheel here (setuptools, entry point patcher.patch_sets) and installed
+    with pip where the controller finds it: the environment patcher runs with."""
+    root = tmp_path_factory.mktemp("installed-set")
+    project = root / "project"
+    shutil.copytree(SET_SOURCE, project / "flask_werkzeug3", ignore=shutil.ignore_patterns("__pycache__"))
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "flask-werkzeug3-patches"\nversion = "1.0"\n\n'
+        '[project.entry-points."patcher.patch_sets"]\nflask-werkzeug3 = "flask_werkzeug3"\n\n'
+        '[tool.setuptools]\npackages = ["flask_werkzeug3"]\n'
+    )
+    wheels = root / "wheels"
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "-w", str(wheels), str(project)], check=True, capture_output=True, timeout=600
+    )
+    site = root / "controller-site"
+    built = [str(w) for w in wheels.glob("*.whl")]
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(site), *built], check=True, capture_output=True, timeout=600
+    )
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")]))}
+
+
+@pytest.fixture(params=["folder", "installed"])
+def team_set(request, tmp_path) -> tuple[list[str], dict]:
+    """The Flask set as a run takes it: (options before the command, environment): given with
+    --patches DIR, or installed from a wheel."""
+    if request.param == "folder":
+        return ["--patches", str(copy_of_set(tmp_path))], {}
+    return [], request.getfixturevalue("installed_set")
+
+
+def test_a_set_goes_through_status_plan_apply_and_rollback(flask_target, team_set):
     python, pristine = flask_target
-    folder = copy_of_set(tmp_path)
+    given, env = team_set
     broken = flask_works(python)
     assert broken.returncode != 0 and "cannot import name 'url_quote' from 'werkzeug.urls'" in broken.stderr
 
-    code, doc, err = patcher("--patches", str(folder), "status", "--python", str(python), "--json")
+    code, doc, err = patcher(*given, "status", "--python", str(python), "--json", env=env)
     assert code == 0, err
     assert states(doc) == dict.fromkeys(IDS, "pending")  # patcher's own patches have nothing here
     assert any("patcher's own patches: not used here" in n for n in doc["targets"][0]["notes"])
 
-    code, doc, err = patcher("--patches", str(folder), "plan", "--python", str(python), "--json")
+    code, doc, err = patcher(*given, "plan", "--python", str(python), "--json", env=env)
     assert code == 6, err
 
-    code, doc, err = patcher("--patches", str(folder), "apply", "--python", str(python), "--json")
+    code, doc, err = patcher(*given, "apply", "--python", str(python), "--json", env=env)
     assert code == 0, err
     assert states(doc) == dict.fromkeys(IDS, "applied")
     assert flask_works(python).stdout.strip() == "hi"
     patched = {rel: sha(site_file(python, rel)) for rel in FILES}
 
-    code, doc, err = patcher("--patches", str(folder), "apply", "--python", str(python), "--json")
+    code, doc, err = patcher(*given, "apply", "--python", str(python), "--json", env=env)
     assert code == 0 and doc["targets"][0]["status"] == "ok", err  # nothing to do: a fixed point
     assert {rel: sha(site_file(python, rel)) for rel in FILES} == patched
 
-    code, doc, err = patcher("--patches", str(folder), "rollback", "--python", str(python), "--json")
+    code, doc, err = patcher(
+        *given, "rollback", "--only", "flask-werkzeug3:v1", "--python", str(python), "--json", env=env
+    )
+    assert code == 0, err
+    assert site_file(python, "flask/app.py").read_bytes() == pristine["flask/app.py"]
+    assert sha(site_file(python, "flask/testing.py")) == patched["flask/testing.py"]
+    code, doc, err = patcher(*given, "rollback", "--python", str(python), "--json", env=env)
     assert code == 0, err
     assert {rel: site_file(python, rel).read_bytes() for rel in FILES} == pristine
 
@@ -83,54 +125,14 @@ def test_a_set_serves_only_the_releases_its_gates_name(tmp_path):
     assert flask_works(python).stdout.strip() == "hi"
 
 
-def test_an_installed_set_is_found_by_its_entry_point(tmp_path, flask_target):
-    python, pristine = flask_target
-    project = tmp_path / "project"
-    shutil.copytree(SET_SOURCE, project / "flask_werkzeug3", ignore=shutil.ignore_patterns("__pycache__"))
-    (project / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n\n'
-        '[project]\nname = "flask-werkzeug3-patches"\nversion = "1.0"\n\n'
-        '[project.entry-points."patcher.patch_sets"]\nflask-werkzeug3 = "flask_werkzeug3"\n\n'
-        '[tool.setuptools]\npackages = ["flask_werkzeug3"]\n'
-    )
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(project)],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    site = tmp_path / "controller-site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--target",
-            str(site),
-            *map(str, wheels.glob("*.whl")),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")]))}
-
-    proc = run_patcher("list", "--json", env=env)
+def test_list_names_the_sets_in_use(team_set):
+    given, env = team_set
+    proc = run_patcher(*given, "list", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
-    assert '"flask-werkzeug3:v1-url-quote"' in proc.stdout and '"v1-block-hasher"' in proc.stdout
-
-    code, doc, err = patcher("apply", "--python", str(python), "--json", env=env)
-    assert code == 0, err
-    assert states(doc) == dict.fromkeys(IDS, "applied")
-    assert flask_works(python).stdout.strip() == "hi"
-    code, doc, err = patcher("rollback", "--only", "flask-werkzeug3:v1", "--python", str(python), "--json", env=env)
-    assert code == 0, err
-    assert site_file(python, "flask/app.py").read_bytes() == pristine["flask/app.py"]
-    assert site_file(python, "flask/testing.py").read_bytes() != pristine["flask/testing.py"]
+    listed = json.loads(proc.stdout)
+    assert [p["id"] for p in listed["patches"] if p["set"] == "flask-werkzeug3"] == IDS
+    assert "v1-block-hasher" in [p["id"] for p in listed["patches"] if p["set"] == "speculators"]
+    assert [x["name"] for x in listed["sets"]] == ["speculators", "flask-werkzeug3"]
 
 
 def test_a_bare_id_two_sets_share_is_refused(tmp_path, flask_target):
@@ -162,9 +164,9 @@ def test_a_folder_that_cannot_be_used_is_refused_in_one_line(tmp_path, arrange, 
 
 
 @pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() or "")
-def test_a_fleet_applies_a_folder_set_over_ssh(tmp_path, client, servers):
+def test_a_fleet_applies_a_set_over_ssh(tmp_path, client, servers, team_set):
     # two hosts (sshd on two loopback addresses), each with its own Flask environment
-    folder = copy_of_set(tmp_path)
+    given, env = team_set
     pythons = [flask_env(tmp_path / "h0"), flask_env(tmp_path / "h1")]
     pristine = {rel: site_file(pythons[0], rel).read_bytes() for rel in FILES}
     inventory = tmp_path / "hosts.ini"
@@ -175,21 +177,21 @@ def test_a_fleet_applies_a_folder_set_over_ssh(tmp_path, client, servers):
     ]
     inventory.write_text("[gpu]\n" + "\n".join(lines) + "\n")
     common = ["-i", str(inventory), *client.args(), "--no-retry-file", "--json"]
-    code, doc, err = patcher("--patches", str(folder), "apply", *common, clean_ssh=True)
+    code, doc, err = patcher(*given, "apply", *common, clean_ssh=True, env=env)
     assert code == 0, err
     assert [t["status"] for t in doc["targets"]] == ["changed", "changed"], doc
     assert all(flask_works(python).stdout.strip() == "hi" for python in pythons)
-    code, doc, err = patcher("--patches", str(folder), "rollback", *common, clean_ssh=True)
+    code, doc, err = patcher(*given, "rollback", *common, clean_ssh=True, env=env)
     assert code == 0, err
     for python in pythons:
         assert {rel: site_file(python, rel).read_bytes() for rel in FILES} == pristine
 
 
-def test_a_bundle_carries_a_set_and_only_the_sets_it_is_asked_for(tmp_path, flask_target):
+def test_a_bundle_carries_a_set_and_only_the_sets_it_is_asked_for(tmp_path, flask_target, team_set):
     python, pristine = flask_target
-    folder = copy_of_set(tmp_path)
+    given, env = team_set
     out = tmp_path / "flask-bundle.py"
-    code, _, err = patcher("--patches", str(folder), "bundle", "--set", "flask-werkzeug3", "-o", str(out))
+    code, _, err = patcher(*given, "bundle", "--set", "flask-werkzeug3", "-o", str(out), env=env)
     assert code == 0, err
     info = subprocess.run([str(python), str(out), "info"], capture_output=True, text=True, timeout=300).stdout
     assert "flask 2.2.2, werkzeug >= 3.0.0: flask-werkzeug3:v1, flask-werkzeug3:v2" in info, info
@@ -201,7 +203,7 @@ def test_a_bundle_carries_a_set_and_only_the_sets_it_is_asked_for(tmp_path, flas
     assert rollback.returncode == 0, rollback.stderr + rollback.stdout
     assert {rel: site_file(python, rel).read_bytes() for rel in FILES} == pristine
 
-    code, _, err = patcher("--patches", str(folder), "bundle", "--set", "flask", "-o", str(tmp_path / "x.py"))
+    code, _, err = patcher(*given, "bundle", "--set", "flask", "-o", str(tmp_path / "x.py"), env=env)
     assert code == 2 and "no patch set named flask is in use; in use: speculators, flask-werkzeug3" in err, err
 
 
@@ -267,13 +269,13 @@ def test_the_docs_show_the_sets_files_as_they_are():
         assert text == (SET_SOURCE / name).read_text(encoding="utf-8"), f"{name}: the page shows another text"
 
 
-def test_check_upstream_reads_a_sets_own_distributions(tmp_path):
+def test_check_upstream_reads_a_sets_own_distributions(tmp_path, team_set):
     # the matrix on Flask releases (2.2.4 is upstream's fix), the gates on Werkzeug's (3.0.0 removed
     # the helpers); nothing of vLLM is read for a set whose gates and facts do not name it
-    folder = copy_of_set(tmp_path)
+    given, env = team_set
     releases = ["--release", "flask=2.2.2,2.2.4", "--release", "werkzeug=2.3.8,3.0.0"]
-    args = ["--patches", str(folder), "check-upstream", "--set", "flask-werkzeug3", *releases, "--json", "-q"]
-    code, doc, err = patcher(*args)
+    args = [*given, "check-upstream", "--set", "flask-werkzeug3", *releases, "--json", "-q"]
+    code, doc, err = patcher(*args, env=env)
     assert code == 0, err
     cells = {(c["patch"], c["version"]): c["status"] for c in doc["matrix"]}
     assert cells[("flask-werkzeug3:v1-url-quote", "2.2.2")] == "applies"
@@ -282,6 +284,8 @@ def test_check_upstream_reads_a_sets_own_distributions(tmp_path):
     assert set(doc["releases_read"]) == {"werkzeug"} and not doc["bindings"], doc["releases_read"]  # no vLLM
 
     # a gate one release too early is what the check is for: exit 1, naming the patch and the release
+    folder = copy_of_set(tmp_path, "flask_werkzeug3_early")
+    args = ["--patches", str(folder), "check-upstream", "--set", "flask-werkzeug3-early", *releases, "--json", "-q"]
     targets = folder / "targets.py"
     targets.write_text(
         targets.read_text().replace('WERKZEUG_3 = {"werkzeug": ">=3.0.0"}', 'WERKZEUG_3 = {"werkzeug": ">=2.3.0"}')
