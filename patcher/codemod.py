@@ -226,3 +226,77 @@ class CudaCallToDeviceHelper(PatchCodemod):
         index = next((i for i, s in enumerate(body) if isinstance(s, cst.ClassDef)), len(body))
         body.insert(index, helper)
         return updated.with_changes(body=body)
+
+
+def statement_code(statement: cst.CSTNode) -> str:
+    """A statement's source on its own (its comments above it included, its indentation not)."""
+    return cst.Module(body=[]).code_for_node(statement)
+
+
+def parse_statements(text: str) -> list[cst.BaseStatement]:
+    """Statements as statement_code writes them, back as nodes: the comments and blank lines above
+    the first one stay with it (parsed alone, they would be the module's header)."""
+    module = cst.parse_module(text)
+    body = list(module.body)
+    if body and module.header:
+        body[0] = body[0].with_changes(leading_lines=[*module.header, *body[0].leading_lines])
+    # a blank line above a statement is blank in any block (parsed at module level it would carry
+    # the block's indentation once placed in one)
+    return [
+        s.with_changes(
+            leading_lines=[
+                line.with_changes(indent=False) if line.comment is None else line for line in s.leading_lines
+            ]
+        )
+        for s in body
+    ]
+
+
+def _find_run(texts: list[str], run: list[str]) -> int | None:
+    """Where `run` starts in `texts` (consecutive, exactly), when it is there exactly once."""
+    found = [i for i in range(len(texts) - len(run) + 1) if texts[i : i + len(run)] == run]
+    return found[0] if len(found) == 1 else None
+
+
+class StatementRun(PatchCodemod):
+    """In the block SCOPE names (classes and functions by name, from the module down), the run of
+    consecutive statements BEFORE, exactly as written there (comments above them included), becomes
+    AFTER. Patched: AFTER is there. What `patcher new --from-edit` writes a hand edit as: it refuses
+    any code other than the release's own."""
+
+    SCOPE: ClassVar[tuple[str, ...]] = ()
+    BEFORE: ClassVar[str] = ""
+    AFTER: ClassVar[str] = ""
+
+    def transform_module(self, tree: cst.Module) -> cst.Module:
+        before = [statement_code(s) for s in parse_statements(self.BEFORE)]
+        after_nodes = parse_statements(self.AFTER)
+        after = [statement_code(s) for s in after_nodes]
+        body = self._rewrite(list(tree.body), list(self.SCOPE), before, after, after_nodes)
+        self.check_anchor()
+        return tree if body is None else tree.with_changes(body=body)
+
+    def _rewrite(self, body: list, scope: list[str], before: list[str], after: list[str], nodes: list) -> list | None:
+        if not scope:
+            texts = [statement_code(s) for s in body]
+            if _find_run(texts, after) is not None:
+                self.found_patched()
+                return None
+            at = _find_run(texts, before)
+            if at is None:
+                return None
+            self.rewrote()
+            return [*body[:at], *nodes, *body[at + len(before) :]]
+        for index, statement in enumerate(body):
+            if (
+                isinstance(statement, (cst.FunctionDef, cst.ClassDef))
+                and statement.name.value == scope[0]
+                and isinstance(statement.body, cst.IndentedBlock)
+            ):
+                inner = self._rewrite(list(statement.body.body), scope[1:], before, after, nodes)
+                if inner is not None:
+                    new = statement.with_changes(body=statement.body.with_changes(body=inner))
+                    return [*body[:index], new, *body[index + 1 :]]
+                if self.rewrites or self.patched_seen:
+                    return None
+        return None

@@ -299,3 +299,50 @@ def json_text(value) -> str:
     import json
 
     return json.dumps(value)
+
+
+def test_new_from_edit_captures_a_hand_edit_that_apply_then_writes_byte_for_byte(tmp_path):
+    # the seeds' story: an edit made by hand in site-packages, captured as a patch; the release
+    # reinstalled, `apply` writes exactly the hand-edited bytes, and rollback the release's own
+    python = flask_env(tmp_path)
+    app = site_file(python, "flask/app.py")
+    pristine = app.read_bytes()
+    edited = (
+        pristine.decode()
+        .replace("from werkzeug.urls import url_quote\n", "from urllib.parse import quote as url_quote\n", 1)
+        .replace(
+            '            rv = f"{rv}#{url_quote(_anchor)}"\n',
+            "            # as Flask 2.2.4 quotes it\n"
+            "            rv = f\"{rv}#{url_quote(_anchor, safe='%!#$&()*+,/:;=?@')}\"\n",
+            1,
+        )
+    )
+    app.write_text(edited)
+    imports = [str(python), "-c", "import flask"]
+    assert subprocess.run(imports, capture_output=True, timeout=120).returncode == 0  # the edit works
+    folder = tmp_path / "hand_edits"
+    proc = run_patcher("new", "url-quote", "--from-edit", "flask", "--python", str(python), "--into", str(folder))
+    assert proc.returncode == 0, proc.stderr
+    module = (folder / "v1_url_quote.py").read_text()
+    assert 'requires={"flask": "==2.2.2"}' in module and "SCOPE = ('Flask', 'url_for')" in module
+    proc = run_patcher("test-patches", str(folder))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    code, doc, err = patcher("--patches", str(folder), "status", "--python", str(python), "--json")
+    assert code == 3 and states(doc) == {"hand-edits:v1-url-quote": "modified"}, err  # not patcher's bytes yet
+    app.write_bytes(pristine)  # what reinstalling Flask 2.2.2 does to the file
+    code, doc, err = patcher("--patches", str(folder), "apply", "--python", str(python), "--json")
+    assert code == 0, err
+    assert app.read_text() == edited
+    code, doc, err = patcher("--patches", str(folder), "rollback", "--python", str(python), "--json")
+    assert code == 0 and app.read_bytes() == pristine, err
+
+    # nothing edited any more (rolled back), and wrong uses: exit 2, nothing written
+    for args, expected in (
+        (["--from-edit", "flask", "--python", str(python)], "no file of flask in"),
+        (["--from-edit", "no-such-dist", "--python", str(python)], "no-such-dist is not installed in"),
+        (["--from-edit", "flask"], "--from-edit needs --python PATH"),
+        (["--target", "flask:flask/app.py", "--from-edit", "flask"], "give either --target"),
+    ):
+        proc = run_patcher("new", "again", *args, "--into", str(folder))
+        assert proc.returncode == 2 and expected in proc.stderr, proc.stderr

@@ -3,6 +3,7 @@ own patches are (docs/writing-a-patch-set.md)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -150,9 +151,15 @@ PATCH = Patch(
 
 @click.command("new")
 @click.argument("name", metavar="NAME")
+@click.option("--target", "target", metavar="DIST:PATH", help="the file it rewrites, e.g. flask:flask/app.py")
 @click.option(
-    "--target", "target", required=True, metavar="DIST:PATH", help="the file it rewrites, e.g. flask:flask/app.py"
+    "--from-edit",
+    "from_edit",
+    metavar="DIST",
+    help="write the patch from a hand edit already made to DIST's files in --python's environment "
+    "(the files whose bytes differ from pip's RECORD; the pristine text from the release's wheel)",
 )
+@click.option("--python", "python", metavar="PATH", help="the environment holding the hand edit (with --from-edit)")
 @click.option(
     "--into",
     "into",
@@ -161,23 +168,54 @@ PATCH = Patch(
     type=click.Path(file_okay=False, path_type=Path),
     help="the set's folder (made if missing)",
 )
-def new_patch(name: str, target: str, into: Path) -> None:
-    """Write a patch module skeleton, vN_NAME.py, into a set's folder (its next number), with the
-    target in the folder's targets.py. It passes `patcher test-patches` as written: edit its
-    codemod, example and gates from there. NAME: lowercase words joined by '-'.
+def new_patch(name: str, target: str | None, from_edit: str | None, python: str | None, into: Path) -> None:
+    """Write a patch module, vN_NAME.py, into a set's folder (its next number), with its target in
+    the folder's targets.py. With --target: a skeleton that passes `patcher test-patches` as
+    written; edit its codemod, example and gates from there. With --from-edit DIST --python PATH:
+    the hand edit made there, one patch per edited file, gated on the installed release, anchored on
+    the release's own statements. NAME: lowercase words joined by '-'.
     """
     import re
 
     slug = name.replace("_", "-")
     if not re.fullmatch(SLUG, slug):
         _error(f"{name!r}: name the patch in lowercase letters and digits joined by '-', e.g. url-quote")
+    if bool(target) == bool(from_edit):
+        _error("give either --target DIST:PATH (a skeleton) or --from-edit DIST --python PATH (a hand edit)")
+    if from_edit:
+        if not python:
+            _error("--from-edit needs --python PATH, the environment where the edit was made")
+        _new_from_edit(slug, from_edit, str(python), into)
+        return
+    assert target is not None
     distribution, sep, path = target.partition(":")
-    if not sep or not distribution or not path.endswith(".py") or path.startswith("/") or ".." in path.split("/"):
+    if not sep or not distribution or not _inside_site(path):
         _error(f"--target {target!r}: expected DIST:PATH, a .py file inside site-packages, e.g. flask:flask/app.py")
+    module, patch_id, constant = _place(into, slug, distribution, path)
+    skeleton = SKELETON.format(
+        patch_id=patch_id,
+        codemod="".join(part.capitalize() for part in slug.split("-")),
+        constant=constant,
+        distribution=distribution,
+        module=path.removesuffix(".py").replace("/", ".").removesuffix(".__init__"),
+        version="0",
+    )
+    _write(module, skeleton)
+    click.echo(f"wrote {module} ({patch_id}, target {distribution}:{path})")
+    click.echo(f"next: edit it, then `patcher test-patches {into}` and `patcher --patches {into} status --python PATH`")
+
+
+def _inside_site(path: str) -> bool:
+    return path.endswith(".py") and not path.startswith("/") and ".." not in path.split("/")
+
+
+def _place(into: Path, slug: str, distribution: str, path: str) -> tuple[Path, str, str]:
+    """The new module's path and id (the folder's next number), and the targets.py constant naming
+    its file (added when missing; the folder made a package)."""
+    import re
+
     taken = [int(m.group(1)) for p in into.glob("v*.py") if (m := re.match(r"v([0-9]+)_", p.name))]
-    number = max(taken, default=0) + 1
-    patch_id = f"v{number}-{slug}"
-    module = into / f"{patch_id.replace('-', '_')}.py"
+    patch_id = f"v{max(taken, default=0) + 1}-{slug}"
     constant = re.sub(r"[^A-Za-z0-9]+", "_", Path(path).stem).upper().strip("_") or "TARGET"
     if constant[0].isdigit():
         constant = f"FILE_{constant}"
@@ -193,19 +231,46 @@ def new_patch(name: str, target: str, into: Path) -> None:
                 _error(f"{targets}: {constant} names another file already; add this one by hand")
             text = text.rstrip("\n") + "\n" + ("\n" if "TargetFile(" not in text else "") + line
             targets.write_text(text, encoding="utf-8")
-        skeleton = SKELETON.format(
-            patch_id=patch_id,
-            codemod="".join(part.capitalize() for part in slug.split("-")),
-            constant=constant,
-            distribution=distribution,
-            module=path.removesuffix(".py").replace("/", ".").removesuffix(".__init__"),
-            version="0",
-        )
+    except OSError as exc:
+        _error(f"cannot write into {into}: {exc.strerror}")
+    return into / f"{patch_id.replace('-', '_')}.py", patch_id, constant
+
+
+def _write(module: Path, text: str) -> None:
+    try:
         with open(module, "x", encoding="utf-8") as handle:
-            handle.write(skeleton)
+            handle.write(text)
     except FileExistsError:
         _error(f"{module} exists already; choose another NAME")
     except OSError as exc:
-        _error(f"cannot write into {into}: {exc.strerror}")
-    click.echo(f"wrote {module} ({patch_id}, target {distribution}:{path})")
-    click.echo(f"next: edit it, then `patcher test-patches {into}` and `patcher --patches {into} status --python PATH`")
+        _error(f"cannot write {module}: {exc.strerror}")
+
+
+def _new_from_edit(slug: str, distribution: str, python: str, into: Path) -> None:
+    from ..codemod import SkipFile
+    from .from_edit import FromEditError, edited_files, patch_module, pristine_text
+
+    try:
+        edits = edited_files(python, distribution)
+    except (FromEditError, OSError, subprocess.SubprocessError) as exc:
+        _error(str(exc))
+    if not edits:
+        _error(f"no file of {distribution} in {python} differs from its RECORD: edit the installed file first")
+    condition = distribution.lower().replace("-", "_")
+    for edited in edits:
+        own = slug if len(edits) == 1 else f"{slug}-{Path(edited.path).stem.replace('_', '-').lower()}"
+        try:
+            pristine = pristine_text(edited)
+            module, patch_id, constant = _place(into, own, condition, edited.path)
+            text = patch_module(patch_id, constant, condition, edited, pristine)
+        except (FromEditError, SkipFile) as exc:
+            _error(f"{edited.path}: {exc}" if isinstance(exc, SkipFile) else str(exc))
+        except Exception as exc:  # the wheel could not be had (DownloadFailed, IndexUnreachable)  # noqa: BLE001
+            _error(f"cannot get {edited.distribution} {edited.version}'s wheel for the pristine {edited.path}: {exc}")
+        _write(module, text)
+        click.echo(f"wrote {module} ({patch_id}: {edited.path} of {edited.distribution} {edited.version})")
+    click.echo(
+        f"next: `patcher test-patches {into}`; then, for patcher to own the edit, reinstall the release "
+        f"(`{python} -m pip install --force-reinstall --no-deps {edits[0].distribution}=={edits[0].version}`) "
+        f"and `patcher --patches {into} apply --python {python}` writes the same bytes"
+    )
