@@ -602,3 +602,43 @@ def test_a_host_on_an_uncovered_release_is_failed_with_the_reason(fleet):
         assert bad["msg"].startswith("speculators 0.2.0 is not a release patcher covers"), bad["msg"]
     finally:
         reinstall_speculators(envs[1], "0.3.0")
+
+
+def test_a_patch_set_from_a_folder_through_the_collections_task(collections, tmp_path: Path):
+    """`patches: [DIR]` is `patcher --patches DIR`: the Flask set applied and rolled back on a
+    host's Flask 2.2.2 / Werkzeug 3 environment; a folder others can write fails the host."""
+    from tests.support.patch_sets import FILES, copy_of_set, flask_works
+    from workbench.envs import flask_env, site_file
+
+    python = flask_env(tmp_path / "host")
+    pristine = {rel: site_file(python, rel).read_bytes() for rel in FILES}
+    folder = copy_of_set(tmp_path)
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text(f"[gpus]\nhost ansible_connection=local ansible_python_interpreter={python}\n")
+    env = ansible_env(tmp_path, collections)
+
+    def run(command: str) -> tuple[int, str]:
+        book = tmp_path / f"set-{command}.yml"
+        book.write_text(
+            "- hosts: gpus\n  gather_facts: false\n  tasks:\n"
+            f"    - patcher.fleet.patch:\n        command: {command}\n        patches: ['{folder}']\n"
+        )
+        done = subprocess.run(
+            [str(BIN / "ansible-playbook"), "-v", "-i", str(inventory), str(book)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=600,
+        )
+        return done.returncode, done.stdout + done.stderr
+
+    code, output = run("apply")
+    assert code == 0 and "flask-werkzeug3:v1-url-quote" in output, output
+    assert flask_works(python).stdout.strip() == "hi"
+    code, output = run("rollback")
+    assert code == 0, output
+    assert {rel: site_file(python, rel).read_bytes() for rel in FILES} == pristine
+    folder.chmod(0o777)
+    code, output = run("apply")
+    assert code != 0 and "patches: " in output and "is writable by others" in output, output

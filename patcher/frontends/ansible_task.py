@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import time_limit_problem
-from ..patchset.registry import UnknownPatch, load_patches, resolve_ids
+from ..patchset.registry import UnknownPatch, load_patches, resolve_ids, use_folders
+from ..patchset.sets import PatchSetError
 from ..report import EXIT_OK, EXIT_PENDING
 from ..target_run import RunOptions, run_target
 from ..transform.transforms import code_fingerprint, shared_transforms
@@ -33,7 +34,7 @@ from ..transport.ssh import shell_python
 COMMANDS = ("status", "apply", "rollback")
 # the task's options: remote/ansible/plugins/action/patch.py (_VALID_ARGS) and the module's
 # DOCUMENTATION list the same (tests/test_ansible_collection.py)
-OPTIONS = ("command", "python", "only", "skip", "verify", "force", "lock_timeout")
+OPTIONS = ("command", "python", "only", "skip", "verify", "force", "lock_timeout", "patches")
 
 # patcher's messages name its command-line options; a task's result names the task's options
 CLI_TO_TASK = (
@@ -191,6 +192,10 @@ def run_task(action, args: dict, task_vars: dict, check_mode: bool, diff: bool) 
     lock_problem = time_limit_problem(args.get("lock_timeout", 10), zero_ok=True)
     if lock_problem:
         return {"failed": True, "msg": f"lock_timeout: {lock_problem}"}
+    try:
+        use_folders([str(folder) for folder in args.get("patches") or []])
+    except PatchSetError as exc:
+        return {"failed": True, "msg": task_message(str(exc).replace("--patches ", "patches: ", 1))}
     patches = load_patches()
     try:
         only = resolve_ids(patches, list(args.get("only") or []))

@@ -22,7 +22,7 @@ else:
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("command", "python", "only", "skip", "verify", "force", "lock_timeout"))
+    _VALID_ARGS = frozenset(("command", "python", "only", "skip", "verify", "force", "lock_timeout", "patches"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)

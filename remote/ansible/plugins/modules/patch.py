@@ -70,6 +70,13 @@ options:
     description: Seconds to wait for another patcher run's lock on the environment.
     type: float
     default: 10
+  patches:
+    description:
+      - Folders of patch sets on the controller to use beside the installed ones (C(patcher --patches DIR));
+        a folder another user can write is refused. Installed sets (entry point C(patcher.patch_sets)) are
+        always used.
+    type: list
+    elements: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.conn
