@@ -96,15 +96,24 @@ def test_a_set_goes_through_status_plan_apply_and_rollback(flask_target, team_se
     assert {rel: site_file(python, rel).read_bytes() for rel in FILES} == pristine
 
 
-def test_a_set_serves_only_the_releases_its_gates_name(tmp_path):
-    # Werkzeug 2.3 still has url_quote: Flask 2.2.2 runs, nothing is selected; Flask 2.2.5 is on the
-    # set's unpatched line: status says so
+def test_a_set_serves_only_the_releases_its_gates_and_lines_name(tmp_path):
     folder = copy_of_set(tmp_path)
+    # Werkzeug 2.3 still has url_quote: Flask 2.2.2 runs as it is, nothing is selected
     python = flask_env(tmp_path / "a", werkzeug="2.3.8")
     code, doc, err = patcher("--patches", str(folder), "status", "--python", str(python), "--json")
     assert code == 0, err
     assert set(states(doc).values()) == {"not-selected"}
     assert flask_works(python).stdout.strip() == "hi"
+    # Flask 2.2.5 is on the set's unpatched line: nothing to do, and status says why
+    python = flask_env(tmp_path / "b", flask="2.2.5")
+    code, doc, err = patcher("--patches", str(folder), "status", "--python", str(python), "--json")
+    assert code == 0, err
+    assert "Flask 2.2.4 and later import nothing Werkzeug 3.0 removed" in doc["targets"][0]["message"], doc
+    # Flask 2.1.3 is on no line the set declares: refused (exit 7), never "ok"
+    python = flask_env(tmp_path / "c", flask="2.1.3")
+    code, doc, err = patcher("--patches", str(folder), "apply", "--python", str(python), "--json")
+    assert code == 7, err
+    assert "flask 2.1.3 is not a release patcher covers" in doc["targets"][0]["message"], doc
 
 
 def test_list_names_the_sets_in_use(team_set):
