@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from patcher.patchset import declarations
-from patcher.patchset.registry import import_patches, load_patches
+from patcher.patchset.registry import forget_loaded, import_patches, load_patches
 from workbench.envs import light_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,16 +38,16 @@ def fields(value):
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("PATCHER_CACHE", str(tmp_path / "cache"))
-    load_patches.cache_clear()
+    forget_loaded()
     yield tmp_path / "cache"
-    load_patches.cache_clear()
+    forget_loaded()
 
 
 def test_index_holds_exactly_what_the_modules_declare(cache):
     imported = import_patches()
     first = load_patches()  # no index yet: imports the modules and writes it
     assert list((cache / "declarations").glob("*.json"))
-    load_patches.cache_clear()
+    forget_loaded()
     indexed = load_patches()
     assert all(isinstance(e.codemod, declarations.LazyCodemod) for p in indexed for e in p.edits)
     assert fields(indexed) == fields(imported) == fields(first)
@@ -79,7 +79,7 @@ def test_damaged_or_foreign_index_is_ignored_and_rewritten(cache):
     good = path.read_text()
     for bad in ("{not json", json.dumps({"patches": [{"@": "Popen", "args": "x"}]}), json.dumps({"patches": [[1]]})):
         path.write_text(bad)
-        load_patches.cache_clear()
+        forget_loaded()
         assert fields(load_patches()) == fields(import_patches())
         assert path.read_text() == good
 

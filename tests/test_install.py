@@ -44,6 +44,9 @@ def test_a_wheel_of_the_checkout_installs_and_runs_in_a_fresh_venv(tmp_path: Pat
         "patcher/core/versions.py",
     ):
         assert data in names, data
+    # patcher's own patch set is found as any installed set is: by its entry point
+    (points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "[patcher.patch_sets]\nspeculators = patcher.patches\n" in zipfile.ZipFile(wheel).read(points).decode()
 
     venv = tmp_path / "venv"
     assert run(sys.executable, "-m", "venv", venv, cwd=tmp_path).returncode == 0

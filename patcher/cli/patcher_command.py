@@ -492,7 +492,8 @@ def list_patches(json_mode: bool) -> None:
         click.echo(json.dumps({"schema_version": 1, "patches": rows, "sets": in_use}, indent=2))
         return
     render_patch_list(patches)
-    Output(False, False).progress("patch sets in use: " + "; ".join(f"{x.name} ({x.origin})" for x in sets))
+    if len(sets) > 1:  # beside patcher's own: say where each came from
+        Output(False, False).progress("patch sets in use: " + "; ".join(f"{x.name} ({x.origin})" for x in sets))
 
 
 @main.command()

@@ -46,6 +46,11 @@ def use_folders(folders: list[str]) -> None:
     """Use the patch sets in these folders from now on, beside the installed ones (--patches);
     PatchSetError says why one cannot be used."""
     sets.use_folders(folders)
+    forget_loaded()
+
+
+def forget_loaded() -> None:
+    """Load every set's patches again on next use (the sets in use, or their files, changed)."""
     set_patches.cache_clear()
     release_lines.cache_clear()
 

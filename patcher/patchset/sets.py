@@ -10,6 +10,7 @@ produce are sent there.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -58,22 +59,56 @@ _folders: list[PatchSet] = []
 
 def installed_sets() -> list[PatchSet]:
     """The sets installed distributions declare, patcher's own first, then by name."""
-    from importlib.metadata import entry_points
-
     found: dict[str, PatchSet] = {}
-    for point in entry_points(group=GROUP):
-        dist = getattr(point, "dist", None)
-        where = f"entry point {point.name} = {point.value}" + (f" of {dist.name} {dist.version}" if dist else "")
-        if not SET_NAME.match(point.name):
+    for name, value, where in _declared_entry_points():
+        if not SET_NAME.match(name):
             raise PatchSetError(f"{where}: name a patch set in lowercase letters, digits and '-'")
-        if point.name in found and found[point.name].package != point.value:
-            raise PatchSetError(f"two installed patch sets are named {point.name}: {found[point.name].origin}; {where}")
+        if name in found and found[name].package != value:
+            raise PatchSetError(f"two installed patch sets are named {name}: {found[name].origin}; {where}")
         # patcher's own set reads the same however patcher was installed
-        found[point.name] = PatchSet(point.name, point.value, OWN if point.value == FIRST_PARTY else where)
+        found.setdefault(name, PatchSet(name, value, OWN if value == FIRST_PARTY else where))
     if not any(s.package == FIRST_PARTY for s in found.values()):
         # a checkout run without its metadata (PYTHONPATH): patcher's own set is there all the same
         found.setdefault("speculators", PatchSet("speculators", FIRST_PARTY, OWN))
     return sorted(found.values(), key=lambda s: (s.package != FIRST_PARTY, s.name))
+
+
+@functools.cache
+def _declared_entry_points() -> tuple[tuple[str, str, str], ...]:
+    """(name, value, where) of every entry point in GROUP that a distribution on sys.path declares,
+    read from its entry_points.txt: importlib.metadata would cost a no-op run its imports (tens
+    of milliseconds), the same reason patcher.transform.transforms finds libcst's version by name."""
+    found = []
+    seen: set[str] = set()
+    for entry in sys.path:
+        try:
+            folders = [e for e in os.scandir(entry or ".") if e.name.endswith((".dist-info", ".egg-info"))]
+        except OSError:
+            continue
+        for folder in sorted(folders, key=lambda e: e.name):
+            project = folder.name.rsplit(".", 1)[0]
+            if project.split("-")[0].lower() in seen:
+                continue  # shadowed by the same distribution earlier on sys.path, as importlib.metadata reads it
+            seen.add(project.split("-")[0].lower())
+            try:
+                text = Path(folder.path, "entry_points.txt").read_text(encoding="utf-8")
+            except OSError:
+                continue
+            found += [(n, v, f"entry point {n} = {v} of {project.replace('-', ' ', 1)}") for n, v in _group(text)]
+    return tuple(found)
+
+
+def _group(text: str) -> list[tuple[str, str]]:
+    """The `name = value` lines of GROUP's section of an entry_points.txt."""
+    entries, inside = [], False
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            inside = line == f"[{GROUP}]"
+        elif inside and "=" in line and not line.startswith(("#", ";")):
+            name, _, value = line.partition("=")
+            entries.append((name.strip(), value.strip()))
+    return entries
 
 
 def active_sets() -> list[PatchSet]:
