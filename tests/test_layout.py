@@ -115,7 +115,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("many", ("patcher.fleet", "patcher.frontends", "patcher.upstream", "patcher.demo")),
     # the commands: the command line, `patcher demo`'s command, the Ansible collection's plugins
     # (controller side: Ansible runs them, and they call patcher)
-    ("commands", ("patcher.cli", "patcher.__main__", "patcher.demo.demo_command", "patcher.remote.ansible")),
+    (
+        "commands",
+        (
+            "patcher.cli",
+            "patcher.__main__",
+            "patcher.demo.demo_command",
+            "patcher.patchset.set_commands",
+            "patcher.remote.ansible",
+        ),
+    ),
 )
 PACKAGE_ROOT = "patcher"  # patcher/__init__.py: the version only, importable by every layer
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 
@@ -71,12 +72,11 @@ def edited_files(python: str, distribution: str) -> list[EditedFile]:
     return [EditedFile(found["name"], found["version"], f["path"], f["text"]) for f in found["changed"]]
 
 
-def pristine_text(edited: EditedFile) -> str:
+def pristine_text(edited: EditedFile, wheel_of: Callable[[str, str], Path]) -> str:
+    """The file as the release's wheel has it; `wheel_of(distribution, version)` gives the wheel."""
     import zipfile
 
-    from ..upstream.wheels import find_or_download
-
-    wheel = find_or_download(edited.distribution, edited.version, lambda message: None)
+    wheel = wheel_of(edited.distribution, edited.version)
     with zipfile.ZipFile(wheel) as archive:
         try:
             return archive.read(edited.path).decode("utf-8")

@@ -248,6 +248,7 @@ def _write(module: Path, text: str) -> None:
 
 def _new_from_edit(slug: str, distribution: str, python: str, into: Path) -> None:
     from ..codemod import SkipFile
+    from ..upstream.wheels import find_or_download
     from .from_edit import FromEditError, edited_files, patch_module, pristine_text
 
     try:
@@ -260,7 +261,7 @@ def _new_from_edit(slug: str, distribution: str, python: str, into: Path) -> Non
     for edited in edits:
         own = slug if len(edits) == 1 else f"{slug}-{Path(edited.path).stem.replace('_', '-').lower()}"
         try:
-            pristine = pristine_text(edited)
+            pristine = pristine_text(edited, lambda name, version: find_or_download(name, version, lambda _: None))
             module, patch_id, constant = _place(into, own, condition, edited.path)
             text = patch_module(patch_id, constant, condition, edited, pristine)
         except (FromEditError, SkipFile) as exc:
