@@ -76,6 +76,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -495,7 +496,7 @@ def phase_vllm(config: dict) -> dict:
         if reason:
             return {"unsupported": reason, "vllm": vllm_release()}
     started = time.monotonic()
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     import_s = time.monotonic() - started
     prompts = make_prompts(config["prompts"], config["prompt_len"], vocab_of(config["model"]))
@@ -531,46 +532,89 @@ def phase_vllm(config: dict) -> dict:
                 "kv_connector_extra_config": {"shared_storage_path": shared},
             },
         )
-    t0 = time.monotonic()
-    llm = LLM(**settings)
-    init_s = time.monotonic() - t0
+    try:
+        t0 = time.monotonic()
+        llm = LLM(**settings)
+        init_s = time.monotonic() - t0
+        try:
+            report = measure_vllm(llm, config, prompts, shared)
+        finally:
+            shut_down(llm)
+        left = len(os.listdir(shared)) if shared is not None else 0
+    finally:
+        if shared is not None:
+            shutil.rmtree(shared, ignore_errors=True)
+    config_used = llm.llm_engine.vllm_config
+    report.update(
+        settings={k: v for k, v in settings.items() if k != "model"},
+        engine={
+            "enforce_eager": config_used.model_config.enforce_eager,
+            "max_num_seqs": config_used.scheduler_config.max_num_seqs,
+            "max_num_batched_tokens": config_used.scheduler_config.max_num_batched_tokens,
+            "enable_prefix_caching": config_used.cache_config.enable_prefix_caching,
+        },
+        vllm=vllm_release(),
+        import_s=round(import_s, 1),
+        init_s=round(init_s, 1),
+    )
+    if shared is not None:
+        report["native_files_left"] = left
+    return report
+
+
+def shut_down(llm) -> None:
+    """End the engine's processes before the phase's own exit (os._exit does not wait for them;
+    left running, their parent gone, they keep the phase's output open)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    try:
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+    except Exception as error:  # the figures are measured already  # noqa: BLE001
+        print(f"engine shutdown: {type(error).__name__}: {error}", file=sys.stderr)
+
+
+def load_native(outputs, ids: list[list[int]]) -> tuple[int, list[bool], list]:
+    """Each output's hidden states as CPU tensors (the caller's copy), their files removed: (bytes
+    loaded, each prompt whole and in place: its token_ids and as many rows as it has tokens, the
+    first prompt's tensor shapes)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as connector
+
+    loaded, whole, shapes = 0, [], []
+    for output, prompt in zip(outputs, ids):
+        path = (output.kv_transfer_params or {})["hidden_states_path"]
+        if hasattr(connector, "load_hidden_states"):  # 0.22+: waits on the writer's lock
+            data = connector.load_hidden_states(path)
+            connector.cleanup_hidden_states(path)
+        else:  # 0.17-0.21: the worker wrote the file before the step returned
+            from safetensors.torch import load_file
+
+            data = load_file(path, device="cpu")
+            os.remove(path)
+        loaded += sum(t.numel() * t.element_size() for t in data.values())
+        states, tokens = data.get("hidden_states"), data.get("token_ids")
+        whole.append(
+            states is not None
+            and tokens is not None
+            and states.device.type == "cpu"
+            and states.shape[0] == len(prompt)
+            and tokens.tolist() == prompt
+        )
+        if not shapes:
+            shapes = [list(t.shape) for t in data.values()]
+        del data
+    return loaded, whole, shapes
+
+
+def measure_vllm(llm, config: dict, prompts: list[list[int]], shared: str | None) -> dict:
+    """One warm-up call, then the timed passes over all the prompts; with the native path (shared:
+    the connector's folder), each pass until every prompt's states are CPU tensors."""
+    from vllm import SamplingParams
+
     params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     batch = [{"prompt_token_ids": ids} for ids in prompts]
-
-    def load_native(outputs, ids: list[list[int]]) -> tuple[int, list[bool], list]:
-        """Each output's hidden states as CPU tensors (the caller's copy), their files removed:
-        (bytes loaded, each prompt whole and in place: its token_ids and as many rows as it has
-        tokens, the first prompt's tensor shapes)."""
-        if shared is None:
-            return 0, [], []
-        from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as connector
-
-        loaded, whole, shapes = 0, [], []
-        for output, prompt in zip(outputs, ids):
-            path = (output.kv_transfer_params or {})["hidden_states_path"]
-            if hasattr(connector, "load_hidden_states"):  # 0.22+: waits on the writer's lock
-                data = connector.load_hidden_states(path)
-                connector.cleanup_hidden_states(path)
-            else:  # 0.17-0.21: the worker wrote the file before the step returned
-                from safetensors.torch import load_file
-
-                data = load_file(path, device="cpu")
-                os.remove(path)
-            loaded += sum(t.numel() * t.element_size() for t in data.values())
-            states, tokens = data.get("hidden_states"), data.get("token_ids")
-            whole.append(
-                states is not None
-                and tokens is not None
-                and states.device.type == "cpu"
-                and states.shape[0] == len(prompt)
-                and tokens.tolist() == prompt
-            )
-            if not shapes:
-                shapes = [list(t.shape) for t in data.values()]
-            del data
-        return loaded, whole, shapes
-
-    load_native(llm.generate(batch[: min(4, len(batch))], params, use_tqdm=False), prompts[:4])  # warm-up
+    warm = llm.generate(batch[: min(4, len(batch))], params, use_tqdm=False)
+    if shared is not None:
+        load_native(warm, prompts[:4])
     passes = max(1, int(config.get("repeats") or 1))
     pass_s: list[float] = []
     native_bytes, whole, shapes = 0, [True] * len(prompts), []
@@ -579,16 +623,13 @@ def phase_vllm(config: dict) -> dict:
         for _ in range(passes):
             t0 = time.perf_counter()
             outputs = llm.generate(batch, params, use_tqdm=False)
-            loaded, each, shapes = load_native(outputs, prompts)
+            if shared is not None:
+                loaded, each, shapes = load_native(outputs, prompts)
+                native_bytes += loaded
+                whole = [a and b for a, b in zip(whole, each)]
             pass_s.append(time.perf_counter() - t0)
-            native_bytes += loaded
-            whole = [a and b for a, b in zip(whole, each)] if shared is not None else whole
             tokens += sum(len(o.prompt_token_ids) for o in outputs)
-    if shared is not None:
-        left = os.listdir(shared)
-        shutil.rmtree(shared, ignore_errors=True)
     wall = sum(pass_s)
-    config_used = llm.llm_engine.vllm_config
     report = {
         "tokens": tokens,
         "passes": passes,
@@ -596,16 +637,6 @@ def phase_vllm(config: dict) -> dict:
         "tokens_per_s": round(tokens / wall, 1),
         "pass_s": [round(x, 3) for x in pass_s],
         "host_memory": memory.figures(),
-        "settings": {k: v for k, v in settings.items() if k != "model"},
-        "engine": {
-            "enforce_eager": config_used.model_config.enforce_eager,
-            "max_num_seqs": config_used.scheduler_config.max_num_seqs,
-            "max_num_batched_tokens": config_used.scheduler_config.max_num_batched_tokens,
-            "enable_prefix_caching": config_used.cache_config.enable_prefix_caching,
-        },
-        "vllm": vllm_release(),
-        "import_s": round(import_s, 1),
-        "init_s": round(init_s, 1),
     }
     if shared is not None:
         report.update(
@@ -613,7 +644,6 @@ def phase_vllm(config: dict) -> dict:
             prompts_whole_in_order=sum(whole),
             native_bytes_loaded=native_bytes,
             native_tensor_shapes=shapes,
-            native_files_left=len(left),
         )
     return report
 
@@ -686,6 +716,46 @@ def run_phase_here(name: str, config: dict) -> None:
 # --- the orchestrator --------------------------------------------------------------------------
 
 
+def run_in_own_group(command: list[str], env: dict, timeout: float) -> tuple[str, str, int]:
+    """(stdout, stderr, exit status; 124 when it ran past timeout) of a phase run in a process group
+    of its own, its output in files: a vLLM engine core or worker the phase left running (its
+    parent gone, holding pipes open, as the 0.32.0 CPU build's did) is ended with the group
+    (SIGTERM, then SIGKILL 10 s on) instead of keeping the bench waiting for the output's end."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=err, text=True, env=env, cwd=tempfile.gettempdir(), start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = 124
+        finally:
+            for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+                try:
+                    os.killpg(proc.pid, sig)  # the group is the phase's own (start_new_session)
+                except ProcessLookupError:
+                    break
+                ended = time.monotonic() + grace
+                while time.monotonic() < ended and group_alive(proc.pid):
+                    time.sleep(0.2)
+            if proc.poll() is None:
+                proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if code == 124:
+        stderr += f"\ntimed out after {timeout:.0f} s"
+    return stdout, stderr, code
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 class Bench:
     """Runs phases in the target interpreter and patcher's CLI on it; each phase's output goes to
     LOGS/<label>.log. A phase that cannot start before `deadline` (time.monotonic()) is skipped,
@@ -708,14 +778,7 @@ class Bench:
         self.log(f"== {label}")
         started = time.monotonic()
         command = [self.target, str(Path(__file__).resolve()), "--phase", name, "--phase-config", json.dumps(config)]
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, env=self.env, timeout=timeout, cwd=tempfile.gettempdir()
-            )
-            stdout, stderr, code = done.stdout, done.stderr, done.returncode
-        except subprocess.TimeoutExpired as error:
-            stdout = error.stdout.decode() if isinstance(error.stdout, bytes) else (error.stdout or "")
-            stderr, code = f"timed out after {timeout:.0f} s", 124
+        stdout, stderr, code = run_in_own_group(command, self.env, timeout)
         (self.logs / f"{label}.log").write_text(
             f"$ {shlex.join(command)}\n-- stdout\n{stdout[-50000:]}\n-- stderr\n{stderr[-50000:]}\n"
         )
