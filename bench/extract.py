@@ -100,6 +100,18 @@ SHAPES = {
         "head_dim": 64,
         "vocab_size": 32000,
     },
+    # the 1B's hidden size (2048: its bytes per token, and a prompt's rows of a layer past 2 MiB
+    # from 512 tokens) with 4 layers and a narrow MLP: what a CPU runs in seconds, for the
+    # transfer's and the assembly's share of a call (issue 42's CPU measurements)
+    "cpu-2048": {
+        "hidden_size": 2048,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 32000,
+    },
     # Kimi-K2.5's hidden size (7168) with few layers: the bytes per token of the large models
     "wide-7168": {
         "hidden_size": 7168,
@@ -621,6 +633,12 @@ def measure_vllm(llm, config: dict, prompts: list[list[int]], shared: str | None
     tokens = 0
     with HostMemory() as memory:
         for _ in range(passes):
+            # vLLM's defaults cache prefixes: the warm-up's prompts, and every prompt in a later
+            # pass, would be read from the cache instead of computed (measured on the 0.32.0 CPU
+            # build: a second pass 3.6 times as fast as the first). Emptied before each pass.
+            reset = getattr(llm, "reset_prefix_cache", None)
+            if reset is not None:
+                reset()
             t0 = time.perf_counter()
             outputs = llm.generate(batch, params, use_tqdm=False)
             if shared is not None:
@@ -996,7 +1014,7 @@ DENOMINATORS = {
     "vllm-default": "vLLM's prefill with its default settings (vllm-default)",
     "faster-prefill": "the faster of vLLM's two prefills in this run (see faster_prefill)",
     "native": "vLLM's native extract_hidden_states path, every prompt's states loaded as CPU tensors (native)",
-    "generator": "speculators 0.3.0's generator with every patch (generator)",
+    "generator": "the generator of the run's own speculators release, every patch (generator)",
 }
 
 
