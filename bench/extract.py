@@ -1246,12 +1246,11 @@ def main() -> int:
         if args.model:
             model = args.model
         elif not own_target or args.shape != "tiny":
-            made = bench.phase(
-                "make-model", {"shape": args.shape, "out": str(work / args.shape)}, f"{label}-make-model"
-            )
+            # phase_make_model's config: {shape: folder} (extract_gpu.py makes several in one process)
+            made = bench.phase("make-model", {"models": {args.shape: str(work / args.shape)}}, f"{label}-make-model")
             if not made.get("ok"):
                 return 1
-            model = made["model"]
+            model = made["models"][args.shape]["model"]
         settings = {
             "prompts": args.prompts,
             "prompt_len": args.prompt_len,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,16 @@ def test_a_failed_phase_names_the_error_vllm_logged_beneath_its_wrapper():
     failed = {"ok": False, "exit": 1, "error": "EngineDeadError: EngineCore encountered an issue.", "root_cause": cause}
     assert extract.summary_line(failed).endswith(f"(root cause: {cause})")
     assert extract.root_cause("EngineDeadError: EngineCore encountered an issue. See stack trace (above)") is None
+
+
+def test_the_recorded_runs_still_read_and_give_their_own_ratios():
+    # the records written before the native phase, the passes and the faster prefill (GPU and CPU)
+    records = sorted(ROOT.glob("bench/gpu/results/extract-*/extract-*.json"))
+    records += sorted(ROOT.glob("bench/results/extract/extract-*.json"))
+    assert len(records) >= 7, records
+    for path in records:
+        stored = json.loads(path.read_text())
+        again = extract.finish(json.loads(path.read_text()))
+        assert again["ratios"].items() >= stored["ratios"].items(), path
+        text = extract.markdown(again)
+        assert text.startswith(f"## {stored['label']}") and all(f"- {key}: " in text for key in again["ratios"]), path
