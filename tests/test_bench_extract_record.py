@@ -165,3 +165,25 @@ def test_the_recorded_runs_still_read_and_give_their_own_ratios():
         assert again["ratios"].items() >= stored["ratios"].items(), path
         text = extract.markdown(again)
         assert text.startswith(f"## {stored['label']}") and all(f"- {key}: " in text for key in again["ratios"]), path
+
+
+def test_transfer_check_refuses_an_unknown_check_before_it_installs_anything(tmp_path: Path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu" / "transfer_check.py"),
+            "--stage",
+            str(tmp_path / "stage"),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--out",
+            str(tmp_path / "out"),
+            "--checks",
+            "probe,leaks",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "leaks" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()

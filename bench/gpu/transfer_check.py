@@ -196,15 +196,20 @@ def probe(model: str, calls: int) -> dict:
 
 
 def gpu_processes() -> list[int]:
-    done = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True
-    )
+    """The processes nvidia-smi lists on the GPUs (none where there is no nvidia-smi: a CPU rehearsal)."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True
+        )
+    except OSError:
+        return []
     return [int(x) for x in done.stdout.split() if x.strip().isdigit()] if done.returncode == 0 else []
 
 
 class Checks:
-    def __init__(self, args, run, installed, extract_gpu) -> None:
+    def __init__(self, args, run, installed, extract_gpu, patcher: list[str] | None = None) -> None:
         self.args, self.run, self.installed, self.extract_gpu = args, run, installed, extract_gpu
+        self.patcher = patcher or [sys.executable, "-m", "patcher.cli"]  # the install's own
         self.deadline = time.monotonic() + args.budget_s
         self.results: dict = run.summary.setdefault("checks", {})
 
@@ -264,9 +269,7 @@ class Checks:
     def rpc_equal(self, release: str, with_dump: Path) -> None:
         from tests.support.shared_states import drive, equal_in_target
 
-        bench = self.extract_gpu.extract.Bench(
-            sys.executable, [sys.executable, "-m", "patcher.cli"], self.args.out, self.run.env, self.run.say
-        )
+        bench = self.extract_gpu.extract.Bench(sys.executable, self.patcher, self.args.out, self.run.env, self.run.say)
         without = self.args.out / f"without-{release}.pt"
         with bench.without(WRITE_PATCH[release]):
             report = drive(Path(sys.executable), gpu_run.MODEL, "run", "--dump", str(without))
