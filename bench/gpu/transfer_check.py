@@ -1,8 +1,9 @@
 """On the GPU machine: the captured states' transfer (v21 for speculators 0.3.0, v26 for 0.4.x) leaves
 nothing behind and holds bounded memory, on CUDA, where the CPU tests cannot look (no pinning, no
-streams there). Written for issue 42's side-stream copy (docs: /work/notes/extract42-design.md in
-the session that wrote it; the plan is also in docs/extraction-speed.md): run it before that change
-(a baseline: it must pass on the shipped transfer too) and after it.
+streams there). Written for issue 42's second item, the copy of each step's captured rows into the
+pinned buffer on a side stream: run it on the shipped transfer first (a baseline: it must pass
+there too), then after that change. One release a call fits the device's 10 minutes (each check
+starts vLLM once).
 
     python3 bench/gpu/transfer_check.py --stage /tmp/stage --run-dir /tmp/run --out "$OUT" \\
         [--release 0.26.0] [--speculators 0.3.0,0.4.0.1] [--checks probe,run,worker-error,sigint,loop,rpc-equal]
