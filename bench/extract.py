@@ -906,9 +906,9 @@ def run_with(bench: Bench, record: dict, phases: list[str], dumps: Path, specula
         record["phases"]["generator" + suffix] = bench.phase(
             "generator", dict(config, dump=dump), f"{label}-generator{suffix}"
         )
-    for name, settings in BASELINES.items():
-        if name in phases:
-            record["phases"][name] = bench.phase("vllm", dict(config, settings=settings), f"{label}-{name}")
+    for name in phases:  # in the caller's order (extract_gpu.py puts vllm-default's long start last)
+        if name in BASELINES:
+            record["phases"][name] = bench.phase("vllm", dict(config, settings=BASELINES[name]), f"{label}-{name}")
 
 
 def run_without(

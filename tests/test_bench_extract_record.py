@@ -187,3 +187,77 @@ def test_transfer_check_refuses_an_unknown_check_before_it_installs_anything(tmp
     )
     assert done.returncode == 2 and "leaks" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_extract_gpu_runs_issue_42s_phases_first_and_switches_back_only_for_what_needs_0_3_0(monkeypatch, tmp_path):
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    try:
+        spec = importlib.util.spec_from_file_location("extract_gpu_plan", ROOT / "bench" / "gpu" / "extract_gpu.py")
+        assert spec is not None and spec.loader is not None
+        extract_gpu = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(extract_gpu)
+    finally:
+        sys.path.remove(str(ROOT / "bench" / "gpu"))
+    ran: list[str] = []
+
+    class Bench:
+        def phase(self, name, config, label, timeout=1800):
+            ran.append(label)
+            return {"ok": True, "tokens": 1, "tokens_per_s": 1.0, "prompts": 1, "prompts_whole_in_order": 1}
+
+        def without(self, patch):
+            import contextlib
+
+            ran.append(f"without {patch}")
+            return contextlib.nullcontext()
+
+    class Installed:
+        version = "0.3.0"
+
+        def replace_with(self, version, wheel):
+            ran.append(f"install {version}")
+            self.version = version
+            return True
+
+        def apply(self):
+            return True
+
+    class Run:
+        def __init__(self) -> None:
+            self.summary = {"apply_ok": True, "steps": {}}
+
+        def say(self, text):
+            ran.append(text)
+
+    monkeypatch.setattr(extract_gpu, "wheel_of", lambda folder, version: tmp_path / f"speculators-{version}.whl")
+    monkeypatch.setattr(extract_gpu.gpu_run, "extract_all", lambda run, jobs, *rest: ran.append(f"e2e {jobs[0][0]}"))
+
+    def plan(**options) -> list[str]:
+        ran.clear()
+        base = {"no_native": False, "no_leave_outs": True, "no_e2e": True, "mla": False}
+        args = argparse.Namespace(**{**base, **options}, also_speculators="0.4.0.1", run_dir=tmp_path, out=tmp_path)
+        records = {"llama-1b": extract.new_record("llama-1b", "/m", {"prompts": 1, "leave_out": "v21"})}
+        extract_gpu.Plan(args, Run(), Bench(), Installed(), records, lambda: None, 10**12).run_all()
+        return list(ran)
+
+    # the issue-42 call: 0.3.0's generator and vLLM's three baselines, then 0.4.0.1, and no switch back
+    assert plan() == [
+        "llama-1b-generator",
+        "llama-1b-vllm-eager",
+        "llama-1b-native",
+        "llama-1b-vllm-default",
+        "install 0.4.0.1",
+        "llama-1b-generator-speculators-0.4.0.1",
+    ]
+    full = plan(no_leave_outs=False, no_e2e=False)
+    assert full[4:] == [
+        "install 0.4.0.1",
+        "llama-1b-generator-speculators-0.4.0.1",
+        "without v26",
+        "llama-1b-generator-speculators-0.4.0.1-without-v26",
+        "install 0.3.0",
+        "without v21",
+        "llama-1b-generator-without-v21",
+        "e2e tp1",
+    ], full
+    assert "llama-1b-native" not in plan(no_native=True)

@@ -15,9 +15,11 @@ saved as soon as it is known:
    bf16), `wide-7168` (Kimi-K2.5's hidden size, 4 layers) and the demo's tiny model;
 4. each model of --shapes (llama-1b: 512 prompts of 1024 tokens, 64 a call; wide-7168: 128 prompts
    of 1024 tokens, 64 a call; layers 1,2,3): the generator (speculators 0.3.0, v21), vLLM's own
-   prefill with the generator's settings (`vllm-eager`) and vLLM's native extract_hidden_states
+   prefill with the generator's settings (`vllm-eager`), vLLM's native extract_hidden_states
    path (`native`, vLLM 0.17+, timed until every prompt's states are CPU tensors; --no-native
-   leaves it out);
+   leaves it out) and vLLM's prefill with its defaults (`vllm-default`: the longest start,
+   compilation and CUDA graphs; with it, the ratios over the faster of the two prefills,
+   `.../faster-prefill`);
 5. the second install, in the same call (--also-speculators, default 0.4.0.1: its wheel in
    --run-dir, `fetch.py --run-only --speculators 0.4.0.1`): `patcher rollback` (every target file
    back to its pristine bytes, checked), that release in place of the staged one, `patcher apply`
@@ -25,21 +27,19 @@ saved as soon as it is known:
    prompt checked whole and in order (phase generator-speculators-0.4.0.1, and the ratio
    generator-speculators-0.4.0.1/generator: issue 39 asks for 0.9 or more); on llama-1b, the same
    without v26 (the RPC queue, 64 prompts) and the equality check (not with --no-leave-outs);
-   rolled back and checked; then 0.3.0 again (rollback, the staged wheel, apply) for what
-   follows, where the budget leaves room;
+   rolled back and checked; then 0.3.0 again (rollback, the staged wheel, apply) where anything
+   below follows and the budget leaves room;
 6. llama-1b without v21 (old throughput, 64 prompts, and the same first call for the equality
    check against the v21 run; not with --no-leave-outs);
 7. the end-to-end check of gpu_run.py (patcher/demo/extract.py against transformers, TP 1; not
    with --no-e2e);
-8. each model with vLLM's defaults (`vllm-default`: the longest start, compilation and CUDA
-   graphs); with it, the ratios over the faster of the two prefills (`.../faster-prefill`);
-9. wide-7168 without v21 (old throughput, 64 prompts; equality; not with --no-leave-outs);
-10. with --mla: the tiny DeepSeek-V3 (MLA; patcher/demo/tiny_moe.py): vLLM's native path on it
+8. wide-7168 without v21 (old throughput, 64 prompts; equality; not with --no-leave-outs);
+9. with --mla: the tiny DeepSeek-V3 (MLA; patcher/demo/tiny_moe.py): vLLM's native path on it
    (the connector refuses MLA verifiers: recorded as not run, with vLLM's words) beside patcher's
    end-to-end check of the same model (record deepseek-v3-mla, e2e-deepseek-v3-tp1.json);
-11. `patcher rollback`: every target file's sha256 equal to its pristine one.
+10. `patcher rollback`: every target file's sha256 equal to its pristine one.
 A phase that cannot start before --budget-s has passed is skipped (and named so); the rollback and
-the summary always run. $OUT gets at most 10 files: log.txt, summary.json, extract-<model>.json and
+the summary always run. $OUT gets at most 11 files: log.txt, summary.json, extract-<model>.json and
 .md for each model (the second release's phases are in each model's, on the same prompts),
 phases.tar.gz (every phase's output), e2e-tp1.json, e2e-deepseek-v3-tp1.json.
 
@@ -331,8 +331,10 @@ class Plan:
 
     def run_all(self) -> None:
         records, bench = self.records, self.bench
+        # what the issue-42 ratios need first, speculators 0.3.0 installed: the generator and both of
+        # vLLM's prefills (vllm-default's compiled start is the longest) and vLLM's native path
         for record in records.values():
-            extract.run_with(bench, record, ["generator", "vllm-eager", *self.native], LOGS)
+            extract.run_with(bench, record, ["generator", "vllm-eager", *self.native, "vllm-default"], LOGS)
             self.save()
         if self.args.also_speculators and records:
             self.second_release()
@@ -344,9 +346,6 @@ class Plan:
             self.save()
         if not self.args.no_e2e:
             self.e2e([("tp1", gpu_run.MODEL, 1)])
-        for record in records.values():
-            extract.run_with(bench, record, ["vllm-default"], LOGS)
-            self.save()
         if "wide-7168" in records and not self.args.no_leave_outs:
             if self.left() > 90:
                 with bench.without("v21"):
@@ -356,6 +355,10 @@ class Plan:
             self.save()
         if self.args.mla:
             self.mla()
+
+    def more_with_0_3_0(self) -> bool:
+        """Whether anything after the second release needs speculators 0.3.0 back."""
+        return not (self.args.no_leave_outs and self.args.no_e2e) or self.args.mla
 
     def second_release(self) -> None:
         """The second release on the same prompts: its generator on each model, and (leave-outs)
@@ -372,7 +375,8 @@ class Plan:
                 with bench.without("v26"):
                     extract.run_without(bench, self.records["llama-1b"], LOGS, speculators=also, patch="v26")
                 self.save()
-        # back to 0.3.0 for what follows (and for the last rollback's check against its wheel)
+        if not self.more_with_0_3_0():
+            return  # the last rollback checks the release installed now against its own wheel
         if self.left() > 150 and installed.replace_with("0.3.0", staged):
             installed.apply()
         else:
