@@ -204,7 +204,7 @@ def main() -> int:
         "--no-native",
         action="store_true",
         help="leave out vLLM's native extract_hidden_states path (bench/extract.py's native phase, vLLM 0.17+), "
-        "which runs on each model right after its generator by default",
+        "which runs on each model after its generator and vLLM's prefill by default",
     )
     parser.add_argument(
         "--shapes",
