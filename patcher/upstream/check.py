@@ -169,7 +169,7 @@ def run_check(patches: Sequence[Patch], options: CheckOptions) -> CheckReport:
     """Read the index, the releases each patch and fact needs, bind the patched files there, then
     compare: matrix cells, gates, nightlies. An unreachable index ends the check with exit 4 and
     what was gathered until then."""
-    if not names_vllm(patches):
+    if patches and not names_vllm(patches):  # no patch at all: the connectors alone are checked
         options = dataclasses.replace(options, bind=False, nightlies=())
     check = _Check(patches, options)
     try:
