@@ -507,6 +507,9 @@ def phase_vllm(config: dict) -> dict:
         reason = native_unsupported()
         if reason:
             return {"unsupported": reason, "vllm": vllm_release()}
+        # on CUDA 0.26.0 its engine core failed when forked ("Cannot re-initialize CUDA in forked
+        # subprocess": bench/gpu/results/extract-0.26.0-llama-1b-h200x1) and ran when spawned
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     started = time.monotonic()
     from vllm import LLM
 

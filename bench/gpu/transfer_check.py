@@ -216,7 +216,10 @@ class Checks:
 
     def record(self, name: str, verdict: dict) -> None:
         self.results[name] = verdict
-        self.run.say(f"   {name}: {'passed' if verdict.get('ok') else 'FAILED'}")
+        said = (
+            "passed" if verdict.get("ok") else f"skipped ({verdict['skipped']})" if "skipped" in verdict else "FAILED"
+        )
+        self.run.say(f"   {name}: {said}")
         self.run.save()
         (self.args.out / "transfer-check.json").write_text(json.dumps(self.results, indent=1, sort_keys=True) + "\n")
 
@@ -340,7 +343,7 @@ def main() -> int:
     installed = extract_gpu.Installed(run, "0.3.0")
     checker = Checks(args, run, installed, extract_gpu)
     try:
-        if not installed.apply() or not gpu_run.make_models(run, ["llama"]):
+        if not installed.apply() or not gpu_run.make_models(run, ["llama"], args.run_dir):
             return 1
         for release in releases:
             if release != installed.version:
