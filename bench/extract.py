@@ -402,6 +402,7 @@ def phase_generator(config: dict) -> dict:
         split["assemble"] = round(wall - sum(times.values()), 3)
         times["_depth"] = 1  # the repeated call below is not timed
     again = [r["hidden_states"] for r in generator.generate(calls[0])[:keep]] if keep else []
+    profile = profile_call(generator, calls[0]) if config.get("profile") else None
     if config.get("dump"):
         torch.save({"first": first, "again": again, "prompts": calls[0][:keep]}, config["dump"])
     shared = getattr(generator, "__dict__", {}).get("_shared_states")
@@ -437,8 +438,42 @@ def phase_generator(config: dict) -> dict:
         )
     if shared and shared.get("warned"):
         report["fallback"] = "the RPC queue (no shared buffer): see the log"
+    if profile is not None:
+        report["profile"] = profile
     generator.executor.shutdown()
     return report
+
+
+PROFILE_ROWS = 25
+
+
+def profile_call(generator, batch: list[list[int]]) -> dict:
+    """One more generate() call, untimed, under cProfile (the generator's main thread): where its
+    own time goes beside the model's steps, which the split only calls `assemble`. The top
+    functions by their own time and by cumulative time; seconds are the profiled call's, inflated
+    by cProfile (vLLM's RPC waits spin in Python: thousands of sched_yield calls)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()
+    try:
+        generator.generate(batch)
+    finally:
+        profiler.disable()
+    wall = time.perf_counter() - started
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (filename, line, function), (_, calls, own, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{'/'.join(Path(filename).parts[-2:])}:{line}({function})" if line else function
+        rows.append({"function": where, "calls": calls, "own_s": round(own, 4), "cumulative_s": round(cumulative, 4)})
+    return {
+        "call_s": round(wall, 3),
+        "prompts": len(batch),
+        "by_own_time": sorted(rows, key=lambda r: -r["own_s"])[:PROFILE_ROWS],
+        "by_cumulative_time": sorted(rows, key=lambda r: -r["cumulative_s"])[:PROFILE_ROWS],
+    }
 
 
 NATIVE_CONNECTOR = "distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
@@ -1085,6 +1120,18 @@ def markdown(record: dict) -> str:
     lines += [""] + [f"- {key}: {meanings.get(key) or ratio_meaning(key)}" for key in record["ratios"]]
     for key in sorted(k for k in record if k.startswith("equality")):
         lines += ["", f"{key}: `" + json.dumps(record[key]) + "`"]
+    for name, phase in record["phases"].items():
+        profile = phase.get("profile")
+        if profile:
+            lines += [
+                "",
+                f"{name}, one more call profiled ({profile['prompts']} prompts, {profile['call_s']} s under cProfile), by own time:",
+                "",
+            ]
+            lines += [
+                f"- {r['function']}: {r['own_s']} s own, {r['cumulative_s']} s cumulative, {r['calls']} calls"
+                for r in profile["by_own_time"][:12]
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -1166,6 +1213,11 @@ def parse_args() -> argparse.Namespace:
         "--repeats", type=int, default=2, help="timed passes over all the prompts, each phase (default 2)"
     )
     parser.add_argument("--layers", default="1,2,3", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="each generator phase also profiles one more call, untimed (cProfile: where the generator's own time goes)",
+    )
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.1)
     parser.add_argument(
@@ -1266,6 +1318,8 @@ def main() -> int:
             "leave_out": args.leave_out,
             "leave_out_prompts": args.leave_out_prompts,
         }
+        if args.profile:
+            settings["profile"] = True
         if own_target:
             settings.update(speculators=args.speculators, vllm=args.vllm)
             if args.also_speculators:

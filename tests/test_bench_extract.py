@@ -105,6 +105,7 @@ def test_the_short_form_shows_0_4_0_1s_transfer_against_the_rpc_queue_in_one_run
             "v26",
             "--phases",
             "generator",
+            "--profile",
             "--out",
             str(tmp_path),
         ],
@@ -123,5 +124,13 @@ def test_the_short_form_shows_0_4_0_1s_transfer_against_the_rpc_queue_in_one_run
     assert phases["generator-without-v26"]["transfer"] == "RPC queue", phases["generator-without-v26"]
     assert set(record["ratios"]) == {"generator/generator-without-v26", "transfer-without-v26/transfer"}, record
     assert record["equality"]["bit_equal"], record["equality"]
+    # --profile: one more call of each generator phase under cProfile, its own time and generate()'s
+    for phase in phases.values():
+        profile = phase["profile"]
+        assert profile["prompts"] == 4 and profile["call_s"] > 0, profile
+        assert len(profile["by_own_time"]) == 25, profile  # bench/extract.py PROFILE_ROWS
+        assert any(r["function"].endswith("(generate)") for r in profile["by_cumulative_time"]), profile
+    text = (tmp_path / "extract-tiny-speculators-0.4.0.1-quick.md").read_text()
+    assert "generator, one more call profiled (4 prompts" in text, text
     assert record["config"]["speculators"] == "0.4.0.1" and record["passed"]
     assert "v26-shared-memory-request-states" in record["applied"]

@@ -2,7 +2,7 @@
 
     python3 bench/gpu/extract_gpu.py --stage /tmp/stage --run-dir .gpu/run --out "$OUT" [--budget-s 520]
                                      [--also-speculators 0.4.0.1|''] [--shapes llama-1b,wide-7168|none]
-                                     [--no-native] [--no-leave-outs] [--no-e2e] [--mla]
+                                     [--no-native] [--no-leave-outs] [--no-e2e] [--mla] [--profile]
 
 Runs under the machine's own python3 (its torch, CUDA build), from the checkout the device tool
 sends; standard library only here (the phases run in bench/extract.py, in that python3 with
@@ -214,6 +214,9 @@ def main() -> int:
     parser.add_argument("--no-leave-outs", action="store_true", help="no generator without v21 / v26 (and equality)")
     parser.add_argument("--no-e2e", action="store_true", help="no end-to-end check against transformers")
     parser.add_argument(
+        "--profile", action="store_true", help="each generator phase also profiles one more call, untimed (cProfile)"
+    )
+    parser.add_argument(
         "--mla",
         action="store_true",
         help="also the tiny DeepSeek-V3 (MLA): vLLM's native path on it beside patcher's end-to-end check",
@@ -276,6 +279,8 @@ def main() -> int:
         if args.smoke:
             settings = dict(settings, prompts=8, prompt_len=64, per_call=4, leave_out_prompts=4, dump_prompts=2)
             settings.update(gpu_memory_utilization=0.1, layers=[0, 2, 3], repeats=2)
+        if args.profile:
+            settings = dict(settings, profile=True)
         records[shape] = extract.new_record(shape, str(gpu_run.MODEL if args.smoke else MODELS / shape), settings)
 
     def save() -> None:
