@@ -297,8 +297,9 @@ def _timed(method, key, times: dict):
     return wrapper
 
 
-# The captured states' RPC: speculators' own, v21's write (0.3.0), v26's (0.4.x)
-TRANSFER_RPCS = ("_get_captured_states", "_write_captured_states", "_write_request_states")
+# The captured states' RPC: speculators' own, v21's writes (0.3.0: after the steps, or with v11
+# the steps' writes, each with the next step's request metadata), v26's (0.4.x)
+TRANSFER_RPCS = ("_get_captured_states", "_write_captured_states", "_write_request_states", "_write_steps")
 
 
 def _rpc_kind(target) -> str:
@@ -315,7 +316,9 @@ def transfer_path(generator) -> str:
     if not (shared and shared.get("calls")):
         return "RPC queue"
     module = sys.modules[type(generator).__module__]
-    return "shared memory (v26)" if hasattr(module, "_write_request_states") else "shared memory (v21)"
+    if hasattr(module, "_write_request_states"):
+        return "shared memory (v26)"
+    return "shared memory (v21, while stepping)" if shared.get("stepped") else "shared memory (v21)"
 
 
 def whole_each(batch: list[list[int]], results: list[dict]) -> list[bool]:
@@ -959,8 +962,10 @@ def run_without(
     suffix = release_suffix(speculators)
     prompts = min(record["config"]["prompts"], record["config"].get("leave_out_prompts") or 10**9)
     dump = dumps / f"{label}{suffix}-without.pt"
-    # a short warm-up and one pass: the old path has no buffer to size, and each call costs seconds there
-    config = generator_config(record, prompts=prompts, dump=str(dump), warmup_prompts=4, repeats=1)
+    # a short warm-up and one pass (leave_out_repeats: more): the old path has no buffer to size,
+    # and each call costs seconds there
+    repeats = record["config"].get("leave_out_repeats") or 1
+    config = generator_config(record, prompts=prompts, dump=str(dump), warmup_prompts=4, repeats=repeats)
     record["phases"][f"generator{suffix}-without-{patch}"] = bench.phase(
         "generator", config, f"{label}-generator{suffix}-without-{patch}"
     )

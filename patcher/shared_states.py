@@ -2,9 +2,8 @@
 
 A patch writes this source into the generator's module (it runs there, in the generator's
 process and, sent by collective_rpc, in the worker's), together with its own part: what the
-worker copies into the buffer and how the generator reads it back. v26 writes it for speculators
-0.4.x; v21 carries the same mechanism for 0.3.0 in its own module (its first four definitions are
-the same text). The mechanism, and why it is built so, is in the patches' docstrings; in short:
+worker copies into the buffer and how the generator reads it back. v21 writes it for speculators
+0.3.0, v26 for 0.4.x. The mechanism, and why it is built so, is in the patches' docstrings; in short:
 
 - the generator makes one empty file on a tmpfs per call and sends only its path through the RPC;
   its name exists only while that call's reply is in flight (made and removed by the generator, in
@@ -121,6 +120,7 @@ def _shared_states_call(generator, write, args):
     made here and removed here whatever happens, so neither an exception nor Ctrl-C can leave it
     (the worker opens it, never creates it). None where nothing was captured, or where no buffer
     could be made (said once in the log: the RPC queue carries the states then).
+    generator._shared_states["wrapped"] says whether the executor wrapped the reply in a list.
     """
     import mmap
     import os
@@ -140,7 +140,8 @@ def _shared_states_call(generator, write, args):
         reply = generator.executor.collective_rpc(
             write, args=(*args, path, state["buffer"]), unique_reply_rank=0
         )
-        if isinstance(reply, list):  # vLLM 0.11.0 wraps the single reply in a list
+        state["wrapped"] = isinstance(reply, list)  # vLLM 0.11.0 wraps the single reply in a list
+        if state["wrapped"]:
             reply = reply[0]
         if reply is not None and reply.get("made"):
             state["host"] = None  # the old buffer goes once no view of it is left

@@ -62,7 +62,11 @@ def rpc_named(name: str) -> m.Shape:
     )
 
 
-SET_METADATA = call_statement(rpc_named("_set_request_metadata"))
+# The RPC naming the step's requests; with v21 the same RPC carries the states written so far
+# (`_states_while_stepping(self, request_tokens, scheduled)`): the metadata is sent either way.
+SET_METADATA = call_statement(rpc_named("_set_request_metadata")) | call_statement(
+    m.Call(func=m.Name("_states_while_stepping"))
+)
 GET_CAPTURED = rpc_named("_get_captured_states")
 FINISH_REQUESTS = call_statement(m.Call(func=m.Attribute(value=SELF_SCHEDULER, attr=m.Name("finish_requests"))))
 ABORT_LOOP = m.For(

@@ -46,21 +46,25 @@ HASHER_ASSIGNMENT = m.Assign(
     value=m.Call(func=m.Name("get_request_block_hasher")),
 )
 
-# speculators 0.4.0's own text (it places it after initialize_from_config; any place in
-# __init__ after the config exists will do).
+# speculators 0.4.0's text (it places it after initialize_from_config; any place in __init__
+# after the config exists will do), made only with prefix caching on, as vLLM's EngineCore makes
+# its hasher (v1/engine/core.py): with caching off (v6) nothing reads the hashes, and hashing every
+# prompt's blocks cost 0.021 s of a profiled call of 64 x 1024 tokens on the CPU build
+# (bench/results/extract/extract-cpu-tiny-profile-0.16.0.md).
 HASHER_SETUP = """\
 
 # Create block hasher for request KV cache management
 # Following vLLM's pattern in v1/engine/core.py
-caching_hash_fn = get_hash_fn_by_name(
-    self.vllm_config.cache_config.prefix_caching_hash_algo
-)
-init_none_hash(caching_hash_fn)
-
-self.block_hasher = get_request_block_hasher(
-    self.vllm_config.cache_config.block_size,
-    caching_hash_fn,
-)
+self.block_hasher = None
+if self.vllm_config.cache_config.enable_prefix_caching:
+    caching_hash_fn = get_hash_fn_by_name(
+        self.vllm_config.cache_config.prefix_caching_hash_algo
+    )
+    init_none_hash(caching_hash_fn)
+    self.block_hasher = get_request_block_hasher(
+        self.vllm_config.cache_config.block_size,
+        caching_hash_fn,
+    )
 """
 
 
@@ -115,7 +119,8 @@ BLOCK_HASHER_SINCE = {"vllm": ">=0.12.0"}
 
 
 class BlockHasherSetup(PatchCodemod):
-    """In __init__, after `self.scheduler = Scheduler(...)`, build `self.block_hasher` once.
+    """In __init__, after `self.scheduler = Scheduler(...)`, build `self.block_hasher` once
+    (None unless prefix caching is on, as vLLM's EngineCore does).
 
     Imports `get_hash_fn_by_name` (a new from-import placed before the kv_cache_utils one)
     and adds `get_request_block_hasher, init_none_hash` to the existing
@@ -254,15 +259,16 @@ class Generator:
 
         # Create block hasher for request KV cache management
         # Following vLLM's pattern in v1/engine/core.py
-        caching_hash_fn = get_hash_fn_by_name(
-            self.vllm_config.cache_config.prefix_caching_hash_algo
-        )
-        init_none_hash(caching_hash_fn)
-
-        self.block_hasher = get_request_block_hasher(
-            self.vllm_config.cache_config.block_size,
-            caching_hash_fn,
-        )
+        self.block_hasher = None
+        if self.vllm_config.cache_config.enable_prefix_caching:
+            caching_hash_fn = get_hash_fn_by_name(
+                self.vllm_config.cache_config.prefix_caching_hash_algo
+            )
+            init_none_hash(caching_hash_fn)
+            self.block_hasher = get_request_block_hasher(
+                self.vllm_config.cache_config.block_size,
+                caching_hash_fn,
+            )
 
         self.executor.initialize_from_config([kv_cache_config])
 
@@ -342,15 +348,16 @@ PATCH = Patch(
 
                         # Create block hasher for request KV cache management
                         # Following vLLM's pattern in v1/engine/core.py
-                        caching_hash_fn = get_hash_fn_by_name(
-                            self.vllm_config.cache_config.prefix_caching_hash_algo
-                        )
-                        init_none_hash(caching_hash_fn)
-
-                        self.block_hasher = get_request_block_hasher(
-                            self.vllm_config.cache_config.block_size,
-                            caching_hash_fn,
-                        )
+                        self.block_hasher = None
+                        if self.vllm_config.cache_config.enable_prefix_caching:
+                            caching_hash_fn = get_hash_fn_by_name(
+                                self.vllm_config.cache_config.prefix_caching_hash_algo
+                            )
+                            init_none_hash(caching_hash_fn)
+                            self.block_hasher = get_request_block_hasher(
+                                self.vllm_config.cache_config.block_size,
+                                caching_hash_fn,
+                            )
 
                     def add(self):
                         return Request(request_id="r", prompt_token_ids=[1], sampling_params=None, block_hasher=self.block_hasher)
@@ -382,15 +389,16 @@ PATCH = Patch(
 
                         # Create block hasher for request KV cache management
                         # Following vLLM's pattern in v1/engine/core.py
-                        caching_hash_fn = get_hash_fn_by_name(
-                            self.vllm_config.cache_config.prefix_caching_hash_algo
-                        )
-                        init_none_hash(caching_hash_fn)
-
-                        self.block_hasher = get_request_block_hasher(
-                            self.vllm_config.cache_config.block_size,
-                            caching_hash_fn,
-                        )
+                        self.block_hasher = None
+                        if self.vllm_config.cache_config.enable_prefix_caching:
+                            caching_hash_fn = get_hash_fn_by_name(
+                                self.vllm_config.cache_config.prefix_caching_hash_algo
+                            )
+                            init_none_hash(caching_hash_fn)
+                            self.block_hasher = get_request_block_hasher(
+                                self.vllm_config.cache_config.block_size,
+                                caching_hash_fn,
+                            )
 
                     def add(self):
                         return Request(request_id="r", block_hasher=self.block_hasher)

@@ -32,6 +32,16 @@ layer), shared by the two processes (counted once), and goes with them. Where no
 made (a full /dev/shm), the worker keeps its states, one warning names the reason, and the RPC
 queue carries them as before.
 
+With v11's RPC before each step (each step's request metadata), that RPC carries the transfer
+too, so that it overlaps the steps: the worker copies the rows of the steps done so far into the
+buffer, each request's at its place in the same layout, and replies with the requests whose rows
+are all there; the generator copies those prompts out in threads while vLLM computes the step.
+After the last step the fetch is that write for the last steps, the check that each request has
+exactly its rows (v10's words) and the wait for the copies. Measured without it on an H200 (CUDA
+vLLM 0.26.0, 1.0B Llama, 64 prompts of 1024 tokens a call; bench/gpu/results/
+extract-0.26.0-llama-1b-h200x1): the steps 0.267 s a call, then 0.132 s of transfer and copy-out
+while the GPU waits.
+
 Why not the alternatives: CUDA IPC handles would make the generator's process open a CUDA
 context (v18 exists to keep CUDA out of it) and copy there; a pinned staging buffer in the worker
 written into a file (as vLLM's example hidden-states connector writes safetensors files) copies
@@ -46,86 +56,32 @@ import libcst as cst
 from patcher import shapes as m
 from patcher.codemod import PatchCodemod
 from patcher.model import AttributeCall, Edit, Example, Fact, LeaveOneOut, Patch
+from patcher.shared_states import BUFFER_SOURCE, with_helpers_before_first_class
 
 from .targets import EVERY_RELEASE, GENERATOR, SPECULATORS_0_3
 
 REPLY = "captured_states_list"
 FETCH = "_captured_states_through_shared_memory"
-MARKER = "# How the captured states reach the generator (patcher v21):"
-
-HELPERS_SOURCE = '''\
-# How the captured states reach the generator (patcher v21): through a host buffer that the
-# worker which captured them (tensor parallel rank 0) and the generator both map, in a file on a
-# tmpfs whose name exists only while one call's reply is in flight. vLLM's RPC queue carries the
-# file's path and where each layer lies, never the tensors.
-_SHARED_STATES_ALIGNMENT = 4096  # each layer starts on a page boundary (any dtype, DMA friendly)
-
-
-def _shared_states_folder():
-    """/dev/shm (a tmpfs) where it can be written, else tempfile's folder."""
-    import os
-    import tempfile
-
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
-        return "/dev/shm"
-    return tempfile.gettempdir()
-
-
-def _release_shared_states(buffer):
-    """Unpin and unmap a worker's buffer (its file has no name any more)."""
-    if buffer.pop("pinned", False):
-        torch.cuda.cudart().cudaHostUnregister(buffer["host"].data_ptr())
-    buffer.pop("host", None)
-    mapping = buffer.pop("mapping", None)
-    if mapping is not None:
-        try:
-            mapping.close()
-        except BufferError:  # a view of it is still alive: unmapped when that goes
-            pass
-
-
-def _map_shared_states(path, size, pin):
-    """(mapping, uint8 tensor over it, pinned) of the file at path, sized to size bytes."""
-    import mmap
-    import os
-
-    fd = os.open(path, os.O_RDWR)  # never O_CREAT: only the generator makes the name
-    try:
-        if hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(fd, 0, size)  # a full tmpfs fails here, not with SIGBUS later
-        else:
-            os.ftruncate(fd, size)
-        mapping = mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-    host = torch.frombuffer(mapping, dtype=torch.uint8)
-    pinned = False
-    if pin:
-        try:
-            pinned = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, 0)) == 0
-        except (AssertionError, AttributeError, RuntimeError):
-            pinned = False  # pageable: the same bytes, copied more slowly
-    return mapping, host, pinned
-
-
+AFTER_STEPS = "_captured_states_after_steps"
+STEP = "_states_while_stepping"
+# Definitions of patcher/shared_states.py's BUFFER_SOURCE the generator's module gets with v21
+# (worker side: _capturing_worker, _shared_states_buffer; generator side: _shared_states_call,
+# _copy_rows), then v21's own: the write after the steps (CAPTURED_STATES_SOURCE) and the writes
+# while stepping (STEPS_SOURCE).
+CAPTURED_STATES_SOURCE = """\
 def _write_captured_states(worker, request_tokens, path, mapped_buffer):
-    """In the worker (collective_rpc sends it): copy the captured rows into the host buffer
+    \"\"\"In the worker (collective_rpc sends it): copy the captured rows into the host buffer
     shared with the generator and return where each layer lies; the rows are those
     _get_captured_states(request_tokens) would return (each request's in the order of
-    request_tokens; with None, as vLLM computed them). A new buffer (a larger call, or one the
-    generator has not mapped) is the file at path, which the generator made and removes.
+    request_tokens; with None, as vLLM computed them).
 
     None where nothing was captured (tensor parallel ranks other than 0); {"unavailable": why}
     where no buffer could be made: the states are kept for _get_captured_states.
-    """
+    \"\"\"
     import os
     import time
 
-    # vLLM hands a callable its WorkerWrapperBase, which reads through to the worker but keeps
-    # what is assigned to it: the states must be taken from, and cleared on, the worker itself
-    inner = getattr(worker, "worker", None)
-    if inner is not None and hasattr(inner, "_reset_capture"):
-        worker = inner
+    worker = _capturing_worker(worker)
     if getattr(worker, "_captured_states", None) is None:
         return None
     started = time.perf_counter()
@@ -143,26 +99,11 @@ def _write_captured_states(worker, request_tokens, path, mapped_buffer):
         offsets.append(end)
         nbytes = layer.numel() * layer.element_size()
         end += -(-nbytes // _SHARED_STATES_ALIGNMENT) * _SHARED_STATES_ALIGNMENT
-    buffer = getattr(worker, "_speculators_shared_states", None)
-    made = buffer is None or buffer["size"] < end or buffer["id"] != mapped_buffer
-    if made:
-        if buffer is not None:
-            _release_shared_states(buffer)
-            worker._speculators_shared_states = None
+    try:
+        buffer, made = _shared_states_buffer(worker, end, path, mapped_buffer, layers[0].is_cuda)
+    except OSError as error:
         size = max(end, _SHARED_STATES_ALIGNMENT)
-        try:
-            mapping, host, pinned = _map_shared_states(path, size, layers[0].is_cuda)
-        except OSError as error:
-            return {"unavailable": f"{type(error).__name__}: {error} ({size >> 20} MiB in {os.path.dirname(path)})"}
-        made_count = getattr(worker, "_speculators_shared_states_made", 0) + 1
-        worker._speculators_shared_states_made = made_count
-        buffer = worker._speculators_shared_states = {
-            "id": f"{os.getpid()}-{made_count}",
-            "size": size,
-            "mapping": mapping,
-            "host": host,
-            "pinned": pinned,
-        }
+        return {"unavailable": f"{type(error).__name__}: {error} ({size >> 20} MiB in {os.path.dirname(path)})"}
     host = buffer["host"]
     for layer, offset in zip(layers, offsets):
         nbytes = layer.numel() * layer.element_size()
@@ -186,34 +127,15 @@ def _write_captured_states(worker, request_tokens, path, mapped_buffer):
 
 
 class _SharedStates(list):
-    """One reply's layers (views of the shared buffer) with each prompt's rows already copied
-    out, several prompts at a time: vLLM runs the caller's torch on one thread
-    (set_multiprocessing_worker_envs), so copying them prompt by prompt is the slow part."""
+    \"\"\"One reply's layers (views of the shared buffer) with each prompt's rows already copied
+    out (owned: {(start, stop): rows}), several prompts at a time.\"\"\"
 
     owned = None
 
 
-def _copy_prompts(layers, counts):
-    """{(start, stop): [each layer's rows start:stop, a tensor of its own]} for consecutive prompts."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
-    spans = []
-    start = 0
-    for count in counts:
-        spans.append((start, start + count))
-        start += count
-
-    def copy(span):
-        return span, [layer[span[0] : span[1]].clone() for layer in layers]
-
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-        return dict(pool.map(copy, spans))
-
-
 def _prompt_rows(layers, start, stop):
-    """Rows start:stop of every layer, each a CPU tensor of its own (copied already where the
-    reply came through the shared buffer)."""
+    \"\"\"Rows start:stop of every layer, each a CPU tensor of its own (copied already where the
+    reply came through the shared buffer).\"\"\"
     owned = getattr(layers, "owned", None)
     rows = owned.pop((start, stop), None) if owned else None
     if rows is None:
@@ -221,65 +143,33 @@ def _prompt_rows(layers, start, stop):
     return rows
 
 
-def _captured_states_through_shared_memory(generator, request_tokens):
-    """What collective_rpc("_get_captured_states", args=(request_tokens,), unique_reply_rank=0)
-    returns (one tensor per layer; in a one-element list where the executor wraps the reply, as
-    vLLM 0.11.0 does), as CPU views of the buffer shared with the worker, valid until the next
-    call: generate() clones each prompt's rows out of them. None where the worker captured
-    nothing or could make no buffer (then the RPC queue carries them).
-    """
-    import mmap
-    import os
-    import tempfile
-    import time
+def _prompt_spans(request_tokens):
+    \"\"\"[(start, stop)] of each request's rows in the reply, in the order of request_tokens.\"\"\"
+    spans = []
+    start = 0
+    for tokens in request_tokens.values():
+        spans.append((start, start + tokens))
+        start += tokens
+    return spans
 
-    state = generator.__dict__.setdefault(
-        "_shared_states", {"buffer": None, "host": None, "warned": False, "calls": 0}
-    )
-    started = time.perf_counter()
-    fd, path = tempfile.mkstemp(prefix="speculators-states-", dir=_shared_states_folder())
-    try:
-        reply = generator.executor.collective_rpc(
-            _write_captured_states,
-            args=(request_tokens, path, state["buffer"]),
-            unique_reply_rank=0,
-        )
-        wrapped = isinstance(reply, list)  # vLLM 0.11.0 wraps the single reply in a list
-        if wrapped:
-            reply = reply[0]
-        if reply is not None and reply.get("made"):
-            state["host"] = None  # the old buffer goes once no view of it is left
-            mapping = mmap.mmap(fd, reply["size"])
-            state["host"] = torch.frombuffer(mapping, dtype=torch.uint8)
-            state["buffer"] = reply["buffer"]
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    if reply is None:
-        return None
-    if "unavailable" in reply:
-        if not state["warned"]:
-            state["warned"] = True
-            log.warning(
-                "captured states travel through vLLM's RPC queue (slow): no shared buffer, "
-                f"{reply['unavailable']}; give that folder more room (docker run --shm-size)"
-            )
-        return None
-    if reply["buffer"] != state["buffer"]:
-        raise RuntimeError(
-            f"the worker wrote buffer {reply['buffer']}, the generator maps {state['buffer']}"
-        )
-    host = state["host"]
-    layers = []
-    for layer in reply["layers"]:
+
+def _buffer_views(host, layers):
+    \"\"\"The reply's layers ({"dtype", "shape", "offset"} each) as views of the mapped buffer.\"\"\"
+    views = []
+    for layer in layers:
         dtype = getattr(torch, layer["dtype"])
         nbytes = dtype.itemsize
         for dim in layer["shape"]:
             nbytes *= dim
-        layers.append(host[layer["offset"] : layer["offset"] + nbytes].view(dtype).view(layer["shape"]))
-    layers = _SharedStates(layers)
-    if request_tokens:  # the rows come in the caller's order: each prompt's are known now
-        layers.owned = _copy_prompts(layers, list(request_tokens.values()))
+        views.append(host[layer["offset"] : layer["offset"] + nbytes].view(dtype).view(layer["shape"]))
+    return views
+
+
+def _shared_states_result(state, layers, reply, started):
+    \"\"\"layers as collective_rpc would return them (in a one-element list where the executor
+    wraps the reply, as vLLM 0.11.0 does), the call counted and measured.\"\"\"
+    import time
+
     state["calls"] += 1
     state["last"] = {
         "seconds": time.perf_counter() - started,
@@ -289,8 +179,236 @@ def _captured_states_through_shared_memory(generator, request_tokens):
         "pinned": reply["pinned"],
         "made": reply["made"],
     }
-    return [layers] if wrapped else layers
+    return [layers] if state.get("wrapped") else layers
+
+
+def _captured_states_through_shared_memory(generator, request_tokens):
+    \"\"\"What collective_rpc("_get_captured_states", args=(request_tokens,), unique_reply_rank=0)
+    returns (one tensor per layer), as CPU views of the buffer shared with the worker, valid
+    until the next call, with each prompt's rows copied out already (_prompt_rows hands them
+    over). None where the worker captured nothing or could make no buffer (then the RPC queue
+    carries them).
+    \"\"\"
+    import time
+
+    started = time.perf_counter()
+    reply = _shared_states_call(generator, _write_captured_states, (request_tokens,))
+    if reply is None:
+        return None
+    state = generator._shared_states
+    layers = _SharedStates(_buffer_views(state["host"], reply["layers"]))
+    if request_tokens:  # the rows come in the caller's order: each prompt's are known now
+        spans = _prompt_spans(request_tokens)
+        layers.owned = dict(zip(spans, _copy_rows(layers, spans)))
+    return _shared_states_result(state, layers, reply, started)
+"""
+
+STEPS_SOURCE = '''\
+def _write_steps(worker, request_tokens, call, scheduled, path, mapped_buffer):
+    """In the worker (collective_rpc): the rows of every step captured since this call's last
+    write into the shared buffer, each request's at its place in the order of request_tokens (the
+    layout _write_captured_states writes); then, with scheduled, the next step's request metadata
+    (v10's _set_request_metadata); without it (after the last step), the check that each request
+    has exactly its rows, and the capture cleared as _get_captured_states clears it.
+
+    None on ranks that captured nothing; {"unavailable": why} where no buffer could be made (the
+    states stay captured for _get_captured_states); else the buffer's id, whether it is new, its
+    size, whether it is pinned, where each layer lies and the requests whose rows are complete now.
+    """
+    import time
+
+    worker = _capturing_worker(worker)
+    started = time.perf_counter()
+    progress = getattr(worker, "_speculators_steps", None)
+    if progress is None or progress["call"] != call:
+        progress = worker._speculators_steps = {"call": call, "steps": 0, "rows": {}, "reply": None}
+    reply = _write_new_steps(worker, progress, request_tokens, path, mapped_buffer)
+    if scheduled is not None:
+        worker._set_request_metadata(scheduled)
+        return reply
+    worker._speculators_steps = None
+    if reply is None or "unavailable" in reply:
+        return reply
+    for request_id, expected in request_tokens.items():
+        got = progress["rows"].get(request_id, 0)
+        if got != expected:
+            raise RuntimeError(f"request {request_id}: captured {got} rows of hidden states, expected {expected}")
+    worker._captured_states = None
+    worker._request_metadata = []
+    reply["seconds"] = time.perf_counter() - started
+    return reply
+
+
+def _write_new_steps(worker, progress, request_tokens, path, mapped_buffer):
+    """_write_steps' copy: the call's first write lays the buffer out for every request's rows."""
+    import math
+    import os
+
+    captured = getattr(worker, "_captured_states", None)
+    if captured is None:
+        return None
+    if "unavailable" in progress:
+        return {"unavailable": progress["unavailable"]}
+    steps = getattr(worker, "_request_metadata", None) or []
+    count = len(captured[0])
+    if len(steps) != count:
+        raise RuntimeError(f"captured {count} forward steps, request metadata for {len(steps)}")
+    if progress["reply"] is None:
+        rows = sum(request_tokens.values())
+        layers, end = [], 0
+        for layer_steps in captured:
+            sample = layer_steps[0]
+            row_shape = list(sample.shape[1:])
+            layers.append({"dtype": str(sample.dtype).removeprefix("torch."), "shape": [rows, *row_shape], "offset": end})
+            nbytes = rows * math.prod(row_shape) * sample.element_size()
+            end += -(-nbytes // _SHARED_STATES_ALIGNMENT) * _SHARED_STATES_ALIGNMENT
+        try:
+            buffer, made = _shared_states_buffer(worker, end, path, mapped_buffer, captured[0][0].is_cuda)
+        except OSError as error:
+            size = max(end, _SHARED_STATES_ALIGNMENT)
+            progress["unavailable"] = f"{type(error).__name__}: {error} ({size >> 20} MiB in {os.path.dirname(path)})"
+            return {"unavailable": progress["unavailable"]}
+        starts, start = {}, 0
+        for request_id, tokens in request_tokens.items():
+            starts[request_id] = start
+            start += tokens
+        progress["starts"] = starts
+        progress["views"] = [
+            buffer["host"][layer["offset"] : layer["offset"] + rows * math.prod(layer["shape"][1:]) * s[0].element_size()]
+            .view(s[0].dtype)
+            .view(layer["shape"])
+            for layer, s in zip(layers, captured)
+        ]
+        progress["reply"] = {
+            "buffer": buffer["id"],
+            "made": made,
+            "size": buffer["size"],
+            "pinned": buffer["pinned"],
+            "layers": layers,
+        }
+        reply = dict(progress["reply"])
+    else:
+        reply = dict(progress["reply"], made=False)
+    views, complete = progress["views"], []
+    for step in range(progress["steps"], count):
+        scheduled = steps[step]
+        if scheduled is None:
+            raise RuntimeError(f"step {step} ran without request metadata")
+        captured_rows = captured[0][step].shape[0]
+        total = sum(rows for _, rows in scheduled)
+        if total > captured_rows:
+            raise RuntimeError(f"step {step}: {total} tokens scheduled, {captured_rows} rows captured")
+        start = 0
+        for request_id, rows in scheduled:
+            expected = request_tokens.get(request_id)
+            if expected is not None and rows:
+                done = progress["rows"].get(request_id, 0)
+                if done + rows > expected:
+                    raise RuntimeError(
+                        f"request {request_id}: captured {done + rows} rows of hidden states, expected {expected}"
+                    )
+                at = progress["starts"][request_id] + done
+                for view, layer_steps in zip(views, captured):
+                    view[at : at + rows].copy_(layer_steps[step][start : start + rows], non_blocking=reply["pinned"])
+                progress["rows"][request_id] = done + rows
+                if done + rows == expected:
+                    complete.append(request_id)
+            start += rows
+    if reply["pinned"] and count > progress["steps"]:
+        torch.cuda.synchronize(captured[0][0].device)
+    progress["steps"] = count
+    reply["complete"] = complete
+    return reply
+
+
+def _stepping(generator, request_tokens):
+    """This call's progress in the generator: its id for the worker, each request's rows in the
+    buffer, the copies under way. A new call (each generate() makes its request_tokens anew) ends
+    what an earlier call left, an interrupted one's copies included."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    state = generator.__dict__.setdefault(
+        "_shared_states", {"buffer": None, "host": None, "warned": False, "calls": 0}
+    )
+    progress = state.get("stepping")
+    if progress is not None and progress["tokens"] is request_tokens:
+        return progress
+    if progress is not None:
+        progress["pool"].shutdown(wait=True, cancel_futures=True)
+    state["stepped"] = state.get("stepped", 0) + 1
+    progress = state["stepping"] = {
+        "tokens": request_tokens,
+        "call": f"{os.getpid()}-{id(generator)}-{state['stepped']}",
+        "spans": dict(zip(request_tokens, _prompt_spans(request_tokens))),
+        "copies": {},
+        "layers": None,
+        "buffer": None,
+        "pool": ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))),
+    }
+    return progress
+
+
+def _copy_complete(generator, progress, reply):
+    """Start copying out, in the pool, the rows of each request the reply says are complete."""
+    if progress["buffer"] != reply["buffer"]:
+        progress["layers"] = _buffer_views(generator._shared_states["host"], reply["layers"])
+        progress["buffer"] = reply["buffer"]
+    layers = progress["layers"]
+
+    def copy(span):
+        return [layer[span[0] : span[1]].clone() for layer in layers]
+
+    for request_id in reply["complete"]:
+        span = progress["spans"][request_id]
+        progress["copies"][span] = progress["pool"].submit(copy, span)
+
+
+def _states_while_stepping(generator, request_tokens, scheduled):
+    """In place of collective_rpc("_set_request_metadata", args=(scheduled,)), before each step: one
+    RPC in which the worker writes the steps done so far into the shared buffer and takes scheduled
+    as the next step's request metadata; the prompts complete in the buffer are copied out in
+    threads while vLLM computes the step."""
+    progress = _stepping(generator, request_tokens)
+    reply = _shared_states_call(generator, _write_steps, (request_tokens, progress["call"], scheduled))
+    if reply is not None:
+        _copy_complete(generator, progress, reply)
+
+
+def _captured_states_after_steps(generator, request_tokens):
+    """What _captured_states_through_shared_memory returns (the layers as views of the buffer,
+    each prompt's rows copied out already), once the steps' writes are done: the worker
+    writes the last steps and checks every request's rows, and the copies are waited for. None
+    where nothing was captured or no buffer could be made (the RPC queue carries the states)."""
+    import time
+
+    if not request_tokens:  # no request tokens: the fetch after the steps
+        return _captured_states_through_shared_memory(generator, request_tokens)
+    started = time.perf_counter()
+    progress = _stepping(generator, request_tokens)
+    state = generator._shared_states
+    try:
+        reply = _shared_states_call(generator, _write_steps, (request_tokens, progress["call"], None))
+        if reply is None:
+            return None
+        _copy_complete(generator, progress, reply)
+        owned = {span: copy.result() for span, copy in progress["copies"].items()}
+    finally:
+        progress["pool"].shutdown(wait=True, cancel_futures=True)
+        state["stepping"] = None
+    layers = _SharedStates(progress["layers"])
+    layers.owned = owned
+    return _shared_states_result(state, layers, reply, started)
 '''
+
+HELPERS_SOURCE = (
+    "# How the captured states reach the generator (patcher v21): through a host buffer that the\n"
+    "# worker which captured them (tensor parallel rank 0) and the generator both map, in a file on a\n"
+    "# tmpfs whose name exists only while one call's reply is in flight. vLLM's RPC queue carries the\n"
+    "# file's path and where each layer lies, never the tensors. With v11's per-step RPC, that RPC\n"
+    "# carries the steps done so far and the generator copies out each complete prompt while vLLM\n"
+    "# computes the next step.\n" + BUFFER_SOURCE + "\n\n" + CAPTURED_STATES_SOURCE + "\n\n" + STEPS_SOURCE
+)
 
 GUARD_COMMENT = "# nothing captured, or no shared buffer (logged): vLLM's RPC queue carries them"
 
@@ -305,7 +423,26 @@ GET_CAPTURED_CALL = m.Call(
 REPLY_TARGET = [m.AssignTarget(target=m.Name(REPLY))]
 RPC_ASSIGN = m.SimpleStatementLine(body=[m.Assign(targets=REPLY_TARGET, value=GET_CAPTURED_CALL)])
 FAST_ASSIGN = m.SimpleStatementLine(
-    body=[m.Assign(targets=REPLY_TARGET, value=m.Call(func=m.Name(FETCH), args=[m.Arg(value=m.Name("self")), m.Arg()]))]
+    body=[
+        m.Assign(
+            targets=REPLY_TARGET,
+            value=m.Call(func=m.Name(FETCH) | m.Name(AFTER_STEPS), args=[m.Arg(value=m.Name("self")), m.Arg()]),
+        )
+    ]
+)
+# v11's per-step RPC: self.executor.collective_rpc("_set_request_metadata", args=(X,))
+SET_METADATA = m.SimpleStatementLine(
+    body=[
+        m.Expr(
+            value=m.Call(
+                func=m.Attribute(value=SELF_EXECUTOR, attr=m.Name("collective_rpc")),
+                args=[
+                    m.Arg(value=m.SimpleString('"_set_request_metadata"') | m.SimpleString("'_set_request_metadata'")),
+                    m.Arg(keyword=m.Name("args"), value=m.Tuple(elements=[m.Element()])),
+                ],
+            )
+        )
+    ]
 )
 REPLY_IS_NONE = m.Comparison(
     left=m.Name(REPLY), comparisons=[m.ComparisonTarget(operator=m.Is(), comparator=m.Name("None"))]
@@ -354,12 +491,28 @@ def _request_tokens_of(statement: cst.SimpleStatementLine) -> cst.BaseExpression
     return None
 
 
-class _Blocks(cst.CSTTransformer):
-    """Rewrites the RPC statement in every block of one function (see the codemod)."""
+def _stepped_tokens(function: cst.FunctionDef) -> str | None:
+    """The request tokens' expression where the function has v11's per-step RPC and one
+    unpatched fetch of the captured states with request tokens (the steps can carry the
+    transfer); None otherwise."""
+    if not m.findall(function, SET_METADATA):
+        return None
+    guarded = [rpc for guard in m.findall(function, GUARD) for rpc in m.findall(guard, RPC_ASSIGN)]
+    rpcs = [rpc for rpc in m.findall(function, RPC_ASSIGN) if not any(rpc is g for g in guarded)]
+    tokens = _request_tokens_of(rpcs[0]) if len(rpcs) == 1 else None  # type: ignore[arg-type]
+    if tokens is None or m.matches(tokens, m.Name("None")):
+        return None
+    return cst.Module(body=[]).code_for_node(tokens)
 
-    def __init__(self, codemod: PatchCodemod) -> None:
+
+class _Blocks(cst.CSTTransformer):
+    """Rewrites the RPC statement in every block of one function, and with steps (the request
+    tokens' expression) v11's per-step RPC (see the codemod)."""
+
+    def __init__(self, codemod: PatchCodemod, steps: str | None) -> None:
         super().__init__()
         self.codemod = codemod
+        self.steps = steps
         self.in_guard = 0
 
     def visit_If(self, node: cst.If) -> None:
@@ -384,6 +537,17 @@ class _Blocks(cst.CSTTransformer):
         self.codemod.rewrote()
         return cst.parse_expression(f"{ROWS}({code(iterable)}, {code(span.lower)}, {code(span.upper)})")
 
+    def leave_SimpleStatementLine(
+        self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+    ) -> cst.SimpleStatementLine:
+        if self.steps is None or not m.matches(updated, SET_METADATA):
+            return updated
+        self.codemod.rewrote()
+        scheduled = cst.Module(body=[]).code_for_node(updated.body[0].value.args[1].value.elements[0].value)  # type: ignore[attr-defined]
+        statement = cst.parse_statement(f"{STEP}(self, {self.steps}, {scheduled})\n")
+        assert isinstance(statement, cst.SimpleStatementLine)
+        return statement.with_changes(leading_lines=updated.leading_lines)
+
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
         if self.in_guard:  # the fallback inside the patched guard
             return updated
@@ -397,7 +561,8 @@ class _Blocks(cst.CSTTransformer):
                 self.codemod.rewrote()
                 changed = True
                 expression = cst.Module(body=[]).code_for_node(tokens)
-                fast = cst.parse_statement(f"{REPLY} = {FETCH}(self, {expression})\n").with_changes(
+                fetch = AFTER_STEPS if self.steps is not None else FETCH
+                fast = cst.parse_statement(f"{REPLY} = {fetch}(self, {expression})\n").with_changes(
                     leading_lines=statement.leading_lines
                 )
                 guard = cst.parse_statement(f"if {REPLY} is None:\n    pass\n")
@@ -416,6 +581,11 @@ class CapturedStatesThroughSharedMemory(PatchCodemod):
     args=(X,) (v11's call) or none (0.3.0's), becomes the shared-memory fetch of the same
     states (X, or None), with that call kept as the fallback under
     `if captured_states_list is None:`; the module gets the helpers (before its first class).
+
+    In a function that also has v11's `self.executor.collective_rpc("_set_request_metadata",
+    args=(S,))` before each step, the steps carry the transfer: that RPC becomes
+    `_states_while_stepping(self, X, S)` and the fetch `_captured_states_after_steps(self, X)`
+    (both or neither: one alone would write steps nobody reads, or read steps nobody wrote).
 
     Patched: the fetch followed by that guard. speculators 0.4.0 assigns its reply (keyed by
     request id) to another name: anchor-missing. The rewrite runs on each outermost function as
@@ -436,7 +606,7 @@ class CapturedStatesThroughSharedMemory(PatchCodemod):
         self.depth -= 1
         if self.depth:
             return updated
-        result = updated.visit(_Blocks(self))
+        result = updated.visit(_Blocks(self, _stepped_tokens(updated)))
         assert isinstance(result, cst.FunctionDef)
         return result
 
@@ -446,16 +616,7 @@ class CapturedStatesThroughSharedMemory(PatchCodemod):
         if any(isinstance(s, cst.FunctionDef) and s.name.value == FETCH for s in updated.body):
             return updated
         self.rewrote()
-        # After a first statement, so the opening comment stays with the code it describes
-        # (a module's leading comments would otherwise become its header).
-        helpers = list(cst.parse_module("_ = None\n" + HELPERS_SOURCE).body[1:])
-        body = list(updated.body)
-        index = next((i for i, s in enumerate(body) if isinstance(s, cst.ClassDef)), len(body))
-        blank = [cst.EmptyLine(), cst.EmptyLine()] if index else []
-        helpers[0] = helpers[0].with_changes(leading_lines=[*blank, *helpers[0].leading_lines])
-        if index < len(body):
-            body[index] = body[index].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-        return updated.with_changes(body=[*body[:index], *helpers, *body[index:]])
+        return with_helpers_before_first_class(updated, HELPERS_SOURCE)
 
 
 # when=EVERY_RELEASE: the RPC queue carries the reply on every release the patches support.
@@ -501,6 +662,50 @@ class VllmHiddenStatesGenerator:
 """
 )
 
+# v11's generate(): its RPC before each step carries the steps' transfer
+BEFORE_STEPS = """\
+import torch
+
+
+class VllmHiddenStatesGenerator:
+    def generate(self, token_ids):
+        request_tokens = {"req_0_0": 3}
+        while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:
+            self.executor.collective_rpc(
+                "_set_request_metadata",
+                args=(dict(scheduler_output.num_scheduled_tokens),),
+            )
+            self.executor.execute_model(scheduler_output)
+        captured_states_list = self.executor.collective_rpc(
+            "_get_captured_states",
+            args=(request_tokens,),
+            unique_reply_rank=0,
+        )
+        return captured_states_list
+"""
+AFTER_STEPS_EXAMPLE = (
+    "import torch\n\n\n"
+    + HELPERS_SOURCE
+    + """
+
+class VllmHiddenStatesGenerator:
+    def generate(self, token_ids):
+        request_tokens = {"req_0_0": 3}
+        while (scheduler_output := self.scheduler.schedule()).total_num_scheduled_tokens > 0:
+            _states_while_stepping(self, request_tokens, dict(scheduler_output.num_scheduled_tokens))
+            self.executor.execute_model(scheduler_output)
+        captured_states_list = _captured_states_after_steps(self, request_tokens)
+        if captured_states_list is None:
+            # nothing captured, or no shared buffer (logged): vLLM's RPC queue carries them
+            captured_states_list = self.executor.collective_rpc(
+                "_get_captured_states",
+                args=(request_tokens,),
+                unique_reply_rank=0,
+            )
+        return captured_states_list
+"""
+)
+
 OWN_CALL = 'captured_states_list = self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)'
 BEFORE_0_3_0 = """\
 import torch
@@ -542,11 +747,13 @@ PATCH = Patch(
         ),
     ),
     examples=(
+        Example(before=BEFORE_STEPS, after=AFTER_STEPS_EXAMPLE),
+        # the fetch with request tokens but no per-step RPC: the transfer after the last step
         Example(before=BEFORE, after=AFTER),
         # 0.3.0's own call (v11 not applied): the same rows, in the order vLLM computed them
         Example(before=BEFORE_0_3_0, after=AFTER_0_3_0),
     ),
-    satisfied=(AFTER,),
+    satisfied=(AFTER_STEPS_EXAMPLE, AFTER),
     near_misses=(
         # another RPC (_reset_capture) bound to the same name: not the captured states
         """

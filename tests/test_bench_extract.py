@@ -63,7 +63,10 @@ def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
         assert p["ok"] and p["tokens"] == timed * 8 * 64 and p["tokens_per_s"] > 0, (name, p)
         assert len(p["pass_s"]) == timed and sum(p["pass_s"]) <= p["seconds"] + 0.01, (name, p)
     generator, old = phases["generator"], phases["generator-without-v21"]
-    assert generator["transfer"] == "shared memory (v21)" and old["transfer"] == "RPC queue", (generator, old)
+    assert generator["transfer"] == "shared memory (v21, while stepping)" and old["transfer"] == "RPC queue", (
+        generator,
+        old,
+    )
     assert set(generator["split_s"]) >= {"execute", "sample", "transfer", "schedule", "assemble"}, generator
     # the split is the total over the timed calls (2 passes of 2 calls), and per call beside it
     assert generator["timed_calls"] == len(generator["call_s"]) == 4, generator

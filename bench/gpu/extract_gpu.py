@@ -3,6 +3,7 @@
     python3 bench/gpu/extract_gpu.py --stage /tmp/stage --run-dir .gpu/run --out "$OUT" [--budget-s 520]
                                      [--also-speculators 0.4.0.1|''] [--shapes llama-1b,wide-7168|none]
                                      [--no-native] [--no-leave-outs] [--no-e2e] [--mla] [--profile]
+                                     [--leave-out vN] [--leave-out-prompts N] [--leave-out-repeats N]
 
 Runs under the machine's own python3 (its torch, CUDA build), from the checkout the device tool
 sends; standard library only here (the phases run in bench/extract.py, in that python3 with
@@ -216,6 +217,9 @@ def main() -> int:
     parser.add_argument(
         "--profile", action="store_true", help="each generator phase also profiles one more call, untimed (cProfile)"
     )
+    parser.add_argument("--leave-out", help="the patch the leave-out runs leave out (default: v21, the RPC queue)")
+    parser.add_argument("--leave-out-prompts", type=int, help="prompts of the leave-out runs (default: 64)")
+    parser.add_argument("--leave-out-repeats", type=int, help="timed passes of the leave-out runs (default: 1)")
     parser.add_argument(
         "--mla",
         action="store_true",
@@ -281,6 +285,9 @@ def main() -> int:
             settings.update(gpu_memory_utilization=0.1, layers=[0, 2, 3], repeats=2)
         if args.profile:
             settings = dict(settings, profile=True)
+        for key in ("leave_out", "leave_out_prompts", "leave_out_repeats"):
+            if getattr(args, key) is not None:
+                settings = dict(settings, **{key: getattr(args, key)})
         records[shape] = extract.new_record(shape, str(gpu_run.MODEL if args.smoke else MODELS / shape), settings)
 
     def save() -> None:
@@ -346,17 +353,18 @@ class Plan:
         if self.installed.version != "0.3.0" or not self.run.summary.get("apply_ok"):
             return
         if "llama-1b" in records and not self.args.no_leave_outs:
-            with bench.without("v21"):
+            with bench.without(records["llama-1b"]["config"]["leave_out"]):
                 extract.run_without(bench, records["llama-1b"], LOGS)
             self.save()
         if not self.args.no_e2e:
             self.e2e([("tp1", gpu_run.MODEL, 1)])
         if "wide-7168" in records and not self.args.no_leave_outs:
+            patch = records["wide-7168"]["config"]["leave_out"]
             if self.left() > 90:
-                with bench.without("v21"):
+                with bench.without(patch):
                     extract.run_without(bench, records["wide-7168"], LOGS)
             else:
-                self.run.say("wide-7168 without v21: skipped, out of time")
+                self.run.say(f"wide-7168 without {patch}: skipped, out of time")
             self.save()
         if self.args.mla:
             self.mla()

@@ -10,7 +10,8 @@ MODE:
   the first call's results are compared again after the later calls and after the generator is
   shut down and deleted. --dump saves the first call's results (torch.save) for comparing runs.
 - worker-error: a call during whose transfer the worker raises: with v21, the step's request
-  metadata one token short (v10's request-by-request check raises); with v26, which cuts as
+  metadata one token short (v10's request-by-request check raises; while stepping that
+  metadata goes with the steps' write, whose own check raises); with v26, which cuts as
   0.4's _get_captured_states does whatever the metadata says, one captured layer one row short
   (v26 refuses layers whose steps differ in rows); the report names the exception.
 - sigint: one generator, one call per moment of MOMENTS in turn, each interrupted by a real
@@ -43,9 +44,11 @@ MOMENTS = {
     "after-reply": "just after the worker's reply arrived (the file made and sized)",
 }
 WAIT_LIMIT = 120  # seconds for anything the driver or the worker waits on (a hang is a failure)
-# The worker's side of the transfer, as collective_rpc sends it: v21's (0.3.0), v26's (0.4.x).
-# Both take the file's path and the generator's mapped buffer as their last two arguments.
-WRITES = ("_write_captured_states", "_write_request_states")
+# The worker's side of the transfer, as collective_rpc sends it: v21's (0.3.0: after the steps,
+# or while stepping, before each step and after the last, the first not interrupted), v26's
+# (0.4.x). Each takes the
+# file's path and the generator's mapped buffer as its last two arguments.
+WRITES = ("_write_captured_states", "_write_request_states", "_write_steps")
 
 
 def prompts(count: int, low: int, high: int, seed: int) -> list[list[int]]:
@@ -57,7 +60,10 @@ def transfer_of(generator) -> dict:
     state = generator.__dict__.get("_shared_states")
     if not state:
         return {"path": "RPC queue"}
-    return {"path": "shared memory" if state.get("calls") else "RPC queue", "calls": state.get("calls", 0)}
+    transfer = {"path": "shared memory" if state.get("calls") else "RPC queue", "calls": state.get("calls", 0)}
+    if state.get("stepped"):  # calls whose steps carried the transfer (v21 with v11's per-step RPC)
+        transfer["while_stepping"] = state["stepped"]
+    return transfer
 
 
 def owns_storage(tensor) -> bool:
@@ -195,8 +201,8 @@ def run(model: str, mode: str, dump: str | None) -> dict:
         report["valid_after_close"] = all(
             torch.equal(h, c) for r, cs in zip(first, copies) for h, c in zip(r["hidden_states"], cs)
         )
-        if dump:
-            torch.save([r["hidden_states"] for r in first], dump)
+        if dump:  # the first call (one step) and the second (two steps, a prompt split across them)
+            torch.save([r["hidden_states"] for r in first + outputs[1]], dump)
         report["ok"] = all(report[k] for k in ("order_ok", "rows_ok", "own_storage", "valid_after_close"))
         return report
     if mode == "worker-error":
@@ -206,9 +212,13 @@ def run(model: str, mode: str, dump: str | None) -> dict:
 
         def one_token_short(method, *args, **kwargs):
             # v21: the step's request metadata one token short: v10's request-by-request check raises
+            # (while stepping it goes with the steps' write: its check raises after the last step)
             if method == "_set_request_metadata":
                 (scheduled,) = kwargs["args"]
                 kwargs["args"] = ({request: count - 1 for request, count in scheduled.items()},)
+            elif getattr(method, "__name__", "") == "_write_steps" and kwargs["args"][2] is not None:
+                tokens, call, scheduled, *rest = kwargs["args"]
+                kwargs["args"] = (tokens, call, {request: count - 1 for request, count in scheduled.items()}, *rest)
             return real_rpc(method, *args, **kwargs)
 
         def a_row_short(method, *args, **kwargs):
@@ -236,7 +246,12 @@ def run(model: str, mode: str, dump: str | None) -> dict:
 
             def interrupting(method, *args, seen=seen, moment=moment, **kwargs):
                 write = getattr(method, "__name__", "") if callable(method) else ""
-                if write not in WRITES:
+                if write not in WRITES or seen.get("rpc_file"):
+                    return real(method, *args, **kwargs)
+                if write == "_write_steps" and not seen.pop("first_step_passed", False):
+                    # the first step write comes before the first step, with nothing captured: the
+                    # one to interrupt is the next, which makes and sizes the buffer
+                    seen["first_step_passed"] = True
                     return real(method, *args, **kwargs)
                 seen["rpc_file"] = kwargs["args"][-2]
                 if moment == "before-reply":
