@@ -18,6 +18,10 @@ wall time is kept (`pass_s`, `call_s`), so the spread between timed calls shows.
   slicing and cloning each prompt's rows, bookkeeping). Every prompt's result is checked whole
   and in the caller's order (its input_ids, and as many rows as it has tokens in every layer) in
   every pass, outside the timed wall;
+- `generator-after-steps` (--phases; speculators 0.3.0): the same generator with v21's step path
+  off in its process (v11's per-step RPC carries only the request metadata, and the states move
+  after the last step, v21's other path): what the steps carrying the transfer give, on the same
+  prompts, and the tensors compared with the generator's (`equality-after-steps`);
 - `generator-speculators-V` (--also-speculators V, or extract_gpu.py's second install): the same
   with that speculators release, patched, on the same prompts;
 - `vllm-eager`: vLLM's LLM.generate(prompts, SamplingParams(max_tokens=1)) with the generator's
@@ -123,8 +127,9 @@ SHAPES = {
         "vocab_size": 32000,
     },
 }
-PHASE_NAMES = ("generator", "vllm-eager", "vllm-default", "native")
-DEFAULT_PHASES = PHASE_NAMES
+PHASE_NAMES = ("generator", "vllm-eager", "vllm-default", "native", "generator-after-steps")
+DEFAULT_PHASES = PHASE_NAMES[:4]
+AFTER_STEPS = "generator-after-steps"
 PHASE_ALIASES = {"vllm-aux": "native"}  # the native phase's first name
 # each baseline phase: vLLM's LLM() settings (phase_vllm's config["settings"])
 BASELINES = {"vllm-eager": "generator", "vllm-default": "default", "native": "native"}
@@ -333,6 +338,21 @@ def whole_each(batch: list[list[int]], results: list[dict]) -> list[bool]:
     ]
 
 
+def transfer_after_steps(module) -> bool:
+    """v21's step path off in this process (the generator's module): v11's per-step RPC carries only
+    the request metadata and the states move after the last step, v21's other path. False where the
+    module has no step path (speculators 0.4.x, v21 not applied)."""
+    if not hasattr(module, "_states_while_stepping"):
+        return False
+
+    def metadata_only(generator, request_tokens, scheduled):
+        generator.executor.collective_rpc("_set_request_metadata", args=(scheduled,))
+
+    module._states_while_stepping = metadata_only
+    module._captured_states_after_steps = module._captured_states_through_shared_memory
+    return True
+
+
 def phase_generator(config: dict) -> dict:
     import torch
 
@@ -340,6 +360,8 @@ def phase_generator(config: dict) -> dict:
     from speculators.data_generation.vllm_hidden_states_generator import VllmHiddenStatesGenerator
 
     import_s = time.monotonic() - started
+    if config.get("after_steps") and not transfer_after_steps(sys.modules[VllmHiddenStatesGenerator.__module__]):
+        return {"unsupported": "no step path here (v21 with v11's per-step RPC, speculators 0.3.0)"}
     prompts = make_prompts(config["prompts"], config["prompt_len"], vocab_of(config["model"]))
     per_call = config["per_call"]
     calls = [prompts[i : i + per_call] for i in range(0, len(prompts), per_call)]
@@ -947,6 +969,16 @@ def run_with(bench: Bench, record: dict, phases: list[str], dumps: Path, specula
         record["phases"]["generator" + suffix] = bench.phase(
             "generator", dict(config, dump=dump), f"{label}-generator{suffix}"
         )
+    if AFTER_STEPS in phases:
+        dump = dumps / f"{label}{suffix}-after-steps.pt"
+        record["phases"][AFTER_STEPS + suffix] = bench.phase(
+            "generator", dict(config, dump=str(dump), after_steps=True), f"{label}-{AFTER_STEPS}{suffix}"
+        )
+        with_dump = dumps / f"{label}{suffix}-with.pt"
+        if with_dump.is_file() and dump.is_file():
+            record["equality-after-steps" + suffix] = bench.phase(
+                "compare", {"with": str(with_dump), "without": str(dump)}, f"{label}{suffix}-compare-after-steps"
+            )
     for name in phases:  # in the caller's order (extract_gpu.py puts vllm-default's long start last)
         if name in BASELINES:
             record["phases"][name] = bench.phase("vllm", dict(config, settings=BASELINES[name]), f"{label}-{name}")
@@ -1045,6 +1077,12 @@ def ratios(phases: dict) -> dict:
                 out[f"transfer{release}-without-{other['patch']}/transfer{release}"] = round(
                     old_transfer / new_transfer, 2
                 )
+    # the steps carrying the transfer against the states moved after the last step (v21's two paths)
+    after = rate(AFTER_STEPS)
+    if after and rate("generator"):
+        out[f"generator/{AFTER_STEPS}"] = round((rate("generator") or 0.0) / after, 3)
+    if after and faster:
+        out[f"{AFTER_STEPS}/faster-prefill"] = round(after / (rate(faster) or 1.0), 3)
     if rate("native") and rate("vllm-eager"):
         out["native/vllm-eager"] = round(rate("native") / rate("vllm-eager"), 3)
     if rate("native") and faster:
@@ -1058,6 +1096,7 @@ DENOMINATORS = {
     "faster-prefill": "the faster of vLLM's two prefills in this run (see faster_prefill)",
     "native": "vLLM's native extract_hidden_states path, every prompt's states loaded as CPU tensors (native)",
     "generator": "the generator of the run's own speculators release, every patch (generator)",
+    AFTER_STEPS: "the same generator with the states moved after the last step (generator-after-steps)",
 }
 
 
@@ -1072,6 +1111,8 @@ def ratio_meaning(key: str) -> str:
     match = GENERATOR_PHASE.fullmatch(numerator)
     if numerator == "native":
         what = "vLLM's native extraction"
+    elif numerator == AFTER_STEPS:
+        what = "the generator with the states moved after the last step (every patch, v21's step path off)"
     elif match:
         release = (match["release"] or "").removeprefix("-speculators-")
         patches = f"without {match['patch']}" if match["patch"] else "every patch"
@@ -1156,6 +1197,8 @@ def passed(record: dict) -> bool:
         match = GENERATOR_PHASE.fullmatch(name)
         if match and match["patch"]:
             ok = ok and bool(record.get("equality" + (match["release"] or ""), {}).get("equal_within_spread"))
+    if AFTER_STEPS in phases:  # v21's two paths: the same tensors
+        ok = ok and bool(record.get("equality-after-steps", {}).get("equal_within_spread"))
     return ok
 
 

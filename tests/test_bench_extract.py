@@ -1,7 +1,7 @@
 """bench/extract.py's short form runs on the real vLLM 0.16.0 CPU build and reports: every phase
 (the generator with v21, vLLM's prefill with the generator's settings and with its defaults, vLLM's
 native extract_hidden_states path, which 0.16 has not: not run, with that reason, the generator
-without v21), the ratios, the time split, peak host memory and the equality check, each phase
+with the states moved after the last step, the generator without v21), the ratios, the time split, peak host memory and the equality check, each phase
 timed over two passes of the prompts. Nothing here is about speed: the figures are whatever they
 are; only that they are there. The record's arithmetic without vLLM: test_bench_extract_record.py."""
 
@@ -37,7 +37,17 @@ def engine_cannot_start_here(stdout: str) -> bool:
 
 def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "extract.py"), "--quick", "--leave-out", "v21", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            str(ROOT / "bench" / "extract.py"),
+            "--quick",
+            "--leave-out",
+            "v21",
+            "--phases",
+            "generator,generator-after-steps,vllm-eager,vllm-default,native",
+            "--out",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -52,7 +62,14 @@ def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((tmp_path / "extract-tiny-quick.json").read_text())
     phases = record["phases"]
-    assert set(phases) == {"generator", "vllm-eager", "vllm-default", "native", "generator-without-v21"}, phases
+    assert set(phases) == {
+        "generator",
+        "generator-after-steps",
+        "vllm-eager",
+        "vllm-default",
+        "native",
+        "generator-without-v21",
+    }, phases
     # the native path needs vLLM 0.17+: not run, the reason said, and the run still passes
     native = phases.pop("native")
     assert not native["ok"] and "0.17+" in native["unsupported"] and native["exit"] == 0, native
@@ -67,6 +84,9 @@ def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
         generator,
         old,
     )
+    # v21's other path in the same run: the states moved after the last step, the same tensors
+    assert phases["generator-after-steps"]["transfer"] == "shared memory (v21)", phases["generator-after-steps"]
+    assert record["equality-after-steps"]["bit_equal"], record["equality-after-steps"]
     assert set(generator["split_s"]) >= {"execute", "sample", "transfer", "schedule", "assemble"}, generator
     # the split is the total over the timed calls (2 passes of 2 calls), and per call beside it
     assert generator["timed_calls"] == len(generator["call_s"]) == 4, generator
@@ -82,6 +102,8 @@ def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
         "generator-without-v21/vllm-eager",
         "generator/generator-without-v21",
         "transfer-without-v21/transfer",
+        "generator/generator-after-steps",
+        "generator-after-steps/faster-prefill",
     }, record["ratios"]
     assert record["faster_prefill"] in ("vllm-eager", "vllm-default")
     assert set(record["ratio_meanings"]) == set(record["ratios"])

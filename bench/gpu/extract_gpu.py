@@ -15,7 +15,9 @@ saved as soon as it is known:
 3. the models, random weights, in one process: `llama-1b` (issue 26's: hidden 2048, 16 layers,
    bf16), `wide-7168` (Kimi-K2.5's hidden size, 4 layers) and the demo's tiny model;
 4. each model of --shapes (llama-1b: 512 prompts of 1024 tokens, 64 a call; wide-7168: 128 prompts
-   of 1024 tokens, 64 a call; layers 1,2,3): the generator (speculators 0.3.0, v21), vLLM's own
+   of 1024 tokens, 64 a call; layers 1,2,3): the generator (speculators 0.3.0, v21), the same with
+   the states moved after the last step (`generator-after-steps`: v21's step path off, the tensors
+   compared), vLLM's own
    prefill with the generator's settings (`vllm-eager`), vLLM's native extract_hidden_states
    path (`native`, vLLM 0.17+, timed until every prompt's states are CPU tensors; --no-native
    leaves it out) and vLLM's prefill with its defaults (`vllm-default`: the longest start,
@@ -346,7 +348,8 @@ class Plan:
         # what the issue-42 ratios need first, speculators 0.3.0 installed: the generator and both of
         # vLLM's prefills (vllm-default's compiled start is the longest) and vLLM's native path
         for record in records.values():
-            extract.run_with(bench, record, ["generator", "vllm-eager", *self.native, "vllm-default"], LOGS)
+            phases = ["generator", extract.AFTER_STEPS, "vllm-eager", *self.native, "vllm-default"]
+            extract.run_with(bench, record, phases, LOGS)
             self.save()
         if self.args.also_speculators and records:
             self.second_release()
