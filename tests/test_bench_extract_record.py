@@ -240,9 +240,11 @@ def test_extract_gpu_runs_issue_42s_phases_first_and_switches_back_only_for_what
         extract_gpu.Plan(args, Run(), Bench(), Installed(), records, lambda: None, 10**12).run_all()
         return list(ran)
 
-    # the issue-42 call: 0.3.0's generator and vLLM's three baselines, then 0.4.0.1, and no switch back
+    # the issue-42 call: 0.3.0's generator (with its step path and without), vLLM's three
+    # baselines, then 0.4.0.1, and no switch back
     assert plan() == [
         "llama-1b-generator",
+        "llama-1b-generator-after-steps",
         "llama-1b-vllm-eager",
         "llama-1b-native",
         "llama-1b-vllm-default",
@@ -250,7 +252,7 @@ def test_extract_gpu_runs_issue_42s_phases_first_and_switches_back_only_for_what
         "llama-1b-generator-speculators-0.4.0.1",
     ]
     full = plan(no_leave_outs=False, no_e2e=False)
-    assert full[4:] == [
+    assert full[5:] == [
         "install 0.4.0.1",
         "llama-1b-generator-speculators-0.4.0.1",
         "without v26",
