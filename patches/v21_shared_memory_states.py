@@ -11,8 +11,8 @@ prefill of the same prompts. The cost is per byte, so a model of hidden size 716
 
 With this patch, per generate() call, the same reply by another path (whatever the RPC asks
 for: with v11, each request's rows in the caller's order; without it, 0.3.0's concatenation):
-- the generator makes one empty file with mkstemp (mode 0600) on a tmpfs (/dev/shm where it can
-  write there, else tempfile's folder) and sends only its path through the RPC, with a callable
+- the generator makes one empty file (a random name, O_EXCL, mode 0600) on a tmpfs (/dev/shm where
+  it can write there, else tempfile's folder) and sends only its path through the RPC, with a callable
   that runs in the worker (collective_rpc takes callables on every release; it is pickled by
   reference, so the worker runs this same patched module);
 - the worker (tensor parallel rank 0, the only one that captures; the others answer None) takes
