@@ -974,11 +974,7 @@ def run_with(bench: Bench, record: dict, phases: list[str], dumps: Path, specula
         record["phases"][AFTER_STEPS + suffix] = bench.phase(
             "generator", dict(config, dump=str(dump), after_steps=True), f"{label}-{AFTER_STEPS}{suffix}"
         )
-        with_dump = dumps / f"{label}{suffix}-with.pt"
-        if with_dump.is_file() and dump.is_file():
-            record["equality-after-steps" + suffix] = bench.phase(
-                "compare", {"with": str(with_dump), "without": str(dump)}, f"{label}{suffix}-compare-after-steps"
-            )
+        compare_with_every_patch(bench, record, dumps, suffix, dump, "-after-steps")
     for name in phases:  # in the caller's order (extract_gpu.py puts vllm-default's long start last)
         if name in BASELINES:
             record["phases"][name] = bench.phase("vllm", dict(config, settings=BASELINES[name]), f"{label}-{name}")
@@ -1001,10 +997,17 @@ def run_without(
     record["phases"][f"generator{suffix}-without-{patch}"] = bench.phase(
         "generator", config, f"{label}-generator{suffix}-without-{patch}"
     )
+    compare_with_every_patch(bench, record, dumps, suffix, dump, "")
+
+
+def compare_with_every_patch(bench: Bench, record: dict, dumps: Path, suffix: str, dump: Path, what: str) -> None:
+    """record["equality" + what + suffix]: dump's tensors against those of the generator with every
+    patch (run_with's dump of the same prompts), where both were written."""
+    label = record["label"]
     with_dump = dumps / f"{label}{suffix}-with.pt"
     if with_dump.is_file() and dump.is_file():
-        record["equality" + suffix] = bench.phase(
-            "compare", {"with": str(with_dump), "without": str(dump)}, f"{label}{suffix}-compare"
+        record["equality" + what + suffix] = bench.phase(
+            "compare", {"with": str(with_dump), "without": str(dump)}, f"{label}{suffix}-compare{what}"
         )
 
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-# The part both lines share: worker side (_capturing_worker, _shared_states_buffer), generator
-# side (_shared_states_call, _copy_rows). Module globals it uses: `torch` and `log` (the
-# generator's PipelineLogger).
+# The part both lines share: worker side (_capturing_worker, _shared_states_buffer, _layer_layout,
+# _no_buffer), generator side (_shared_states_call, _buffer_views, _copy_rows, _count_call).
+# Module globals it uses: `torch` and `log` (the generator's PipelineLogger).
 BUFFER_SOURCE = '''\
 _SHARED_STATES_ALIGNMENT = 4096  # each layer starts on a page boundary (any dtype, DMA friendly)
 
@@ -113,6 +113,13 @@ def _shared_states_buffer(worker, size, path, mapped_buffer, pin):
     return buffer, True
 
 
+def _shared_states_of(generator):
+    """The generator's side of the transfer: the buffer it maps, whether it warned, its calls."""
+    return generator.__dict__.setdefault(
+        "_shared_states", {"buffer": None, "host": None, "warned": False, "calls": 0}
+    )
+
+
 def _shared_states_call(generator, write, args):
     """collective_rpc(write, args=(*args, path, mapped buffer), unique_reply_rank=0): the reply
     of the worker that captured, with generator._shared_states["host"] mapping the buffer it
@@ -126,9 +133,7 @@ def _shared_states_call(generator, write, args):
     import os
     import secrets
 
-    state = generator.__dict__.setdefault(
-        "_shared_states", {"buffer": None, "host": None, "warned": False, "calls": 0}
-    )
+    state = _shared_states_of(generator)
     path = os.path.join(_shared_states_folder(), "speculators-states-" + secrets.token_hex(16))
     fd = None
     try:
@@ -172,18 +177,85 @@ def _shared_states_call(generator, write, args):
     return reply
 
 
-def _copy_rows(layers, spans):
-    """For each (start, stop) of spans, every layer's rows start:stop as tensors of their own,
-    several spans at a time: vLLM runs the caller's torch on one thread
-    (set_multiprocessing_worker_envs), so copying them one by one is the slow part."""
+def _layer_layout(layers):
+    """Where layers ((dtype, shape) each) lie in the buffer, one after another, each on a page
+    boundary: ([{"dtype", "shape", "offset"}], the bytes they take)."""
+    import math
+
+    layout = []
+    end = 0
+    for dtype, shape in layers:
+        layout.append({"dtype": str(dtype).removeprefix("torch."), "shape": list(shape), "offset": end})
+        nbytes = math.prod(shape) * dtype.itemsize
+        end += -(-nbytes // _SHARED_STATES_ALIGNMENT) * _SHARED_STATES_ALIGNMENT
+    return layout, end
+
+
+def _buffer_views(host, layout):
+    """The layers of a _layer_layout as views of the mapped buffer host."""
+    import math
+
+    views = []
+    for layer in layout:
+        dtype = getattr(torch, layer["dtype"])
+        nbytes = math.prod(layer["shape"]) * dtype.itemsize
+        views.append(host[layer["offset"] : layer["offset"] + nbytes].view(dtype).view(layer["shape"]))
+    return views
+
+
+def _no_buffer(error, size, path):
+    """The worker's reply where no buffer could be made for size bytes at path."""
+    import os
+
+    size = max(size, _SHARED_STATES_ALIGNMENT)
+    return {"unavailable": f"{type(error).__name__}: {error} ({size >> 20} MiB in {os.path.dirname(path)})"}
+
+
+def _spans(counts):
+    """[(start, stop)] of consecutive runs of rows, one per count."""
+    spans = []
+    start = 0
+    for count in counts:
+        spans.append((start, start + count))
+        start += count
+    return spans
+
+
+def _copy_pool():
+    """Threads that copy rows out of the buffer: vLLM runs the caller's torch on one thread
+    (set_multiprocessing_worker_envs), so copying prompts one by one is the slow part."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    def copy(span):
-        return [layer[span[0] : span[1]].clone() for layer in layers]
+    return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)))
 
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-        return list(pool.map(copy, spans))
+
+def _owned_rows(layers, span):
+    """Every layer's rows span[0]:span[1], as tensors of their own."""
+    return [layer[span[0] : span[1]].clone() for layer in layers]
+
+
+def _copy_rows(layers, spans):
+    """_owned_rows for each span, several spans at a time."""
+    import functools
+
+    with _copy_pool() as pool:
+        return list(pool.map(functools.partial(_owned_rows, layers), spans))
+
+
+def _count_call(state, layers, reply, started):
+    """One call through the buffer counted in the generator's state, and what it moved."""
+    import time
+
+    state["calls"] += 1
+    state["last"] = {
+        "seconds": time.perf_counter() - started,
+        "worker_seconds": reply["seconds"],
+        "bytes": sum(h.numel() * h.element_size() for h in layers),
+        "buffer_bytes": reply["size"],
+        "pinned": reply["pinned"],
+        "made": reply["made"],
+    }
 '''
 
 

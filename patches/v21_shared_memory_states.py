@@ -78,7 +78,6 @@ def _write_captured_states(worker, request_tokens, path, mapped_buffer):
     None where nothing was captured (tensor parallel ranks other than 0); {"unavailable": why}
     where no buffer could be made: the states are kept for _get_captured_states.
     \"\"\"
-    import os
     import time
 
     worker = _capturing_worker(worker)
@@ -93,21 +92,12 @@ def _write_captured_states(worker, request_tokens, path, mapped_buffer):
         layers = _rows_by_request(
             worker._captured_states, getattr(worker, "_request_metadata", None) or [], request_tokens
         )
-    offsets = []
-    end = 0
-    for layer in layers:
-        offsets.append(end)
-        nbytes = layer.numel() * layer.element_size()
-        end += -(-nbytes // _SHARED_STATES_ALIGNMENT) * _SHARED_STATES_ALIGNMENT
+    layout, end = _layer_layout([(layer.dtype, layer.shape) for layer in layers])
     try:
         buffer, made = _shared_states_buffer(worker, end, path, mapped_buffer, layers[0].is_cuda)
     except OSError as error:
-        size = max(end, _SHARED_STATES_ALIGNMENT)
-        return {"unavailable": f"{type(error).__name__}: {error} ({size >> 20} MiB in {os.path.dirname(path)})"}
-    host = buffer["host"]
-    for layer, offset in zip(layers, offsets):
-        nbytes = layer.numel() * layer.element_size()
-        view = host[offset : offset + nbytes].view(layer.dtype).view(layer.shape)
+        return _no_buffer(error, end, path)
+    for view, layer in zip(_buffer_views(buffer["host"], layout), layers):
         view.copy_(layer, non_blocking=buffer["pinned"])
     if layers[0].is_cuda:
         torch.cuda.synchronize(layers[0].device)
@@ -118,10 +108,7 @@ def _write_captured_states(worker, request_tokens, path, mapped_buffer):
         "made": made,
         "size": buffer["size"],
         "pinned": buffer["pinned"],
-        "layers": [
-            {"dtype": str(layer.dtype).removeprefix("torch."), "shape": list(layer.shape), "offset": offset}
-            for layer, offset in zip(layers, offsets)
-        ],
+        "layers": layout,
         "seconds": time.perf_counter() - started,
     }
 
@@ -143,42 +130,10 @@ def _prompt_rows(layers, start, stop):
     return rows
 
 
-def _prompt_spans(request_tokens):
-    \"\"\"[(start, stop)] of each request's rows in the reply, in the order of request_tokens.\"\"\"
-    spans = []
-    start = 0
-    for tokens in request_tokens.values():
-        spans.append((start, start + tokens))
-        start += tokens
-    return spans
-
-
-def _buffer_views(host, layers):
-    \"\"\"The reply's layers ({"dtype", "shape", "offset"} each) as views of the mapped buffer.\"\"\"
-    views = []
-    for layer in layers:
-        dtype = getattr(torch, layer["dtype"])
-        nbytes = dtype.itemsize
-        for dim in layer["shape"]:
-            nbytes *= dim
-        views.append(host[layer["offset"] : layer["offset"] + nbytes].view(dtype).view(layer["shape"]))
-    return views
-
-
 def _shared_states_result(state, layers, reply, started):
     \"\"\"layers as collective_rpc would return them (in a one-element list where the executor
     wraps the reply, as vLLM 0.11.0 does), the call counted and measured.\"\"\"
-    import time
-
-    state["calls"] += 1
-    state["last"] = {
-        "seconds": time.perf_counter() - started,
-        "worker_seconds": reply["seconds"],
-        "bytes": sum(h.numel() * h.element_size() for h in layers),
-        "buffer_bytes": reply["size"],
-        "pinned": reply["pinned"],
-        "made": reply["made"],
-    }
+    _count_call(state, layers, reply, started)
     return [layers] if state.get("wrapped") else layers
 
 
@@ -198,7 +153,7 @@ def _captured_states_through_shared_memory(generator, request_tokens):
     state = generator._shared_states
     layers = _SharedStates(_buffer_views(state["host"], reply["layers"]))
     if request_tokens:  # the rows come in the caller's order: each prompt's are known now
-        spans = _prompt_spans(request_tokens)
+        spans = _spans(request_tokens.values())
         layers.owned = dict(zip(spans, _copy_rows(layers, spans)))
     return _shared_states_result(state, layers, reply, started)
 """
@@ -241,9 +196,6 @@ def _write_steps(worker, request_tokens, call, scheduled, path, mapped_buffer):
 
 def _write_new_steps(worker, progress, request_tokens, path, mapped_buffer):
     """_write_steps' copy: the call's first write lays the buffer out for every request's rows."""
-    import math
-    import os
-
     captured = getattr(worker, "_captured_states", None)
     if captured is None:
         return None
@@ -255,30 +207,15 @@ def _write_new_steps(worker, progress, request_tokens, path, mapped_buffer):
         raise RuntimeError(f"captured {count} forward steps, request metadata for {len(steps)}")
     if progress["reply"] is None:
         rows = sum(request_tokens.values())
-        layers, end = [], 0
-        for layer_steps in captured:
-            sample = layer_steps[0]
-            row_shape = list(sample.shape[1:])
-            layers.append({"dtype": str(sample.dtype).removeprefix("torch."), "shape": [rows, *row_shape], "offset": end})
-            nbytes = rows * math.prod(row_shape) * sample.element_size()
-            end += -(-nbytes // _SHARED_STATES_ALIGNMENT) * _SHARED_STATES_ALIGNMENT
+        layers, end = _layer_layout([(steps[0].dtype, [rows, *steps[0].shape[1:]]) for steps in captured])
         try:
             buffer, made = _shared_states_buffer(worker, end, path, mapped_buffer, captured[0][0].is_cuda)
         except OSError as error:
-            size = max(end, _SHARED_STATES_ALIGNMENT)
-            progress["unavailable"] = f"{type(error).__name__}: {error} ({size >> 20} MiB in {os.path.dirname(path)})"
+            progress["unavailable"] = _no_buffer(error, end, path)["unavailable"]
             return {"unavailable": progress["unavailable"]}
-        starts, start = {}, 0
-        for request_id, tokens in request_tokens.items():
-            starts[request_id] = start
-            start += tokens
-        progress["starts"] = starts
-        progress["views"] = [
-            buffer["host"][layer["offset"] : layer["offset"] + rows * math.prod(layer["shape"][1:]) * s[0].element_size()]
-            .view(s[0].dtype)
-            .view(layer["shape"])
-            for layer, s in zip(layers, captured)
-        ]
+        spans = _spans(request_tokens.values())
+        progress["starts"] = {request_id: span[0] for request_id, span in zip(request_tokens, spans)}
+        progress["views"] = _buffer_views(buffer["host"], layers)
         progress["reply"] = {
             "buffer": buffer["id"],
             "made": made,
@@ -326,11 +263,8 @@ def _stepping(generator, request_tokens):
     buffer, the copies under way. A new call (each generate() makes its request_tokens anew) ends
     what an earlier call left, an interrupted one's copies included."""
     import os
-    from concurrent.futures import ThreadPoolExecutor
 
-    state = generator.__dict__.setdefault(
-        "_shared_states", {"buffer": None, "host": None, "warned": False, "calls": 0}
-    )
+    state = _shared_states_of(generator)
     progress = state.get("stepping")
     if progress is not None and progress["tokens"] is request_tokens:
         return progress
@@ -340,11 +274,11 @@ def _stepping(generator, request_tokens):
     progress = state["stepping"] = {
         "tokens": request_tokens,
         "call": f"{os.getpid()}-{id(generator)}-{state['stepped']}",
-        "spans": dict(zip(request_tokens, _prompt_spans(request_tokens))),
+        "spans": dict(zip(request_tokens, _spans(request_tokens.values()))),
         "copies": {},
         "layers": None,
         "buffer": None,
-        "pool": ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))),
+        "pool": _copy_pool(),
     }
     return progress
 
@@ -354,14 +288,9 @@ def _copy_complete(generator, progress, reply):
     if progress["buffer"] != reply["buffer"]:
         progress["layers"] = _buffer_views(generator._shared_states["host"], reply["layers"])
         progress["buffer"] = reply["buffer"]
-    layers = progress["layers"]
-
-    def copy(span):
-        return [layer[span[0] : span[1]].clone() for layer in layers]
-
     for request_id in reply["complete"]:
         span = progress["spans"][request_id]
-        progress["copies"][span] = progress["pool"].submit(copy, span)
+        progress["copies"][span] = progress["pool"].submit(_owned_rows, progress["layers"], span)
 
 
 def _states_while_stepping(generator, request_tokens, scheduled):

@@ -66,8 +66,6 @@ def _write_request_states(worker, path, mapped_buffer):
     for _get_captured_states).
     """
     import bisect
-    import math
-    import os
     import time
 
     worker = _capturing_worker(worker)
@@ -112,23 +110,13 @@ def _write_request_states(worker, path, mapped_buffer):
                 copies.append([start, stop, rows])
             rows += stop - start
         requests.append([request_id, rows - first])
-    offsets = []
-    end = 0
-    for steps in captured:
-        offsets.append(end)
-        nbytes = rows * math.prod(steps[0].shape[1:]) * steps[0].element_size()
-        end += -(-nbytes // _SHARED_STATES_ALIGNMENT) * _SHARED_STATES_ALIGNMENT
+    layout, end = _layer_layout([(steps[0].dtype, [rows, *steps[0].shape[1:]]) for steps in captured])
     device = captured[0][0].device
     try:
         buffer, made = _shared_states_buffer(worker, end, path, mapped_buffer, device.type == "cuda")
     except OSError as error:
-        size = max(end, _SHARED_STATES_ALIGNMENT)
-        return {"unavailable": f"{type(error).__name__}: {error} ({size >> 20} MiB in {os.path.dirname(path)})"}
-    host = buffer["host"]
-    for steps, offset in zip(captured, offsets):
-        shape = [rows, *steps[0].shape[1:]]
-        nbytes = rows * math.prod(steps[0].shape[1:]) * steps[0].element_size()
-        layer = host[offset : offset + nbytes].view(steps[0].dtype).view(shape)
+        return _no_buffer(error, end, path)
+    for steps, layer in zip(captured, _buffer_views(buffer["host"], layout)):
         for start, stop, at in copies:
             while start < stop:  # a copy spans steps only where the metadata does
                 index = bisect.bisect_right(step_starts, start) - 1
@@ -146,11 +134,7 @@ def _write_request_states(worker, path, mapped_buffer):
         "made": made,
         "size": buffer["size"],
         "pinned": buffer["pinned"],
-        "rows": rows,
-        "layers": [
-            {"dtype": str(steps[0].dtype).removeprefix("torch."), "row_shape": list(steps[0].shape[1:]), "offset": offset}
-            for steps, offset in zip(captured, offsets)
-        ],
+        "layers": layout,
         "requests": requests,
         "seconds": time.perf_counter() - started,
     }
@@ -185,32 +169,11 @@ def _request_states_through_shared_memory(generator):
     reply = _shared_states_call(generator, _write_request_states, ())
     if reply is None:
         return None
-    state = generator._shared_states
-    rows = reply["rows"]
-    layers = []
-    for layer in reply["layers"]:
-        dtype = getattr(torch, layer["dtype"])
-        shape = [rows, *layer["row_shape"]]
-        nbytes = dtype.itemsize
-        for dim in shape:
-            nbytes *= dim
-        layers.append(state["host"][layer["offset"] : layer["offset"] + nbytes].view(dtype).view(shape))
-    spans = []
-    start = 0
-    for _, count in reply["requests"]:
-        spans.append((start, start + count))
-        start += count
+    layers = _buffer_views(generator._shared_states["host"], reply["layers"])
+    spans = _spans(count for _, count in reply["requests"])
     states = _RequestStates(zip((request_id for request_id, _ in reply["requests"]), _copy_rows(layers, spans)))
     states.handed = set()
-    state["calls"] += 1
-    state["last"] = {
-        "seconds": time.perf_counter() - started,
-        "worker_seconds": reply["seconds"],
-        "bytes": sum(h.numel() * h.element_size() for h in layers),
-        "buffer_bytes": reply["size"],
-        "pinned": reply["pinned"],
-        "made": reply["made"],
-    }
+    _count_call(generator._shared_states, layers, reply, started)
     return states
 '''
 

@@ -94,6 +94,23 @@ def test_any_change_to_the_patch_package_is_a_new_index(tmp_path):
     assert declarations.package_digest(copy) != before
 
 
+def test_a_change_to_a_controller_module_a_patch_imports_is_a_new_index(tmp_path):
+    # v21's and v26's examples carry patcher/shared_states.py's generated source
+    package = Path(importlib.import_module("patcher.patches").__file__).parent
+    controller = tmp_path / "patcher"
+    shutil.copytree(Path(declarations.model.__file__).parent, controller, ignore=shutil.ignore_patterns("__pycache__"))
+    before = declarations.package_digest(package, controller)
+    assert before == declarations.package_digest(package, controller)
+    unused = controller / "report.py"  # no patch imports it
+    unused.write_text(unused.read_text() + "\n")
+    assert declarations.package_digest(package, controller) == before
+    for name in ("shared_states.py", "shapes.py"):
+        imported = controller / name
+        imported.write_text(imported.read_text() + "\n")
+        assert declarations.package_digest(package, controller) != before, name
+        before = declarations.package_digest(package, controller)
+
+
 def modules_an_apply_imports(python: Path, cache: Path, **env: str) -> set[str]:
     """`patcher apply --python PYTHON --no-verify` (it must exit 0): the modules patcher imported
     (python -X importtime, whose lines end with the module's name)."""

@@ -83,10 +83,39 @@ class LazyCodemod:
         return f"<codemod {self.__module__}.{self.__qualname__} (not imported yet)>"
 
 
-def package_digest(package_dir: Path) -> str:
-    """Every byte a declaration can come from: the patch package's files, the model, versions."""
+# `from patcher.shared_states import ...`, `from patcher import shapes as m`: a controller module
+# whose values a patch declares with (the generated source of v21 and v26, for one)
+_CONTROLLER_IMPORT = re.compile(r"^\s*from patcher(?:\.(?P<module>[\w.]+))? import \(?(?P<names>[\w ,]*)", re.MULTILINE)
+
+
+def controller_modules(sources: list[Path], controller_dir: Path) -> list[Path]:
+    """The files of the controller's modules that sources import, and those they import in turn."""
+    found: dict[Path, None] = {}
+    pending = list(sources)
+    while pending:
+        text = pending.pop().read_text(encoding="utf-8")
+        for match in _CONTROLLER_IMPORT.finditer(text):
+            if match["module"]:
+                candidates = [match["module"]]
+            else:  # from patcher import shapes as m, model
+                candidates = [name.split()[0] for name in match["names"].split(",") if name.strip()]
+            for name in candidates:
+                path = controller_dir.joinpath(*name.split(".")).with_suffix(".py")
+                if path.is_file() and path not in found:
+                    found[path] = None
+                    pending.append(path)
+    return sorted(found)
+
+
+def package_digest(package_dir: Path, controller_dir: Path | None = None) -> str:
+    """Every byte a declaration can come from: the patch package's files, the controller modules
+    they import (controller_dir: patcher's own by default), the model, versions."""
+    controller_dir = controller_dir or Path(model.__file__).parent
+    sources = sorted(package_dir.rglob("*.py"))
     digest = hashlib.sha256(f"{__version__}\0{sys.version_info[:2]}\0".encode())
-    for path in [*sorted(package_dir.rglob("*.py")), Path(model.__file__)]:
+    model_file = controller_dir / "model.py"
+    controller = [path for path in controller_modules(sources, controller_dir) if path != model_file]
+    for path in [*sources, *controller, model_file]:
         digest.update(str(path.relative_to(path.parent.parent)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
