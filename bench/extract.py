@@ -817,7 +817,8 @@ def run_in_own_group(command: list[str], env: dict, timeout: float) -> tuple[str
                 except ProcessLookupError:
                     break
                 ended = time.monotonic() + grace
-                while time.monotonic() < ended and group_alive(proc.pid):
+                # the leader reaped first: a zombie still counts as the group's
+                while time.monotonic() < ended and (proc.poll() is None or group_alive(proc.pid)):
                     time.sleep(0.2)
             if proc.poll() is None:
                 proc.wait()
@@ -842,6 +843,8 @@ class Bench:
     LOGS/<label>.log. A phase that cannot start before `deadline` (time.monotonic()) is skipped,
     and one still running then is stopped: the figures so far are still written."""
 
+    shortest_phase_s = 30  # a phase given less than this by the deadline is skipped, not started
+
     def __init__(self, target: str, patcher: list[str], logs: Path, env: dict, log, deadline: float | None = None):
         self.target = target
         self.patcher = patcher
@@ -851,9 +854,10 @@ class Bench:
         self.deadline = deadline
 
     def phase(self, name: str, config: dict, label: str, timeout: float = 1800) -> dict:
+        limit = timeout
         if self.deadline is not None:
             timeout = min(timeout, self.deadline - time.monotonic())
-            if timeout < 30:
+            if timeout < self.shortest_phase_s:
                 self.log(f"== {label}: skipped, out of time")
                 return {"ok": False, "skipped": True, "error": "skipped: out of time"}
         self.log(f"== {label}")
@@ -865,6 +869,13 @@ class Bench:
         )
         lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
         result = json.loads(lines[-1][len(RESULT_PREFIX) :]) if lines else {"ok": False, "error": stderr[-1500:]}
+        if code == 124 and not lines:  # stopped: say so first (its output is in the log)
+            why = "the run's budget (--budget-s) ran out" if timeout < limit else "the phase's time limit"
+            result = {
+                "ok": False,
+                "stopped": True,
+                "error": f"stopped after {timeout:.0f} s: {why}; {label}.log has its output",
+            }
         if not result.get("ok") and name == "vllm" and config.get("settings") in ("native", "aux"):
             refusal = next((why for words, why in NATIVE_REFUSALS.items() if words in stdout + stderr), None)
             if refusal:

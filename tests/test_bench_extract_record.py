@@ -10,6 +10,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -263,3 +264,23 @@ def test_extract_gpu_runs_issue_42s_phases_first_and_switches_back_only_for_what
         "e2e tp1",
     ], full
     assert "llama-1b-native" not in plan(no_native=True)
+
+
+def test_a_phase_stopped_by_its_limit_or_the_budget_says_which_first(tmp_path):
+    # a target that never ends: the phase runs it with bench/extract.py's phase arguments
+    target = tmp_path / "python"
+    target.write_text("#!/bin/sh\nexec sleep 600\n")
+    target.chmod(0o755)
+    seen: list[str] = []
+    bench = extract.Bench(str(target), [], tmp_path, {"PATH": "/usr/bin:/bin"}, seen.append)
+    result = bench.phase("vllm", {}, "slow", timeout=1)
+    assert not result["ok"] and result["stopped"] and result["exit"] == 124, result
+    assert result["error"] == "stopped after 1 s: the phase's time limit; slow.log has its output"
+    assert (tmp_path / "slow.log").is_file()
+
+    bench.shortest_phase_s = 0.5
+    bench.deadline = time.monotonic() + 1.5
+    result = bench.phase("vllm", {}, "budget", timeout=600)
+    assert result["error"].startswith("stopped after 1 s: the run's budget (--budget-s) ran out"), result
+    bench.deadline = time.monotonic()
+    assert bench.phase("vllm", {}, "late")["error"] == "skipped: out of time"
