@@ -231,8 +231,33 @@ def _copy_pool():
 
 
 def _owned_rows(layers, span):
-    """Every layer's rows span[0]:span[1], as tensors of their own."""
-    return [layer[span[0] : span[1]].clone() for layer in layers]
+    """Every layer's rows span[0]:span[1], as tensors of their own (a clone's bytes, written into
+    pages advised as huge ones first: most of such a copy is the kernel's first touch of each 4 KiB
+    page; bench/gpu/assembly_speed.py on the H200's host: 0.226 s a call at hidden 7168 by
+    .clone(), 0.130 s so)."""
+    rows = []
+    for layer in layers:
+        part = layer[span[0] : span[1]]
+        owned = torch.empty(part.shape, dtype=part.dtype)
+        _advise_huge_pages(owned)
+        owned.copy_(part)
+        rows.append(owned)
+    return rows
+
+
+def _advise_huge_pages(tensor):
+    """madvise(MADV_HUGEPAGE) on the whole 2 MiB pages inside a CPU tensor not yet written (Linux;
+    elsewhere, or where the kernel says no, its pages stay as they are)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    huge = 2 << 20
+    start = -(-tensor.data_ptr() // huge) * huge
+    stop = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // huge * huge
+    if stop > start:
+        ctypes.CDLL(None).madvise(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), 14)  # MADV_HUGEPAGE
 
 
 def _copy_rows(layers, spans):

@@ -25,8 +25,9 @@ for: with v11, each request's rows in the caller's order; without it, 0.3.0's co
 - the generator maps that file (where the worker made it), removes its name at once (in a
   `finally`: the only name ever made is the caller's own, so neither an exception nor Ctrl-C can
   leave one behind; the worker opens the path, never creates it), and hands v2's code per-layer
-  views of the buffer; the existing per-prompt `.clone()` copies them into tensors the caller
-  owns, so the results stay valid after later calls and after the generator is gone.
+  views of the buffer, each prompt's rows already copied out of it, several prompts at a time,
+  into tensors the caller owns (their pages advised as huge ones before the copy writes them), so
+  the results stay valid after later calls and after the generator is gone.
 Host memory: the buffer is as large as the largest call's captured states (page-aligned per
 layer), shared by the two processes (counted once), and goes with them. Where no buffer can be
 made (a full /dev/shm), the worker keeps its states, one warning names the reason, and the RPC
