@@ -269,8 +269,7 @@ def _stepping(generator, request_tokens):
     progress = state.get("stepping")
     if progress is not None and progress["tokens"] is request_tokens:
         return progress
-    if progress is not None:
-        progress["pool"].shutdown(wait=True, cancel_futures=True)
+    _end_stepping(state)
     state["stepped"] = state.get("stepped", 0) + 1
     progress = state["stepping"] = {
         "tokens": request_tokens,
@@ -282,6 +281,16 @@ def _stepping(generator, request_tokens):
         "pool": _copy_pool(),
     }
     return progress
+
+
+def _end_stepping(state):
+    """End the copies of the call in progress: those not started cancelled, those under way waited
+    for, its threads told to stop (one whose start a Ctrl-C interrupted too: the pool never
+    recorded it, so nothing else would stop it, and the interpreter would wait for it at exit)."""
+    progress = state.get("stepping")
+    state["stepping"] = None
+    if progress is not None:
+        progress["pool"].shutdown(wait=True, cancel_futures=True)
 
 
 def _copy_complete(generator, progress, reply):
@@ -300,9 +309,13 @@ def _states_while_stepping(generator, request_tokens, scheduled):
     as the next step's request metadata; the prompts complete in the buffer are copied out in
     threads while vLLM computes the step."""
     progress = _stepping(generator, request_tokens)
-    reply = _shared_states_call(generator, _write_steps, (request_tokens, progress["call"], scheduled))
-    if reply is not None:
-        _copy_complete(generator, progress, reply)
+    try:
+        reply = _shared_states_call(generator, _write_steps, (request_tokens, progress["call"], scheduled))
+        if reply is not None:
+            _copy_complete(generator, progress, reply)
+    except BaseException:  # the call fails: its copies end here, not at the next call
+        _end_stepping(generator._shared_states)
+        raise
 
 
 def _captured_states_after_steps(generator, request_tokens):
@@ -324,8 +337,7 @@ def _captured_states_after_steps(generator, request_tokens):
         _copy_complete(generator, progress, reply)
         owned = {span: copy.result() for span, copy in progress["copies"].items()}
     finally:
-        progress["pool"].shutdown(wait=True, cancel_futures=True)
-        state["stepping"] = None
+        _end_stepping(state)
     layers = _SharedStates(progress["layers"])
     layers.owned = owned
     return _shared_states_result(state, layers, reply, started)
