@@ -88,12 +88,13 @@ class LazyCodemod:
 _CONTROLLER_IMPORT = re.compile(r"^\s*from patcher(?:\.(?P<module>[\w.]+))? import \(?(?P<names>[\w ,]*)", re.MULTILINE)
 
 
-def controller_modules(sources: list[Path], controller_dir: Path) -> list[Path]:
-    """The files of the controller's modules that sources import, and those they import in turn."""
-    found: dict[Path, None] = {}
-    pending = list(sources)
+def controller_modules(sources: dict[Path, bytes], controller_dir: Path) -> dict[Path, bytes]:
+    """The files (and bytes) of the controller's modules that sources import, and those they
+    import in turn; each file is read once."""
+    found: dict[Path, bytes] = {}
+    pending = list(sources.values())
     while pending:
-        text = pending.pop().read_text(encoding="utf-8")
+        text = pending.pop().decode("utf-8")
         for match in _CONTROLLER_IMPORT.finditer(text):
             if match["module"]:
                 candidates = [match["module"]]
@@ -101,22 +102,23 @@ def controller_modules(sources: list[Path], controller_dir: Path) -> list[Path]:
                 candidates = [name.split()[0] for name in match["names"].split(",") if name.strip()]
             for name in candidates:
                 path = controller_dir.joinpath(*name.split(".")).with_suffix(".py")
-                if path.is_file() and path not in found:
-                    found[path] = None
-                    pending.append(path)
-    return sorted(found)
+                if path not in found and path.is_file():
+                    found[path] = path.read_bytes()
+                    pending.append(found[path])
+    return found
 
 
 def package_digest(package_dir: Path, controller_dir: Path | None = None) -> str:
     """Every byte a declaration can come from: the patch package's files, the controller modules
     they import (controller_dir: patcher's own by default), the model, versions."""
     controller_dir = controller_dir or Path(model.__file__).parent
-    sources = sorted(package_dir.rglob("*.py"))
-    digest = hashlib.sha256(f"{__version__}\0{sys.version_info[:2]}\0".encode())
+    sources = {path: path.read_bytes() for path in sorted(package_dir.rglob("*.py"))}
+    controller = controller_modules(sources, controller_dir)
     model_file = controller_dir / "model.py"
-    controller = [path for path in controller_modules(sources, controller_dir) if path != model_file]
-    for path in [*sources, *controller, model_file]:
-        digest.update(str(path.relative_to(path.parent.parent)).encode() + b"\0" + path.read_bytes() + b"\0")
+    model_bytes = controller.pop(model_file, None) or model_file.read_bytes()  # the model last
+    digest = hashlib.sha256(f"{__version__}\0{sys.version_info[:2]}\0".encode())
+    for path, data in [*sources.items(), *sorted(controller.items()), (model_file, model_bytes)]:
+        digest.update(str(path.relative_to(path.parent.parent)).encode() + b"\0" + data + b"\0")
     return digest.hexdigest()
 
 
