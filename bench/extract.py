@@ -458,6 +458,14 @@ def phase_generator(config: dict) -> dict:
         report["shared_buffer_mib"] = round(max(t["buffer_bytes"] for t in transfers) / 2**20, 1)
         report["pinned"] = all(t["pinned"] for t in transfers)
         report["worker_copy_s"] = round(sum(t["worker_seconds"] for t in transfers), 3)
+        stepped = [t for t in transfers if "copy_seconds" in t]  # v21's step path times its copy-out
+        if stepped:
+            report["copy_out"] = {
+                "calls": len(stepped),
+                "copies": sum(t["copies"] for t in stepped),
+                "copy_s": round(sum(t["copy_seconds"] for t in stepped), 3),  # summed over the threads
+                "waited_after_last_step_s": round(sum(t["copy_wait_seconds"] for t in stepped), 3),
+            }
         report["transfer_gib_per_s"] = round(
             sum(t["bytes"] for t in transfers) / max(split.get("transfer", 0.0), 1e-9) / 2**30, 2
         )
@@ -1173,6 +1181,16 @@ def markdown(record: dict) -> str:
             f"| {name} | {phase['tokens_per_s']:,.0f} | {phase['seconds']} | {passes} | {whole} | "
             f"{memory.get('peak_mib')} ({memory.get('peak_extra_mib')}) | {split} | {per_call} |"
         )
+    for name, phase in record["phases"].items():
+        copy_out = phase.get("copy_out")
+        if copy_out:
+            calls = copy_out["calls"]
+            line = (
+                f"{name}, copy-out per call ({calls} timed calls): {copy_out['copies'] / calls:g} prompts copied in "
+                f"{copy_out['copy_s'] / calls:.4f} s summed over the copy threads; "
+                f"{copy_out['waited_after_last_step_s'] / calls:.4f} s waited for them after the last step"
+            )
+            lines += ["", line]
     lines += ["", "ratios: " + (", ".join(f"{k} = {v}" for k, v in record["ratios"].items()) or "none")]
     if record.get("faster_prefill"):
         lines += ["", f"faster prefill in this run: {record['faster_prefill']}"]

@@ -230,11 +230,14 @@ def _copy_pool():
     return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)))
 
 
-def _owned_rows(layers, span):
+def _owned_rows(layers, span, seconds=None):
     """Every layer's rows span[0]:span[1], as tensors of their own (a clone's bytes, written into
     pages advised as huge ones first: most of such a copy is the kernel's first touch of each 4 KiB
     page; bench/gpu/assembly_speed.py on the H200's host: 0.226 s a call at hidden 7168 by
-    .clone(), 0.130 s so)."""
+    .clone(), 0.130 s so). seconds: a list this copy's wall time is appended to."""
+    import time
+
+    started = time.perf_counter()
     rows = []
     for layer in layers:
         part = layer[span[0] : span[1]]
@@ -242,22 +245,43 @@ def _owned_rows(layers, span):
         _advise_huge_pages(owned)
         owned.copy_(part)
         rows.append(owned)
+    if seconds is not None:
+        seconds.append(time.perf_counter() - started)
     return rows
+
+
+_MADVISE = []  # libc's madvise once looked up: [function], [None] where there is none
 
 
 def _advise_huge_pages(tensor):
     """madvise(MADV_HUGEPAGE) on the whole 2 MiB pages inside a CPU tensor not yet written (Linux;
-    elsewhere, or where the kernel says no, its pages stay as they are)."""
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
+    elsewhere, or where the kernel says no, its pages stay as they are). madvise is looked up once
+    and called with the GIL held: a lookup per tensor (a dlopen), and a release of the GIL around
+    a call that only marks pages, let the generator's thread that busy-waits for the worker's reply
+    hold up each copy thread (bench/copy_contention.py)."""
+    if not _MADVISE:
+        _MADVISE.append(_libc_madvise())
+    madvise = _MADVISE[0]
+    if madvise is None:
         return
     huge = 2 << 20
     start = -(-tensor.data_ptr() // huge) * huge
     stop = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // huge * huge
     if stop > start:
-        ctypes.CDLL(None).madvise(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), 14)  # MADV_HUGEPAGE
+        madvise(start, stop - start, 14)  # MADV_HUGEPAGE
+
+
+def _libc_madvise():
+    """libc's madvise as a ctypes function that keeps the GIL; None off Linux."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    madvise = ctypes.PyDLL(None).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
 
 
 def _copy_rows(layers, spans):

@@ -200,8 +200,8 @@ def _write_new_steps(worker, progress, request_tokens, path, mapped_buffer):
     captured = getattr(worker, "_captured_states", None)
     if captured is None:
         return None
-    if "unavailable" in progress:
-        return {"unavailable": progress["unavailable"]}
+    if "no_buffer" in progress:
+        return progress["no_buffer"]
     steps = getattr(worker, "_request_metadata", None) or []
     count = len(captured[0])
     if len(steps) != count:
@@ -212,8 +212,8 @@ def _write_new_steps(worker, progress, request_tokens, path, mapped_buffer):
         try:
             buffer, made = _shared_states_buffer(worker, end, path, mapped_buffer, captured[0][0].is_cuda)
         except OSError as error:
-            progress["unavailable"] = _no_buffer(error, end, path)["unavailable"]
-            return {"unavailable": progress["unavailable"]}
+            progress["no_buffer"] = _no_buffer(error, end, path)
+            return progress["no_buffer"]
         spans = _spans(request_tokens.values())
         progress["starts"] = {request_id: span[0] for request_id, span in zip(request_tokens, spans)}
         progress["views"] = _buffer_views(buffer["host"], layers)
@@ -276,6 +276,7 @@ def _stepping(generator, request_tokens):
         "call": f"{os.getpid()}-{id(generator)}-{state['stepped']}",
         "spans": dict(zip(request_tokens, _spans(request_tokens.values()))),
         "copies": {},
+        "copy_seconds": [],
         "layers": None,
         "buffer": None,
         "pool": _copy_pool(),
@@ -300,7 +301,9 @@ def _copy_complete(generator, progress, reply):
         progress["buffer"] = reply["buffer"]
     for request_id in reply["complete"]:
         span = progress["spans"][request_id]
-        progress["copies"][span] = progress["pool"].submit(_owned_rows, progress["layers"], span)
+        progress["copies"][span] = progress["pool"].submit(
+            _owned_rows, progress["layers"], span, progress["copy_seconds"]
+        )
 
 
 def _states_while_stepping(generator, request_tokens, scheduled):
@@ -335,12 +338,18 @@ def _captured_states_after_steps(generator, request_tokens):
         if reply is None:
             return None
         _copy_complete(generator, progress, reply)
+        waited = time.perf_counter()
         owned = {span: copy.result() for span, copy in progress["copies"].items()}
+        waited = time.perf_counter() - waited
     finally:
         _end_stepping(state)
     layers = _SharedStates(progress["layers"])
     layers.owned = owned
-    return _shared_states_result(state, layers, reply, started)
+    result = _shared_states_result(state, layers, reply, started)
+    # each prompt's copy-out (summed over the threads), and how long the fetch waited for them
+    copied = progress["copy_seconds"]
+    state["last"].update(copies=len(copied), copy_seconds=sum(copied), copy_wait_seconds=waited)
+    return result
 '''
 
 HELPERS_SOURCE = (

@@ -92,6 +92,11 @@ def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
     assert generator["timed_calls"] == len(generator["call_s"]) == 4, generator
     assert generator["split_per_call_s"]["execute"] == round(generator["split_s"]["execute"] / 4, 4), generator
     assert generator["shared_buffer_mib"] > 0 and generator["pinned"] is False  # no CUDA here
+    # the step path times its copy-out: every prompt of the 4 timed calls copied once
+    copy_out = generator["copy_out"]
+    assert copy_out["calls"] == 4 and copy_out["copies"] == 4 * 4 and copy_out["copy_s"] > 0, copy_out
+    assert 0 <= copy_out["waited_after_last_step_s"] <= generator["split_s"]["assemble"] + 0.01, generator
+    assert "copy_out" not in phases["generator-after-steps"], phases["generator-after-steps"]
     for phase in phases.values():
         memory = phase["host_memory"]
         assert memory["peak_mib"] >= memory["before_mib"] > 0, memory
@@ -113,7 +118,8 @@ def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
     assert equality["equal_within_spread"], equality
     assert record["passed"]
     assert "v21-shared-memory-states" in record["applied"]  # put back after the leave-one-out
-    assert (tmp_path / "extract-tiny-quick.md").read_text().startswith("## tiny-quick")
+    table = (tmp_path / "extract-tiny-quick.md").read_text()
+    assert table.startswith("## tiny-quick") and "generator, copy-out per call (4 timed calls): 4 prompts" in table
 
 
 def test_the_short_form_shows_0_4_0_1s_transfer_against_the_rpc_queue_in_one_run(tmp_path: Path):

@@ -235,7 +235,7 @@ def test_extract_gpu_runs_issue_42s_phases_first_and_switches_back_only_for_what
 
     def plan(**options) -> list[str]:
         ran.clear()
-        base = {"no_native": False, "no_leave_outs": True, "no_e2e": True, "mla": False}
+        base = {"no_native": False, "no_after_steps": False, "no_leave_outs": True, "no_e2e": True, "mla": False}
         args = argparse.Namespace(**{**base, **options}, also_speculators="0.4.0.1", run_dir=tmp_path, out=tmp_path)
         records = {"llama-1b": extract.new_record("llama-1b", "/m", {"prompts": 1, "leave_out": "v21"})}
         extract_gpu.Plan(args, Run(), Bench(), Installed(), records, lambda: None, 10**12).run_all()
@@ -264,6 +264,7 @@ def test_extract_gpu_runs_issue_42s_phases_first_and_switches_back_only_for_what
         "e2e tp1",
     ], full
     assert "llama-1b-native" not in plan(no_native=True)
+    assert "llama-1b-generator-after-steps" not in plan(no_after_steps=True)
 
 
 def test_a_phase_stopped_by_its_limit_or_the_budget_says_which_first(tmp_path):

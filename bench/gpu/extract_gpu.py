@@ -2,7 +2,8 @@
 
     python3 bench/gpu/extract_gpu.py --stage /tmp/stage --run-dir .gpu/run --out "$OUT" [--budget-s 520]
                                      [--also-speculators 0.4.0.1|''] [--shapes llama-1b,wide-7168|none]
-                                     [--no-native] [--no-leave-outs] [--no-e2e] [--mla] [--profile]
+                                     [--no-native] [--no-after-steps] [--no-leave-outs] [--no-e2e] [--mla]
+                                     [--profile]
                                      [--leave-out vN] [--leave-out-prompts N] [--leave-out-repeats N]
 
 Runs under the machine's own python3 (its torch, CUDA build), from the checkout the device tool
@@ -17,7 +18,7 @@ saved as soon as it is known:
 4. each model of --shapes (llama-1b: 512 prompts of 1024 tokens, 64 a call; wide-7168: 128 prompts
    of 1024 tokens, 64 a call; layers 1,2,3): the generator (speculators 0.3.0, v21), the same with
    the states moved after the last step (`generator-after-steps`: v21's step path off, the tensors
-   compared), vLLM's own
+   compared; --no-after-steps leaves it out), vLLM's own
    prefill with the generator's settings (`vllm-eager`), vLLM's native extract_hidden_states
    path (`native`, vLLM 0.17+, timed until every prompt's states are CPU tensors; --no-native
    leaves it out) and vLLM's prefill with its defaults (`vllm-default`: the longest start,
@@ -214,6 +215,11 @@ def main() -> int:
         default="llama-1b,wide-7168",
         help=f"the models measured, in order: {', '.join(SETTINGS)}, or none (default both)",
     )
+    parser.add_argument(
+        "--no-after-steps",
+        action="store_true",
+        help="leave out the generator with v21's step path off (generator-after-steps) and its equality check",
+    )
     parser.add_argument("--no-leave-outs", action="store_true", help="no generator without v21 / v26 (and equality)")
     parser.add_argument("--no-e2e", action="store_true", help="no end-to-end check against transformers")
     parser.add_argument(
@@ -339,6 +345,7 @@ class Plan:
         self.args, self.run, self.bench, self.installed = args, run, bench, installed
         self.records, self.save, self.deadline = records, save, deadline
         self.native = [] if args.no_native else ["native"]
+        self.after_steps = [] if args.no_after_steps else [extract.AFTER_STEPS]
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -348,7 +355,7 @@ class Plan:
         # what the issue-42 ratios need first, speculators 0.3.0 installed: the generator and both of
         # vLLM's prefills (vllm-default's compiled start is the longest) and vLLM's native path
         for record in records.values():
-            phases = ["generator", extract.AFTER_STEPS, "vllm-eager", *self.native, "vllm-default"]
+            phases = ["generator", *self.after_steps, "vllm-eager", *self.native, "vllm-default"]
             extract.run_with(bench, record, phases, LOGS)
             self.save()
         if self.args.also_speculators and records:

@@ -6,7 +6,7 @@
 
 
 The GPU machine has no network and a call carries at most 64 MiB, so everything it needs travels
-in folders of at most 56 MiB (`DEST/stage-0.20.0/00`, `01`, ...; `stage-0.20.1+0.20.2/` for
+in folders that fit a call beside the checkout (`DEST/stage-0.20.0/00`, `01`, ...; `stage-0.20.1+0.20.2/` for
 several releases, each shared wheel once): large wheels cut into parts, small ones packed
 together, and `manifest.json` beside them giving each release's wheels, each wheel's sha256 and
 the parts it is cut into, so `gpu_run.py` can join them and check every byte before installing.
@@ -30,9 +30,19 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-# One carried folder: the call's 64 MiB also holds the checkout's tracked files (about 4 MiB, growing
-# with the GPU records), so a folder leaves 8 MiB for them.
-PART = 56 * 1024 * 1024
+CALL_BYTES = 64 * 2**20  # what one call carries: the checkout's tracked files and the carried paths
+SPARE = 4 * 2**20  # for DEST/run (under 1 MiB), the files a change adds, and a record or two
+
+
+def part_bytes() -> int:
+    """The largest staged folder one call carries beside this checkout's tracked files (8 MiB on
+    2026-12-05, growing with the GPU records), in whole MiB."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    tracked = sum(
+        path.stat().st_size for name in listed.split(b"\0") if name and (path := REPO / name.decode()).is_file()
+    )
+    return (CALL_BYTES - tracked - SPARE) // 2**20 * 2**20
+
 
 # The GPU machine: Python 3.12, x86_64, glibc new enough for manylinux_2_35 (vLLM's CUDA wheels).
 PLATFORM = [
@@ -112,8 +122,9 @@ def pack_run(run: Path, speculators: str | None) -> None:
 
 
 def stage(wheel_sets: dict[str, list[Path]], out: Path) -> dict:
-    """Fill out/00, out/01, ... (each at most PART bytes) with every release's wheels, each wheel
+    """Fill out/00, out/01, ... (each at most part_bytes()) with every release's wheels, each wheel
     once (releases share most of them), and return the manifest."""
+    part = part_bytes()
     if out.exists():
         shutil.rmtree(out)
     unique: dict[str, Path] = {}
@@ -130,7 +141,7 @@ def stage(wheel_sets: dict[str, list[Path]], out: Path) -> dict:
 
     def room(size: int) -> Path:
         for slot in folders:
-            if slot[0] + size <= PART:
+            if slot[0] + size <= part:
                 slot[0] += size
                 return slot[1]
         path = out / f"{len(folders):02d}"
@@ -143,8 +154,8 @@ def stage(wheel_sets: dict[str, list[Path]], out: Path) -> dict:
         entry = {"sha256": sha256(wheel), "size": size, "parts": []}
         with wheel.open("rb") as fh:
             index = 0
-            while chunk := fh.read(PART):
-                name = wheel.name if size <= PART else f"{wheel.name}.part{index:02d}"
+            while chunk := fh.read(part):
+                name = wheel.name if size <= part else f"{wheel.name}.part{index:02d}"
                 target = room(len(chunk)) / name
                 target.write_bytes(chunk)
                 entry["parts"].append(f"{target.parent.name}/{name}")
