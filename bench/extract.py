@@ -14,8 +14,12 @@ wall time is kept (`pass_s`, `call_s`), so the spread between timed calls shows.
   calls a pass); the warm-up is one call of K prompts (4 without v21). Its time split (`split_s`:
   TOTAL seconds over all the timed calls; `split_per_call_s`: the same divided by the number of
   timed calls): execute (executor.execute_model), sample (executor.sample_tokens), transfer (the
-  captured states' collective_rpc), schedule, rpc_other (other RPCs) and assemble (the rest:
-  slicing and cloning each prompt's rows, bookkeeping). Every prompt's result is checked whole
+  captured states' collective_rpc), schedule, add_request and finish (the scheduler's
+  add_request and finish_requests: the generator's loop runs them between steps, while the
+  device waits), rpc_other (other RPCs), copy_wait (v21's step path: the wait for the copy-out
+  after the last step), assemble (the rest of generate(): each prompt's rows and input_ids
+  handed over, bookkeeping) and between_calls (this loop's own time between the calls, the
+  previous call's results freed: in the wall time, outside generate()). Every prompt's result is checked whole
   and in the caller's order (its input_ids, and as many rows as it has tokens in every layer) in
   every pass, outside the timed wall;
 - `generator-after-steps` (--phases; speculators 0.3.0): the same generator with v21's step path
@@ -386,6 +390,8 @@ def phase_generator(config: dict) -> dict:
     executor.sample_tokens = _timed(executor.sample_tokens, "sample", times)
     executor.collective_rpc = _timed(executor.collective_rpc, _rpc_kind, times)
     generator.scheduler.schedule = _timed(generator.scheduler.schedule, "schedule", times)
+    generator.scheduler.add_request = _timed(generator.scheduler.add_request, "add_request", times)
+    generator.scheduler.finish_requests = _timed(generator.scheduler.finish_requests, "finish", times)
 
     keep = min(config.get("dump_prompts", 0), len(calls[0]))
     passes = max(1, int(config.get("repeats") or 1))
@@ -424,7 +430,12 @@ def phase_generator(config: dict) -> dict:
         wall = time.perf_counter() - t0 - checking
         times.pop("_depth", None)
         split = {key: round(value, 3) for key, value in sorted(times.items())}
-        split["assemble"] = round(wall - sum(times.values()), 3)
+        in_calls = sum(call_s)
+        waited = sum(t.get("copy_wait_seconds", 0.0) for t in transfers)
+        if any("copy_wait_seconds" in t for t in transfers):
+            split["copy_wait"] = round(waited, 3)
+        split["assemble"] = round(in_calls - sum(times.values()) - waited, 3)
+        split["between_calls"] = round(wall - in_calls, 3)
         times["_depth"] = 1  # the repeated call below is not timed
     again = [r["hidden_states"] for r in generator.generate(calls[0])[:keep]] if keep else []
     profile = profile_call(generator, calls[0]) if config.get("profile") else None

@@ -37,6 +37,11 @@ With v11's RPC before each step (each step's request metadata), that RPC carries
 too, so that it overlaps the steps: the worker copies the rows of the steps done so far into the
 buffer, each request's at its place in the same layout, and replies with the requests whose rows
 are all there; the generator copies those prompts out in threads while vLLM computes the step.
+Into a pinned buffer those copies run on a side stream of the worker's, after the step that
+captured the rows and beside the next one: a request counts as there once the event recorded after
+its last rows has passed (so usually one RPC later), the allocator keeps each captured tensor
+until that stream is done with it, and the write after the last step waits for the stream.
+bench/gpu/side_stream_check.py runs these helpers on CUDA against copies on the compute stream.
 After the last step the fetch is that write for the last steps, the check that each request has
 exactly its rows (v10's words) and the wait for the copies. Measured without it on an H200 (CUDA
 vLLM 0.26.0, 1.0B Llama, 64 prompts of 1024 tokens a call; bench/gpu/results/
@@ -178,7 +183,7 @@ def _write_steps(worker, request_tokens, call, scheduled, path, mapped_buffer):
     progress = getattr(worker, "_speculators_steps", None)
     if progress is None or progress["call"] != call:
         progress = worker._speculators_steps = {"call": call, "steps": 0, "rows": {}, "reply": None}
-    reply = _write_new_steps(worker, progress, request_tokens, path, mapped_buffer)
+    reply = _write_new_steps(worker, progress, request_tokens, path, mapped_buffer, scheduled is None)
     if scheduled is not None:
         worker._set_request_metadata(scheduled)
         return reply
@@ -195,8 +200,26 @@ def _write_steps(worker, request_tokens, call, scheduled, path, mapped_buffer):
     return reply
 
 
-def _write_new_steps(worker, progress, request_tokens, path, mapped_buffer):
-    """_write_steps' copy: the call's first write lays the buffer out for every request's rows."""
+def _copy_stream(worker, tensor):
+    """The worker's side stream for the device-to-host copies of the steps' rows (kept for later
+    calls); None off CUDA."""
+    if not tensor.is_cuda:
+        return None
+    stream = getattr(worker, "_speculators_copy_stream", None)
+    if stream is None or stream.device != tensor.device:
+        stream = worker._speculators_copy_stream = torch.cuda.Stream(tensor.device)
+    return stream
+
+
+def _write_new_steps(worker, progress, request_tokens, path, mapped_buffer, final):
+    """_write_steps' copy: the call's first write lays the buffer out for every request's rows.
+
+    Into a pinned buffer the copies run on a side stream while the next step computes: a request
+    counts as complete once the event after its last rows has passed (the final write waits for
+    all), and the allocator keeps each source until that stream is done with it.
+    """
+    import contextlib
+
     captured = getattr(worker, "_captured_states", None)
     if captured is None:
         return None
@@ -209,6 +232,9 @@ def _write_new_steps(worker, progress, request_tokens, path, mapped_buffer):
     if progress["reply"] is None:
         rows = sum(request_tokens.values())
         layers, end = _layer_layout([(steps[0].dtype, [rows, *steps[0].shape[1:]]) for steps in captured])
+        stream = _copy_stream(worker, captured[0][0])
+        if stream is not None:  # an interrupted call's copies may still be writing the buffer
+            stream.synchronize()
         try:
             buffer, made = _shared_states_buffer(worker, end, path, mapped_buffer, captured[0][0].is_cuda)
         except OSError as error:
@@ -217,6 +243,8 @@ def _write_new_steps(worker, progress, request_tokens, path, mapped_buffer):
         spans = _spans(request_tokens.values())
         progress["starts"] = {request_id: span[0] for request_id, span in zip(request_tokens, spans)}
         progress["views"] = _buffer_views(buffer["host"], layers)
+        progress["stream"] = stream if buffer["pinned"] else None  # pageable memory: copies wait anyway
+        progress["pending"] = []
         progress["reply"] = {
             "buffer": buffer["id"],
             "made": made,
@@ -227,33 +255,48 @@ def _write_new_steps(worker, progress, request_tokens, path, mapped_buffer):
         reply = dict(progress["reply"])
     else:
         reply = dict(progress["reply"], made=False)
-    views, complete = progress["views"], []
-    for step in range(progress["steps"], count):
-        scheduled = steps[step]
-        if scheduled is None:
-            raise RuntimeError(f"step {step} ran without request metadata")
-        captured_rows = captured[0][step].shape[0]
-        total = sum(rows for _, rows in scheduled)
-        if total > captured_rows:
-            raise RuntimeError(f"step {step}: {total} tokens scheduled, {captured_rows} rows captured")
-        start = 0
-        for request_id, rows in scheduled:
-            expected = request_tokens.get(request_id)
-            if expected is not None and rows:
-                done = progress["rows"].get(request_id, 0)
-                if done + rows > expected:
-                    raise RuntimeError(
-                        f"request {request_id}: captured {done + rows} rows of hidden states, expected {expected}"
-                    )
-                at = progress["starts"][request_id] + done
-                for view, layer_steps in zip(views, captured):
-                    view[at : at + rows].copy_(layer_steps[step][start : start + rows], non_blocking=reply["pinned"])
-                progress["rows"][request_id] = done + rows
-                if done + rows == expected:
-                    complete.append(request_id)
-            start += rows
-    if reply["pinned"] and count > progress["steps"]:
-        torch.cuda.synchronize(captured[0][0].device)
+    views, complete, stream = progress["views"], [], progress["stream"]
+    if stream is not None and count > progress["steps"]:
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        for step in range(progress["steps"], count):
+            scheduled = steps[step]
+            if scheduled is None:
+                raise RuntimeError(f"step {step} ran without request metadata")
+            captured_rows = captured[0][step].shape[0]
+            total = sum(rows for _, rows in scheduled)
+            if total > captured_rows:
+                raise RuntimeError(f"step {step}: {total} tokens scheduled, {captured_rows} rows captured")
+            if stream is not None:
+                for layer_steps in captured:
+                    layer_steps[step].record_stream(stream)
+            start = 0
+            for request_id, rows in scheduled:
+                expected = request_tokens.get(request_id)
+                if expected is not None and rows:
+                    done = progress["rows"].get(request_id, 0)
+                    if done + rows > expected:
+                        raise RuntimeError(
+                            f"request {request_id}: captured {done + rows} rows of hidden states, expected {expected}"
+                        )
+                    at = progress["starts"][request_id] + done
+                    for view, layer_steps in zip(views, captured):
+                        view[at : at + rows].copy_(layer_steps[step][start : start + rows], non_blocking=stream is not None)
+                    progress["rows"][request_id] = done + rows
+                    if done + rows == expected:
+                        complete.append(request_id)
+                start += rows
+    if stream is not None:
+        pending = progress["pending"]
+        if count > progress["steps"]:
+            event = torch.cuda.Event()
+            event.record(stream)
+            pending.append((event, complete))
+        if final:
+            stream.synchronize()
+        complete = []
+        while pending and (final or pending[0][0].query()):
+            complete.extend(pending.pop(0)[1])
     progress["steps"] = count
     reply["complete"] = complete
     return reply

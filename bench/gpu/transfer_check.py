@@ -21,8 +21,9 @@ speculators release of --speculators (0.4.0.1: its wheel in --run-dir, `fetch.py
   each once the call is over: an old buffer unmapped when a larger one is made); the worker's
   torch.cuda.memory_allocated() back to where it was after the first call of that size (nothing
   of a call, no staging copy or event, kept on the device); whether the worker's buffer is pinned;
-  anything the worker keeps for a side-stream copy (attributes named _speculators_stag*: empty
-  once the call is over); the summed Pss of the generator and its workers (bench/extract.py's
+  anything the worker keeps of a call for its side-stream copies (_speculators_steps, attributes
+  named _speculators_stag*: none once the call is over); that a pinned buffer was written on the
+  side stream (the worker's _speculators_copy_stream); the summed Pss of the generator and its workers (bench/extract.py's
   HostMemory): no growth after the largest call. After shutdown: the worker's process is gone,
   nvidia-smi lists none of the probe's processes, no transfer file is left;
 - run, worker-error, sigint, loop: tests/support/shared_states_driver.py's situations (the CPU
@@ -80,7 +81,7 @@ def worker_state(worker) -> dict:
     staging = {
         name: (len(value) if hasattr(value, "__len__") else repr(value)[:80])
         for name, value in vars(worker).items()
-        if name.startswith("_speculators_stag") and value is not None
+        if name.startswith(("_speculators_stag", "_speculators_steps")) and value is not None
     }
     return {
         "pid": os.getpid(),
@@ -91,6 +92,7 @@ def worker_state(worker) -> dict:
         "mappings": sorted(path for path in mapped if "speculators-states-" in path),
         "captured_left": getattr(worker, "_captured_states", None) is not None,
         "staging": staging,
+        "copy_stream": getattr(worker, "_speculators_copy_stream", None) is not None,
     }
 
 
@@ -127,6 +129,8 @@ def probe(model: str, calls: int) -> dict:
     sizes = [(8, 64), (32, 1000), (8, 64), (32, 1000), (48, 1000), (8, 64), (48, 1000)]  # (prompts, tokens)
     generator = VllmHiddenStatesGenerator(model, layer_ids=[0, 2, 3], max_model_len=1024, gpu_memory_utilization=0.3)
     report: dict = {"calls": [], "problems": []}
+    # v21's writes while stepping (speculators 0.3.0): a pinned buffer is written on a side stream
+    stepping = hasattr(sys.modules[VllmHiddenStatesGenerator.__module__], "_states_while_stepping")
     settled: dict = {}  # prompts of a size -> the worker's device memory after its first call
     largest_pss = 0
     for number in range(calls):
@@ -162,6 +166,8 @@ def probe(model: str, calls: int) -> dict:
             problems.append("more than one transfer buffer mapped after the call")
         if state["captured_left"] or state["staging"]:
             problems.append(f"the worker keeps a call's states or staging: {state['staging']}")
+        if state["pinned"] and stepping and not state["copy_stream"]:
+            problems.append("a pinned buffer but no side stream: the steps' copies did not run on it")
         allocated = state["cuda_allocated"]
         if count in settled and allocated is not None and abs(allocated - settled[count]) > 2**20:
             problems.append(f"device memory {allocated} after a call of {count}, {settled[count]} after the first")
