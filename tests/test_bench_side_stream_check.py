@@ -26,6 +26,9 @@ def test_the_cpu_loop_checks_every_prompt_and_times_three_ways(tmp_path: Path, d
     assert set(record["tokens_per_s"]) == {"compute", "current-stream", "side-stream"}
     assert all(len(seconds) == 1 for seconds in record["seconds_per_call"].values())
     assert record["files_left"] == [] and not record["steps_left"]
+    tails = record["after_the_last_step"]
+    assert set(tails) == {"current-stream", "side-stream"}, tails
+    assert all(len(values) == 1 and values[0] >= 0 for tail in tails.values() for values in tail.values()), tails
 
 
 def test_rows_other_than_the_devices_fail_the_check(tmp_path: Path, demo_python: Path):

@@ -14,7 +14,9 @@ of a call kept by the worker, the buffer pinned and written on the side stream.
 Speed, in one run with the same calls, three ways: `compute` (the steps alone, nothing captured:
 vLLM's prefill here), `current-stream` (the copies queued on the compute stream: the step after
 a write waits for its copies, as v21 did before the side stream; the baseline) and `side-stream`
-(v21 as shipped). Ratios side-stream/current-stream and each over compute.
+(v21 as shipped). Ratios side-stream/current-stream and each over compute; for both ways with
+copies, the final write's time in the worker and the wait for the copy-out after it, per call (a
+prompt is reported complete one write later on the side stream: its copy-out may start later).
 
     python3 bench/gpu/side_stream_check.py --out "$OUT" [--hidden 7168] [--layers 3] \\
         [--prompts 64] [--prompt-len 1024] [--step-tokens 8192] [--step-ms 50] [--calls 5]
@@ -263,6 +265,8 @@ def main(argv=None) -> int:
 
     # speed: the same calls three ways, interleaved
     timings: dict = {"compute": [], "current-stream": [], "side-stream": []}
+    # after the last step: the final write (the worker's wait for the copies) and the copy-out's tail
+    tails: dict = {mode: {"final_write_s": [], "copy_wait_s": []} for mode in timings if mode != "compute"}
     for call in range(args.calls + 1):
         request_tokens = request_tokens_of(call)
         for mode, seconds_of in timings.items():
@@ -277,11 +281,16 @@ def main(argv=None) -> int:
             del results
             if call:  # the first is the warm-up
                 seconds_of.append(seconds)
+                if mode in tails:
+                    last = generator._shared_states["last"]
+                    tails[mode]["final_write_s"].append(round(last["worker_seconds"], 4))
+                    tails[mode]["copy_wait_s"].append(round(last["copy_wait_seconds"], 4))
     namespace["_copy_stream"] = shipped_stream
     tokens = sum(request_tokens_of(0).values())
     report["seconds_per_call"] = {mode: [round(s, 4) for s in values] for mode, values in timings.items()}
     speed = {mode: tokens * len(values) / sum(values) for mode, values in timings.items()}
     report["tokens_per_s"] = {mode: round(value) for mode, value in speed.items()}
+    report["after_the_last_step"] = tails
     report["ratios"] = {
         "side-stream/current-stream": round(speed["side-stream"] / speed["current-stream"], 3),
         "side-stream/compute": round(speed["side-stream"] / speed["compute"], 3),
