@@ -35,8 +35,8 @@ SPARE = 4 * 2**20  # for DEST/run (under 1 MiB), the files a change adds, and a 
 
 
 def part_bytes() -> int:
-    """The largest staged folder one call carries beside this checkout's tracked files (8 MiB on
-    2026-12-05, growing with the GPU records), in whole MiB."""
+    """The largest staged folder one call carries beside this checkout's tracked files (51 MiB on
+    2026-12-05, less as the GPU records grow), in whole MiB."""
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     tracked = sum(
         path.stat().st_size for name in listed.split(b"\0") if name and (path := REPO / name.decode()).is_file()
