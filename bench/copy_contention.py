@@ -123,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the timed run exited {done.returncode}: {done.stderr.strip()[-400:]}", file=sys.stderr)
         return 1
     medians = json.loads(done.stdout.strip().splitlines()[-1])
+    import os
     import platform
 
     record = {
         "config": {"hidden": args.hidden, "prompts": args.prompts, "rounds": args.rounds, "threads": args.threads},
-        "machine": {"cpus": __import__("os").cpu_count(), "processor": platform.processor() or platform.machine()},
+        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
         "seconds_a_call": {key: round(value, 6) for key, value in medians.items()},
         "ratios": {
             f"lookup-each/current ({load})": round(medians[f"lookup-each-{load}"] / medians[f"current-{load}"], 3)

@@ -431,8 +431,9 @@ def phase_generator(config: dict) -> dict:
         times.pop("_depth", None)
         split = {key: round(value, 3) for key, value in sorted(times.items())}
         in_calls = sum(call_s)
-        waited = sum(t.get("copy_wait_seconds", 0.0) for t in transfers)
-        if any("copy_wait_seconds" in t for t in transfers):
+        stepped = [t for t in transfers if "copy_seconds" in t]  # v21's step path times its copy-out
+        waited = sum(t["copy_wait_seconds"] for t in stepped)
+        if stepped:
             split["copy_wait"] = round(waited, 3)
         split["assemble"] = round(in_calls - sum(times.values()) - waited, 3)
         split["between_calls"] = round(wall - in_calls, 3)
@@ -469,13 +470,12 @@ def phase_generator(config: dict) -> dict:
         report["shared_buffer_mib"] = round(max(t["buffer_bytes"] for t in transfers) / 2**20, 1)
         report["pinned"] = all(t["pinned"] for t in transfers)
         report["worker_copy_s"] = round(sum(t["worker_seconds"] for t in transfers), 3)
-        stepped = [t for t in transfers if "copy_seconds" in t]  # v21's step path times its copy-out
         if stepped:
             report["copy_out"] = {
                 "calls": len(stepped),
                 "copies": sum(t["copies"] for t in stepped),
                 "copy_s": round(sum(t["copy_seconds"] for t in stepped), 3),  # summed over the threads
-                "waited_after_last_step_s": round(sum(t["copy_wait_seconds"] for t in stepped), 3),
+                "waited_after_last_step_s": round(waited, 3),
             }
         report["transfer_gib_per_s"] = round(
             sum(t["bytes"] for t in transfers) / max(split.get("transfer", 0.0), 1e-9) / 2**30, 2

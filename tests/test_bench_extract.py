@@ -87,11 +87,8 @@ def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
     # v21's other path in the same run: the states moved after the last step, the same tensors
     assert phases["generator-after-steps"]["transfer"] == "shared memory (v21)", phases["generator-after-steps"]
     assert record["equality-after-steps"]["bit_equal"], record["equality-after-steps"]
-    assert set(generator["split_s"]) >= {"execute", "sample", "transfer", "schedule", "add_request", "finish"} | {
-        "copy_wait",
-        "assemble",
-        "between_calls",
-    }, generator
+    parts = {"execute", "sample", "transfer", "schedule", "add_request", "finish", "copy_wait", "assemble"}
+    assert set(generator["split_s"]) >= parts | {"between_calls"}, generator
     # the split is the total over the timed calls (2 passes of 2 calls), and per call beside it
     assert generator["timed_calls"] == len(generator["call_s"]) == 4, generator
     assert generator["split_per_call_s"]["execute"] == round(generator["split_s"]["execute"] / 4, 4), generator
@@ -101,7 +98,8 @@ def test_the_short_form_runs_every_phase_and_reports(tmp_path: Path):
     assert copy_out["calls"] == 4 and copy_out["copies"] == 4 * 4 and copy_out["copy_s"] > 0, copy_out
     assert copy_out["waited_after_last_step_s"] == generator["split_s"]["copy_wait"], generator
     # the split adds up to the wall time: the calls' parts and the loop's own time between them
-    assert abs(sum(generator["split_s"].values()) - generator["seconds"]) < 0.01, generator
+    rounding = 0.0005 * (len(generator["split_s"]) + 1) + 1e-9  # each figure rounded to the millisecond
+    assert abs(sum(generator["split_s"].values()) - generator["seconds"]) <= rounding, generator
     assert "copy_out" not in phases["generator-after-steps"], phases["generator-after-steps"]
     for phase in phases.values():
         memory = phase["host_memory"]

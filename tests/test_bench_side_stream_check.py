@@ -1,7 +1,7 @@
 """bench/gpu/side_stream_check.py's loop on the CPU (the demo environment's torch): v21's helpers as
 the patch writes them, driven step by step, an interrupted call among whole ones; and the check
 fails where the helpers hand over other rows. The side stream itself runs only on the GPU machine
-(bench/gpu/results/side-stream-check-h200x1)."""
+(no record of it yet: docs/extraction-speed.md)."""
 
 from __future__ import annotations
 

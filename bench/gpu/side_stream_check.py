@@ -31,12 +31,15 @@ import argparse
 import ast
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+
+from transfer_check import transfer_files  # noqa: E402  (beside this file)
 
 
 def helpers_source() -> str:
@@ -187,19 +190,6 @@ def expected_rows(torch, worker, request_tokens, budget, call_seed):
                 parts.append(layers[layer][start : start + count].cpu())
             start += count
     return [[torch.cat(parts) for parts in per_request[request_id]] for request_id in request_tokens]
-
-
-def transfer_files() -> list[str]:
-    import tempfile
-
-    folders = {"/dev/shm", tempfile.gettempdir()}
-    return sorted(
-        name
-        for folder in folders
-        if os.path.isdir(folder)
-        for name in os.listdir(folder)
-        if name.startswith("speculators-states-")
-    )
 
 
 def main(argv=None) -> int:
