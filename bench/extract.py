@@ -475,6 +475,8 @@ def phase_generator(config: dict) -> dict:
                 "calls": len(stepped),
                 "copies": sum(t["copies"] for t in stepped),
                 "copy_s": round(sum(t["copy_seconds"] for t in stepped), 3),  # summed over the threads
+                # the tensors made (each page touched) while vLLM steps, summed over the threads
+                "prepare_s": round(sum(t.get("prepare_seconds", 0.0) for t in stepped), 3),
                 "waited_after_last_step_s": round(waited, 3),
             }
         report["transfer_gib_per_s"] = round(
@@ -1196,9 +1198,14 @@ def markdown(record: dict) -> str:
         copy_out = phase.get("copy_out")
         if copy_out:
             calls = copy_out["calls"]
+            made = (
+                f" (their tensors made beforehand in {copy_out['prepare_s'] / calls:.4f} s)"
+                if "prepare_s" in copy_out
+                else ""
+            )
             line = (
                 f"{name}, copy-out per call ({calls} timed calls): {copy_out['copies'] / calls:g} prompts copied in "
-                f"{copy_out['copy_s'] / calls:.4f} s summed over the copy threads; "
+                f"{copy_out['copy_s'] / calls:.4f} s summed over the copy threads{made}; "
                 f"{copy_out['waited_after_last_step_s'] / calls:.4f} s waited for them after the last step"
             )
             lines += ["", line]

@@ -320,6 +320,8 @@ def _stepping(generator, request_tokens):
         "spans": dict(zip(request_tokens, _spans(request_tokens.values()))),
         "copies": {},
         "copy_seconds": [],
+        "prepared": {},
+        "prepare_seconds": [],
         "layers": None,
         "buffer": None,
         "pool": _copy_pool(),
@@ -338,15 +340,51 @@ def _end_stepping(state):
 
 
 def _copy_complete(generator, progress, reply):
-    """Start copying out, in the pool, the rows of each request the reply says are complete."""
+    """Start copying out, in the pool, the rows of each request the reply says are complete. With
+    the buffer's layout, every request's tensors are made first (in order, so each copy finds its
+    tensors made or being made by another thread)."""
+    pool = progress["pool"]
     if progress["buffer"] != reply["buffer"]:
         progress["layers"] = _buffer_views(generator._shared_states["host"], reply["layers"])
         progress["buffer"] = reply["buffer"]
+        progress["prepared"] = {
+            span: pool.submit(_touched_rows, progress["layers"], span, progress["prepare_seconds"])
+            for span in progress["spans"].values()
+        }
     for request_id in reply["complete"]:
         span = progress["spans"][request_id]
-        progress["copies"][span] = progress["pool"].submit(
-            _owned_rows, progress["layers"], span, progress["copy_seconds"]
+        progress["copies"][span] = pool.submit(
+            _rows_into, progress["prepared"].pop(span), progress["layers"], span, progress["copy_seconds"]
         )
+
+
+def _touched_rows(layers, span, seconds):
+    """Tensors of their own for every layer's rows span[0]:span[1], each page written once: made
+    while vLLM steps, so that the prompts complete only after the last step are copied into warm
+    pages (a fresh page's first touch is most of a copy-out: bench/gpu/assembly_speed.py)."""
+    import time
+
+    started = time.perf_counter()
+    rows = []
+    for layer in layers:
+        owned = torch.empty((span[1] - span[0], *layer.shape[1:]), dtype=layer.dtype)
+        _advise_huge_pages(owned)
+        owned.view(-1).view(torch.uint8)[::4096].fill_(0)
+        rows.append(owned)
+    seconds.append(time.perf_counter() - started)
+    return rows
+
+
+def _rows_into(prepared, layers, span, seconds):
+    """_owned_rows into the tensors _touched_rows made (prepared: its future)."""
+    import time
+
+    rows = prepared.result()
+    started = time.perf_counter()
+    for owned, layer in zip(rows, layers):
+        owned.copy_(layer[span[0] : span[1]])
+    seconds.append(time.perf_counter() - started)
+    return rows
 
 
 def _states_while_stepping(generator, request_tokens, scheduled):
@@ -389,9 +427,15 @@ def _captured_states_after_steps(generator, request_tokens):
     layers = _SharedStates(progress["layers"])
     layers.owned = owned
     result = _shared_states_result(state, layers, reply, started)
-    # each prompt's copy-out (summed over the threads), and how long the fetch waited for them
+    # each prompt's copy-out and its tensors' making (summed over the threads), and how long the
+    # fetch waited for the copies
     copied = progress["copy_seconds"]
-    state["last"].update(copies=len(copied), copy_seconds=sum(copied), copy_wait_seconds=waited)
+    state["last"].update(
+        copies=len(copied),
+        copy_seconds=sum(copied),
+        copy_wait_seconds=waited,
+        prepare_seconds=sum(progress["prepare_seconds"]),
+    )
     return result
 '''
 

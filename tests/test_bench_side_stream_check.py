@@ -38,7 +38,9 @@ spec = importlib.util.spec_from_file_location("side_stream_check", {str(SCRIPT)!
 check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check)
 shipped = check.helpers_source
-check.helpers_source = lambda: shipped().replace("owned.copy_(part)", "owned.copy_(part.flip(0))")
+copy = "owned.copy_(layer[span[0] : span[1]])"  # _rows_into's: the step path's copy-out
+assert shipped().count(copy) == 1
+check.helpers_source = lambda: shipped().replace(copy, copy.replace("])", "].flip(0))"))
 sys.exit(check.main(sys.argv[1:]))
 """
     done = subprocess.run(
