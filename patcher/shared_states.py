@@ -23,7 +23,8 @@ from __future__ import annotations
 import libcst as cst
 
 # The part both lines share: worker side (_capturing_worker, _shared_states_buffer, _layer_layout,
-# _no_buffer), generator side (_shared_states_call, _buffer_views, _copy_rows, _count_call).
+# _no_buffer), generator side (_shared_states_call, _buffer_views, _copy_rows and _owned_rows with
+# the parts v21 also uses, _count_call).
 # Module globals it uses: `torch` and `log` (the generator's PipelineLogger).
 BUFFER_SOURCE = '''\
 _SHARED_STATES_ALIGNMENT = 4096  # each layer starts on a page boundary (any dtype, DMA friendly)
@@ -230,23 +231,28 @@ def _copy_pool():
     return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)))
 
 
-def _owned_rows(layers, span, seconds=None):
-    """Every layer's rows span[0]:span[1], as tensors of their own (a clone's bytes, written into
-    pages advised as huge ones first: most of such a copy is the kernel's first touch of each 4 KiB
-    page; bench/gpu/assembly_speed.py on the H200's host: 0.226 s a call at hidden 7168 by
-    .clone(), 0.130 s so). seconds: a list this copy's wall time is appended to."""
-    import time
+def _owned_rows(layers, span):
+    """Every layer's rows span[0]:span[1], as tensors of their own."""
+    return _rows_into(_empty_rows(layers, span), layers, span)
 
-    started = time.perf_counter()
+
+def _empty_rows(layers, span):
+    """Tensors of their own, not yet written, for every layer's rows span[0]:span[1], their pages
+    advised as huge ones: most of a copy into fresh memory is the kernel's first touch of each 4 KiB
+    page (bench/gpu/assembly_speed.py on the H200's host: 0.226 s a call at hidden 7168 by
+    .clone(), 0.130 s so)."""
     rows = []
     for layer in layers:
-        part = layer[span[0] : span[1]]
-        owned = torch.empty(part.shape, dtype=part.dtype)
+        owned = torch.empty((span[1] - span[0], *layer.shape[1:]), dtype=layer.dtype)
         _advise_huge_pages(owned)
-        owned.copy_(part)
         rows.append(owned)
-    if seconds is not None:
-        seconds.append(time.perf_counter() - started)
+    return rows
+
+
+def _rows_into(rows, layers, span):
+    """Every layer's rows span[0]:span[1] copied into rows (_empty_rows's tensors)."""
+    for owned, layer in zip(rows, layers):
+        owned.copy_(layer[span[0] : span[1]])
     return rows
 
 

@@ -354,35 +354,30 @@ def _copy_complete(generator, progress, reply):
     for request_id in reply["complete"]:
         span = progress["spans"][request_id]
         progress["copies"][span] = pool.submit(
-            _rows_into, progress["prepared"].pop(span), progress["layers"], span, progress["copy_seconds"]
+            _copy_into_touched, progress["prepared"].pop(span), progress["layers"], span, progress["copy_seconds"]
         )
 
 
 def _touched_rows(layers, span, seconds):
-    """Tensors of their own for every layer's rows span[0]:span[1], each page written once: made
-    while vLLM steps, so that the prompts complete only after the last step are copied into warm
-    pages (a fresh page's first touch is most of a copy-out: bench/gpu/assembly_speed.py)."""
+    """_empty_rows with each page written once: made while vLLM steps, so that the prompts complete
+    only after the last step are copied into warm pages."""
     import time
 
     started = time.perf_counter()
-    rows = []
-    for layer in layers:
-        owned = torch.empty((span[1] - span[0], *layer.shape[1:]), dtype=layer.dtype)
-        _advise_huge_pages(owned)
+    rows = _empty_rows(layers, span)
+    for owned in rows:
         owned.view(-1).view(torch.uint8)[::4096].fill_(0)
-        rows.append(owned)
     seconds.append(time.perf_counter() - started)
     return rows
 
 
-def _rows_into(prepared, layers, span, seconds):
-    """_owned_rows into the tensors _touched_rows made (prepared: its future)."""
+def _copy_into_touched(touched, layers, span, seconds):
+    """_rows_into the tensors _touched_rows made (touched: its future)."""
     import time
 
-    rows = prepared.result()
+    rows = touched.result()
     started = time.perf_counter()
-    for owned, layer in zip(rows, layers):
-        owned.copy_(layer[span[0] : span[1]])
+    _rows_into(rows, layers, span)
     seconds.append(time.perf_counter() - started)
     return rows
 

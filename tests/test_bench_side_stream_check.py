@@ -38,7 +38,7 @@ spec = importlib.util.spec_from_file_location("side_stream_check", {str(SCRIPT)!
 check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check)
 shipped = check.helpers_source
-copy = "owned.copy_(layer[span[0] : span[1]])"  # _rows_into's: the step path's copy-out
+copy = "owned.copy_(layer[span[0] : span[1]])"  # _rows_into's: every copy-out, the step path's included
 assert shipped().count(copy) == 1
 check.helpers_source = lambda: shipped().replace(copy, copy.replace("])", "].flip(0))"))
 sys.exit(check.main(sys.argv[1:]))
